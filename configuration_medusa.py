@@ -1,0 +1,50 @@
+"""Configuration of a Medusa speculative-decoding artifact for speech recognition models."""
+
+from transformers import PretrainedConfig
+
+SUPPORTED_FAMILIES = ("meralion2", "whisper")
+
+
+class MedusaConfig(PretrainedConfig):
+    """Describes K Medusa heads grafted onto a frozen ASR base model.
+
+    The base model itself is never stored in the artifact: ``base_model_name_or_path``
+    names it (a Hub id or a local folder) and it is loaded next to the heads.
+    The provenance fields are free-form records that the model card is generated from.
+    """
+
+    model_type = "medusa_asr"
+
+    def __init__(
+        self,
+        base_model_name_or_path: str = "MERaLiON/MERaLiON-2-3B",
+        base_family: str = "meralion2",
+        medusa_num_heads: int = 4,
+        medusa_num_layers: int = 1,
+        hidden_size: int = 2304,
+        vocab_size: int = 256000,
+        tree: list | None = None,
+        training_data: dict | None = None,
+        head_accuracy: dict | None = None,
+        benchmark: dict | None = None,
+        **kwargs,
+    ):
+        if base_family not in SUPPORTED_FAMILIES:
+            raise ValueError(
+                f"base_family={base_family!r} is not supported; choose one of {SUPPORTED_FAMILIES}."
+            )
+        if medusa_num_heads < 1 or medusa_num_layers < 1:
+            raise ValueError("medusa_num_heads and medusa_num_layers must both be >= 1.")
+        self.base_model_name_or_path = base_model_name_or_path
+        self.base_family = base_family
+        self.medusa_num_heads = medusa_num_heads
+        self.medusa_num_layers = medusa_num_layers
+        self.hidden_size = hidden_size
+        self.vocab_size = vocab_size
+        # Sparse draft tree as a list of paths of per-head top-k ranks, e.g. [[0], [1], [0, 0]];
+        # chosen from measured per-head top-k accuracy by the training pipeline. None = chain.
+        self.tree = tree
+        self.training_data = training_data or {}
+        self.head_accuracy = head_accuracy or {}
+        self.benchmark = benchmark or {}
+        super().__init__(**kwargs)
