@@ -1,0 +1,405 @@
+"""Audio input/output for the transcription command (``example_inference.py``).
+
+Everything here is model-agnostic:
+
+* finding audio files from command-line specs (files, folders, globs);
+* decoding WAV/FLAC/MP3/OGG/Opus with soundfile (libsndfile) and M4A/AAC with PyAV,
+  down-mixing to mono and resampling to 16 kHz with soxr;
+* splitting long audio into windows, cut at a quiet point near each boundary;
+* rendering transcripts as txt/json/srt/vtt and writing them atomically.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+TARGET_SAMPLE_RATE = 16_000
+
+# Decoded by libsndfile first (PyAV is the fallback), or by PyAV only.
+SOUNDFILE_EXTENSIONS = frozenset({".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus"})
+PYAV_EXTENSIONS = frozenset({".m4a", ".aac", ".mp4", ".webm"})
+SUPPORTED_EXTENSIONS = SOUNDFILE_EXTENSIONS | PYAV_EXTENSIONS
+
+SILENCE_PEAK = 1e-4  # about -80 dBFS: below a 16-bit LSB of dither, i.e. "all samples ~0"
+OUTPUT_FORMATS = ("txt", "json", "srt", "vtt")
+_GLOB_CHARS = frozenset("*?[")
+
+
+class AudioError(Exception):
+    """A problem with one input file; ``str()`` is a one-line ``"<path>: <problem>"``."""
+
+    def __init__(self, path: str | os.PathLike, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+# --------------------------------------------------------------------------- finding inputs
+
+
+@dataclass(frozen=True)
+class AudioSource:
+    """One input file. ``key`` is its path relative to the common folder of all inputs."""
+
+    path: Path
+    key: str
+
+
+def find_audio_files(specs: list[str]) -> tuple[list[AudioSource], list[AudioError]]:
+    """Expand files, folders (recursively) and glob patterns into audio sources.
+
+    Explicitly named files are kept whatever their extension (an unsupported one is
+    reported when loaded); folders and globs contribute only supported extensions.
+    Specs that match nothing come back as errors. Duplicates are dropped, order is kept.
+    """
+    found: list[Path] = []
+    errors: list[AudioError] = []
+    for spec in specs:
+        paths, error = _expand_spec(spec)
+        found.extend(paths)
+        if error is not None:
+            errors.append(error)
+    unique = list(dict.fromkeys(p.resolve() for p in found))
+    return _with_relative_keys(unique), errors
+
+
+def _expand_spec(spec: str) -> tuple[list[Path], AudioError | None]:
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return [path], None
+    if path.is_dir():
+        files = _audio_files_under(path)
+        return files, None if files else AudioError(spec, "folder contains no supported audio files")
+    if _GLOB_CHARS & set(spec):
+        files = _expand_glob(str(path))
+        return files, None if files else AudioError(spec, "pattern matches no supported audio files")
+    return [], AudioError(spec, "no such file or folder")
+
+
+def _expand_glob(pattern: str) -> list[Path]:
+    files: list[Path] = []
+    for match in sorted(glob.glob(pattern, recursive=True)):
+        match_path = Path(match)
+        if match_path.is_dir():
+            files.extend(_audio_files_under(match_path))
+        elif _is_supported(match_path):
+            files.append(match_path)
+    return files
+
+
+def _audio_files_under(folder: Path) -> list[Path]:
+    files = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        files.extend(Path(root, n) for n in names if not n.startswith(".") and _is_supported(Path(n)))
+    return sorted(files)
+
+
+def _is_supported(path: Path) -> bool:
+    return path.suffix.lower() in SUPPORTED_EXTENSIONS
+
+
+def _with_relative_keys(paths: list[Path]) -> list[AudioSource]:
+    if not paths:
+        return []
+    common = Path(os.path.commonpath([str(p.parent) for p in paths]))
+    return [AudioSource(path=p, key=p.relative_to(common).as_posix()) for p in paths]
+
+
+def output_names(sources: list[AudioSource], extension: str) -> dict[AudioSource, str]:
+    """One output file name per source: ``<stem>.<ext>``, disambiguated when stems clash.
+
+    Clashing stems fall back to the relative path with ``/`` turned into ``__``
+    (``a/x.wav`` -> ``a__x.txt``), then to that path with its audio suffix kept
+    (``x.wav`` / ``x.mp3`` -> ``x.wav.txt`` / ``x.mp3.txt``).
+    """
+    candidates = [
+        lambda s: Path(s.key).stem,
+        lambda s: Path(s.key).with_suffix("").as_posix().replace("/", "__"),
+        lambda s: s.key.replace("/", "__"),
+    ]
+    names: dict[AudioSource, str] = {}
+    pending = list(sources)
+    for make_name in candidates:
+        counts: dict[str, int] = {}
+        for source in pending:
+            counts[make_name(source)] = counts.get(make_name(source), 0) + 1
+        clashing = []
+        for source in pending:
+            if counts[make_name(source)] == 1 or make_name is candidates[-1]:
+                names[source] = make_name(source)
+            else:
+                clashing.append(source)
+        pending = clashing
+    return _make_unique({s: f"{n}.{extension}" for s, n in names.items()})
+
+
+def _make_unique(names: dict[AudioSource, str]) -> dict[AudioSource, str]:
+    """Guard against the last rare clashes (e.g. a file literally named ``a__x.wav``)."""
+    taken: set[str] = set()
+    unique = {}
+    for source, name in names.items():
+        candidate, n = name, 1
+        while candidate.lower() in taken:
+            stem, dot, ext = name.rpartition(".")
+            candidate, n = f"{stem}-{n}{dot}{ext}", n + 1
+        taken.add(candidate.lower())
+        unique[source] = candidate
+    return unique
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def load_audio(path: str | os.PathLike, sample_rate: int = TARGET_SAMPLE_RATE) -> np.ndarray:
+    """Decode a file to mono float32 at ``sample_rate``; raise :class:`AudioError` if unusable."""
+    path = Path(path)
+    extension = path.suffix.lower()
+    if extension not in SUPPORTED_EXTENSIONS:
+        supported = ", ".join(sorted(SUPPORTED_EXTENSIONS))
+        raise AudioError(path, f"unsupported format {extension or '(no extension)'!r} (supported: {supported})")
+    try:
+        size = path.stat().st_size
+    except OSError as error:
+        raise AudioError(path, f"cannot read file ({error.strerror or error})") from error
+    if size == 0:
+        raise AudioError(path, "empty file (0 bytes)")
+    samples, source_rate = _decode(path, extension)
+    if samples.shape[0] == 0:
+        raise AudioError(path, "zero-length audio (no samples)")
+    if not np.all(np.isfinite(samples)):
+        raise AudioError(path, "corrupt audio (contains NaN or infinite samples)")
+    return resample_mono(samples, source_rate, sample_rate)
+
+
+def _decode(path: Path, extension: str) -> tuple[np.ndarray, int]:
+    """Return ``(samples[frames, channels], rate)`` using the decoder suited to the extension."""
+    if extension in PYAV_EXTENSIONS:
+        return _decode_with_pyav(path)
+    try:
+        return _decode_with_soundfile(path)
+    except AudioError as soundfile_error:
+        try:
+            samples, rate = _decode_with_pyav(path)
+        except AudioError:
+            raise soundfile_error from None
+        if samples.shape[0] == 0:  # FFmpeg "probed" garbage into an empty stream
+            raise soundfile_error from None
+        return samples, rate
+
+
+def _decode_with_soundfile(path: Path) -> tuple[np.ndarray, int]:
+    try:
+        samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    except (sf.SoundFileError, RuntimeError, ValueError) as error:
+        reason = str(error).split(": ", 1)[-1].strip() or type(error).__name__
+        raise AudioError(path, f"cannot decode audio, file is corrupt or not {path.suffix} ({reason})") from error
+    return samples, int(rate)
+
+
+def _decode_with_pyav(path: Path) -> tuple[np.ndarray, int]:
+    try:
+        import av
+    except ImportError as error:
+        raise AudioError(path, "decoding this format needs PyAV: pip install av") from error
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.audio:
+                raise AudioError(path, "file has no audio stream")
+            return _decode_audio_stream(av, container)
+    except AudioError:
+        raise
+    except Exception as error:  # PyAV raises many FFmpeg error types; all mean "cannot decode"
+        reason = getattr(error, "strerror", None) or str(error).strip() or type(error).__name__
+        raise AudioError(path, f"cannot decode audio, file is corrupt or not {path.suffix} ({reason})") from error
+
+
+def _decode_audio_stream(av, container) -> tuple[np.ndarray, int]:
+    stream = container.streams.audio[0]
+    # Planar float keeps every channel as its own row; rate and layout are left unchanged.
+    to_planar_float = av.AudioResampler(format="fltp")
+    chunks = []
+    rate = stream.codec_context.sample_rate or stream.rate
+    for frame in container.decode(stream):
+        rate = frame.sample_rate or rate
+        chunks.extend(f.to_ndarray() for f in to_planar_float.resample(frame))
+    chunks.extend(f.to_ndarray() for f in to_planar_float.resample(None))
+    if not chunks:
+        return np.zeros((0, 1), dtype=np.float32), int(rate or TARGET_SAMPLE_RATE)
+    return np.concatenate(chunks, axis=1).T.astype(np.float32, copy=False), int(rate)
+
+
+def resample_mono(samples: np.ndarray, source_rate: int, target_rate: int = TARGET_SAMPLE_RATE) -> np.ndarray:
+    """Average channels (``samples`` is ``[frames]`` or ``[frames, channels]``) and resample with soxr."""
+    mono = samples.mean(axis=1) if samples.ndim == 2 else samples
+    mono = np.ascontiguousarray(mono, dtype=np.float32)
+    if source_rate != target_rate:
+        mono = soxr.resample(mono, source_rate, target_rate, quality="HQ")
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def is_silent(samples: np.ndarray, peak: float = SILENCE_PEAK) -> bool:
+    """True when every sample is ~0 (absolute peak below ``peak``)."""
+    return samples.size == 0 or float(np.max(np.abs(samples))) < peak
+
+
+def duration_seconds(samples: np.ndarray, sample_rate: int = TARGET_SAMPLE_RATE) -> float:
+    return samples.shape[0] / sample_rate
+
+
+# --------------------------------------------------------------------------- windowing
+
+
+@dataclass(frozen=True)
+class Window:
+    """Half-open sample range ``[start, end)`` of a file at ``sample_rate``."""
+
+    start: int
+    end: int
+    sample_rate: int = TARGET_SAMPLE_RATE
+
+    @property
+    def start_seconds(self) -> float:
+        return self.start / self.sample_rate
+
+    @property
+    def end_seconds(self) -> float:
+        return self.end / self.sample_rate
+
+    @property
+    def num_samples(self) -> int:
+        return self.end - self.start
+
+
+def plan_windows(
+    samples: np.ndarray,
+    max_seconds: float,
+    sample_rate: int = TARGET_SAMPLE_RATE,
+    search_seconds: float = 2.0,
+    frame_seconds: float = 0.02,
+    quiet_ratio: float = 0.1,
+) -> list[Window]:
+    """Split audio into contiguous windows of at most ``max_seconds`` that cover every sample.
+
+    Each cut is moved to the quietest short frame within the last ``search_seconds`` before
+    the hard limit, provided that frame is "quiet" (RMS at most ``quiet_ratio`` times the RMS
+    of the window so far); otherwise the window is cut at the limit.
+    """
+    total = int(samples.shape[0])
+    max_len = int(max_seconds * sample_rate)
+    if max_len <= 0:
+        raise ValueError(f"max_seconds must be positive, got {max_seconds}")
+    windows, start = [], 0
+    while total - start > max_len:
+        end = _quiet_cut(samples, start, start + max_len, sample_rate, search_seconds, frame_seconds, quiet_ratio)
+        windows.append(Window(start, end, sample_rate))
+        start = end
+    windows.append(Window(start, total, sample_rate))
+    return windows
+
+
+def _quiet_cut(samples, start, limit, sample_rate, search_seconds, frame_seconds, quiet_ratio) -> int:
+    frame = max(1, int(frame_seconds * sample_rate))
+    search_start = max(start + frame, limit - int(search_seconds * sample_rate))
+    n_frames = (limit - search_start) // frame
+    if n_frames < 1:
+        return limit
+    region = samples[limit - n_frames * frame : limit].astype(np.float64).reshape(n_frames, frame)
+    frame_rms = np.sqrt(np.mean(region**2, axis=1))
+    window_rms = float(np.sqrt(np.mean(samples[start:limit].astype(np.float64) ** 2)))
+    quietest = n_frames - 1 - int(np.argmin(frame_rms[::-1]))  # the latest of equally quiet frames
+    if frame_rms[quietest] > quiet_ratio * window_rms:
+        return limit
+    return limit - (n_frames - quietest) * frame + frame // 2  # middle of the quiet frame
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+@dataclass(frozen=True)
+class Segment:
+    start: float
+    end: float
+    text: str
+
+
+def format_timestamp(seconds: float, decimal_marker: str = ",") -> str:
+    """``HH:MM:SS,mmm`` (SRT) or, with ``decimal_marker="."``, ``HH:MM:SS.mmm`` (VTT)."""
+    total_ms = max(0, int(round(seconds * 1000)))
+    hours, rest = divmod(total_ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    secs, millis = divmod(rest, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}{decimal_marker}{millis:03d}"
+
+
+def _cue_text(text: str) -> str:
+    """One line, never a blank line or an arrow that would end the cue early."""
+    return " ".join(text.split()).replace("-->", "->")
+
+
+def render_txt(text: str) -> str:
+    return text.strip() + "\n"
+
+
+def render_srt(segments: list[Segment]) -> str:
+    cues = [s for s in segments if _cue_text(s.text)]
+    blocks = [
+        f"{i}\n{format_timestamp(s.start)} --> {format_timestamp(s.end)}\n{_cue_text(s.text)}\n"
+        for i, s in enumerate(cues, start=1)
+    ]
+    return "\n".join(blocks)
+
+
+def render_vtt(segments: list[Segment]) -> str:
+    cues = [s for s in segments if _cue_text(s.text)]
+    blocks = ["WEBVTT\n"]
+    for s in cues:
+        text = _cue_text(s.text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        blocks.append(f"{format_timestamp(s.start, '.')} --> {format_timestamp(s.end, '.')}\n{text}\n")
+    return "\n".join(blocks)
+
+
+def render_json(record: dict) -> str:
+    return json.dumps(record, ensure_ascii=False, indent=2) + "\n"
+
+
+def render_transcript(fmt: str, text: str, segments: list[Segment], record: dict) -> str:
+    """Render one file's transcript; ``record`` is the JSON payload (used for ``json`` only)."""
+    if fmt == "txt":
+        return render_txt(text)
+    if fmt == "json":
+        return render_json(record)
+    if fmt == "srt":
+        return render_srt(segments)
+    if fmt == "vtt":
+        return render_vtt(segments)
+    raise ValueError(f"unknown output format {fmt!r}; choose one of {OUTPUT_FORMATS}")
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``.
+
+    Readers see either the old file or the complete new one, never a partial write;
+    the temporary file is removed if anything fails.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp_name, path)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise

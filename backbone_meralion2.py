@@ -1,0 +1,188 @@
+"""MERaLiON-2 backbone adapter: speech prefill through the base's own modules, and a Gemma2
+decoder forward over a cache we own.
+
+Why not the library's cache: on transformers 4.51 (the version MERaLiON-2's code runs on) verifying
+a multi-token chunk through ``text_decoder`` with its HybridCache is silently wrong once the sequence
+passes the sliding window, and that cache cannot be rolled back. This forward writes K/V by slot,
+applies the sliding window and both soft-caps itself, and reuses the base's norms, projections,
+MLP and rotary embedding, so it is correct on every transformers version.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from .medusa_decoding import DecodeState, StaticKVCache, attention_mask, suppression_processor
+except ImportError:
+    from medusa_decoding import DecodeState, StaticKVCache, attention_mask, suppression_processor
+
+DEFAULT_EOS = [1, 107]  # <eos>, <end_of_turn> (used only when the base's generation config has none)
+
+
+class MERaLiON2Backbone:
+    family = "meralion2"
+    required_inputs = ("input_ids", "input_features", "feature_attention_mask")
+    max_audio_seconds = 300.0
+
+    def __init__(self, base):
+        self.base = base
+        self.lm = base.text_decoder
+        self.model = base.text_decoder.model
+        self.text_config = getattr(base.config, "text_config", None) or self.lm.config
+        cfg = self.text_config
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.scaling = cfg.query_pre_attn_scalar**-0.5
+        self.attn_softcap = getattr(cfg, "attn_logit_softcapping", None)
+        self.final_softcap = getattr(cfg, "final_logit_softcapping", None)
+        self.sliding = [self._is_sliding(i) for i in range(cfg.num_hidden_layers)]
+        self.speech_token_index = getattr(base.config, "speech_token_index", 255999)
+
+    def _is_sliding(self, layer: int) -> bool:
+        layer_types = getattr(self.text_config, "layer_types", None)
+        if layer_types:
+            return layer_types[layer] == "sliding_attention"
+        return layer % 2 == 0  # Gemma2: even layers use the sliding window
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def hidden_size(self) -> int:
+        return self.text_config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.lm.lm_head.weight.shape[0]
+
+    @property
+    def output_projection(self) -> torch.nn.Module:
+        return self.lm.lm_head
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        eos = getattr(self.base.generation_config, "eos_token_id", None)
+        if eos is None:
+            return DEFAULT_EOS
+        return list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm.lm_head(hidden)
+        if self.final_softcap:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
+
+    def unsupported_reason(self, kwargs: dict) -> str | None:
+        mask = kwargs.get("attention_mask")
+        if mask is not None and bool((mask[:, -1] == 0).any()):
+            return "right padding (MERaLiON-2 expects left padding)"
+        return None
+
+    def make_logits_processor(self, min_new_tokens: int | None):
+        return suppression_processor(self.vocab_size, self.base.device, self.eos_token_ids, min_new_tokens)
+
+    # ------------------------------------------------------------------ prefill & decode
+    def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits):
+        input_ids = inputs["input_ids"].to(self.base.device)
+        batch, prompt_len = input_ids.shape
+        mask = inputs.get("attention_mask")
+        mask = torch.ones_like(input_ids) if mask is None else mask.to(input_ids.device)
+        embeds = self._prompt_embeddings(input_ids, inputs["input_features"], inputs.get("feature_attention_mask"))
+        max_new = self._max_new_tokens(max_new_tokens, prompt_len)
+        cache = StaticKVCache(len(self.model.layers), batch, self.num_kv_heads, prompt_len + max_new + extra_slots,
+                              self.head_dim, embeds.dtype, embeds.device)
+        first_slot = (mask == 0).long().cumprod(dim=1).sum(dim=1)  # count of left-padding tokens
+        state = DecodeState(cache, torch.zeros_like(first_slot), first_slot, hidden=None, next_token=None)
+        depths = torch.arange(prompt_len, device=embeds.device)
+        causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=embeds.device).tril()
+        hidden = self._forward_embeds(state, embeds, depths, causal)
+        state.lengths = state.lengths + prompt_len
+        logits = process_logits(self.logits(hidden[:, -1:]), torch.zeros(batch, 1, dtype=torch.long, device=embeds.device))
+        state.hidden = hidden[:, -1]
+        state.next_token = logits[:, -1].argmax(-1)
+        return state, max_new, input_ids
+
+    def _max_new_tokens(self, max_new_tokens, prompt_len) -> int:
+        if max_new_tokens is not None:
+            return max_new_tokens
+        gen = self.base.generation_config
+        if getattr(gen, "max_new_tokens", None):
+            return gen.max_new_tokens
+        return max(gen.max_length - prompt_len, 1)
+
+    def _prompt_embeddings(self, input_ids, input_features, feature_attention_mask):
+        """Speech encoder -> ln_speech -> adapter, scattered into the <SpeechHere> placeholders."""
+        base = self.base
+        features = input_features.to(base.device, base.speech_encoder.dtype if hasattr(base.speech_encoder, "dtype") else base.dtype)
+        speech = base.speech_encoder(features).last_hidden_state
+        speech = base.speech_audio_adapter(base.ln_speech(speech))
+        embeds = self.model.embed_tokens(input_ids)
+        placeholders = input_ids == self.speech_token_index
+        speech = speech.reshape(-1, speech.shape[-1]).to(embeds.dtype)
+        if int(placeholders.sum()) != speech.shape[0]:
+            raise ValueError(
+                f"input_ids hold {int(placeholders.sum())} speech placeholders but the audio gives "
+                f"{speech.shape[0]} speech vectors; build the inputs with the MERaLiON-2 processor."
+            )
+        return embeds.masked_scatter(placeholders[..., None], speech)
+
+    def decode(self, state: DecodeState, tokens, depths, ancestors) -> torch.Tensor:
+        return self._forward_embeds(state, self.model.embed_tokens(tokens), depths, ancestors)
+
+    def _forward_embeds(self, state: DecodeState, embeds, depths, ancestors) -> torch.Tensor:
+        n = embeds.shape[1]
+        hidden = embeds * torch.tensor(self.hidden_size**0.5, dtype=embeds.dtype)
+        positions = state.positions(depths)
+        cos, sin = self.model.rotary_emb(hidden, positions)
+        upto = min(int(state.lengths.max()) + n, state.cache.capacity)
+        window = getattr(self.text_config, "sliding_window", None)
+        full_mask = attention_mask(state, depths, ancestors, upto)
+        sliding_mask = attention_mask(state, depths, ancestors, upto, window) if window else full_mask
+        slots = state.slots(n)
+        for i, layer in enumerate(self.model.layers):
+            mask = sliding_mask if self.sliding[i] else full_mask
+            residual = hidden
+            x = layer.input_layernorm(hidden)
+            x = self._self_attention(layer.self_attn, x, cos, sin, state, i, slots, upto, mask)
+            hidden = residual + layer.post_attention_layernorm(x)
+            residual = hidden
+            x = layer.mlp(layer.pre_feedforward_layernorm(hidden))
+            hidden = residual + layer.post_feedforward_layernorm(x)
+        return self.model.norm(hidden)
+
+    def _self_attention(self, attn, x, cos, sin, state, layer_idx, slots, upto, mask):
+        batch, n, _ = x.shape
+        query = attn.q_proj(x).view(batch, n, self.num_heads, self.head_dim).transpose(1, 2)
+        key = attn.k_proj(x).view(batch, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        value = attn.v_proj(x).view(batch, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
+        state.cache.write(layer_idx, slots, key, value)
+        keys, values = state.cache.layer(layer_idx, upto)
+        groups = self.num_heads // self.num_kv_heads
+        query = query.view(batch, self.num_kv_heads, groups, n, self.head_dim)
+        scores = torch.matmul(query, keys[:, :, None].transpose(-1, -2)) * self.scaling  # [B, Hkv, G, T, L]
+        if self.attn_softcap:
+            scores = torch.tanh(scores / self.attn_softcap) * self.attn_softcap
+        scores = scores.masked_fill(~mask[:, :, None], torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        out = torch.matmul(probs, values[:, :, None])  # [B, Hkv, G, T, D]
+        out = out.reshape(batch, self.num_heads, n, self.head_dim).transpose(1, 2).reshape(batch, n, -1)
+        return attn.o_proj(out)
+
+    # ------------------------------------------------------------------ output format
+    def format_output(self, generated: list[list[int]], prompt: torch.Tensor) -> torch.Tensor:
+        """Like a decoder-only generate: prompt + new tokens, finished rows padded after EOS."""
+        gen = self.base.generation_config
+        pad = gen.pad_token_id if gen.pad_token_id is not None else self.eos_token_ids[0]
+        width = max(len(g) for g in generated)
+        new = torch.full((len(generated), width), pad, dtype=prompt.dtype, device=prompt.device)
+        for i, row in enumerate(generated):
+            new[i, : len(row)] = torch.tensor(row, dtype=prompt.dtype)
+        return torch.cat([prompt, new], dim=1)
+
+
+def _rotate(x, cos, sin):
+    cos, sin = cos[:, None], sin[:, None]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

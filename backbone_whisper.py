@@ -1,0 +1,200 @@
+"""Whisper backbone adapter: prefill (encoder + decoder prompt) and a cache-owning decoder forward.
+
+The forward reuses the base model's own modules (layer norms, projections, MLP) so the numerics are
+the library's; only attention over our preallocated cache is written here.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from .medusa_decoding import DecodeState, StaticKVCache, attention_mask, suppression_processor
+except ImportError:
+    from medusa_decoding import DecodeState, StaticKVCache, attention_mask, suppression_processor
+
+
+class WhisperBackbone:
+    family = "whisper"
+    required_inputs = ("input_features",)
+    max_audio_seconds = 30.0
+
+    def __init__(self, base):
+        self.base = base
+        self.decoder = base.model.decoder
+        self.config = base.config
+        self.gen = base.generation_config
+        self.num_heads = self.config.decoder_attention_heads
+        self.head_dim = self.config.d_model // self.num_heads
+        self.scaling = self.head_dim**-0.5
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def hidden_size(self) -> int:
+        return self.config.d_model
+
+    @property
+    def vocab_size(self) -> int:
+        return self.base.proj_out.weight.shape[0]
+
+    @property
+    def output_projection(self) -> torch.nn.Module:
+        return self.base.proj_out
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        eos = self.gen.eos_token_id
+        return list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.base.proj_out(hidden)
+
+    def unsupported_reason(self, kwargs: dict) -> str | None:
+        if kwargs.get("return_timestamps"):
+            return "timestamps"
+        if kwargs.get("prompt_ids") is not None:
+            return "prompt_ids"
+        features = kwargs.get("input_features")
+        if features is not None and features.shape[-1] > 2 * self.config.max_source_positions:
+            return "long-form audio (more than 30 s of features); split it into 30 s windows"
+        return None
+
+    # ------------------------------------------------------------------ prompt & logits rules
+    def decoder_prompt(self, encoder_kv, batch: int, language=None, task=None) -> torch.Tensor:
+        gen = self.gen
+        device = self.base.device
+        tokens = [gen.decoder_start_token_id]
+        if getattr(gen, "is_multilingual", False):
+            if language is None:
+                return self._detect_language(encoder_kv, batch, task)
+            tokens += [self._language_id(language), gen.task_to_id[task or "transcribe"]]
+            tokens += self._no_timestamps()
+        elif getattr(gen, "forced_decoder_ids", None):
+            tokens += [t for _, t in sorted(gen.forced_decoder_ids)]
+        else:
+            tokens += self._no_timestamps()
+        return torch.tensor(tokens, device=device).repeat(batch, 1)
+
+    def _no_timestamps(self) -> list[int]:
+        token = getattr(self.gen, "no_timestamps_token_id", None)
+        return [token] if token is not None else []
+
+    def _language_id(self, language: str) -> int:
+        from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
+
+        code = language.strip("<|>").lower()
+        code = TO_LANGUAGE_CODE.get(code, code)
+        token = f"<|{code}|>"
+        if token not in self.gen.lang_to_id:
+            raise ValueError(f"Unknown Whisper language {language!r}; use a code such as 'en'.")
+        return self.gen.lang_to_id[token]
+
+    def _detect_language(self, encoder_kv, batch, task) -> torch.Tensor:
+        """Pick each row's language like the base's detect_language: argmax over language tokens."""
+        gen = self.gen
+        start = torch.full((batch, 1), gen.decoder_start_token_id, device=self.base.device)
+        state = self._empty_state(encoder_kv, batch, capacity=1)
+        logits = self.logits(self._forward(state, start))[:, -1]
+        lang_ids = torch.tensor(sorted(gen.lang_to_id.values()), device=logits.device)
+        langs = lang_ids[logits[:, lang_ids].argmax(-1)]
+        rest = torch.tensor([gen.task_to_id[task or "transcribe"]] + self._no_timestamps(), device=logits.device)
+        return torch.cat([start, langs[:, None], rest.repeat(batch, 1)], dim=1)
+
+    def make_logits_processor(self, min_new_tokens: int | None):
+        return suppression_processor(
+            self.vocab_size, self.base.device, self.eos_token_ids, min_new_tokens,
+            always=getattr(self.gen, "suppress_tokens", None),
+            at_begin=getattr(self.gen, "begin_suppress_tokens", None),
+        )
+
+    # ------------------------------------------------------------------ prefill & decode
+    def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits):
+        features = inputs["input_features"].to(self.base.device, self.base.dtype)
+        batch = features.shape[0]
+        encoder_out = self.base.model.encoder(features).last_hidden_state
+        encoder_kv = self._cross_attention_kv(encoder_out)
+        prompt = self.decoder_prompt(encoder_kv, batch, inputs.get("language"), inputs.get("task"))
+        prompt_len = prompt.shape[1]
+        max_new = self._max_new_tokens(max_new_tokens, prompt_len)
+        state = self._empty_state(encoder_kv, batch, capacity=prompt_len + max_new + extra_slots)
+        hidden = self._forward(state, prompt)
+        state.lengths = state.lengths + prompt_len
+        logits = process_logits(self.logits(hidden[:, -1:]), torch.zeros(batch, 1, dtype=torch.long, device=features.device))
+        state.hidden = hidden[:, -1]
+        state.next_token = logits[:, -1].argmax(-1)
+        return state, max_new, prompt
+
+    def _max_new_tokens(self, max_new_tokens, prompt_len) -> int:
+        limit = self.config.max_target_positions
+        if max_new_tokens is None:
+            max_new_tokens = getattr(self.gen, "max_new_tokens", None) or (self.gen.max_length or limit) - prompt_len
+        if max_new_tokens + prompt_len > limit:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} plus the {prompt_len}-token decoder prompt exceeds Whisper's "
+                f"max_target_positions={limit}; use max_new_tokens <= {limit - prompt_len}."
+            )
+        return max_new_tokens
+
+    def _cross_attention_kv(self, encoder_out):
+        keys, values = [], []
+        for layer in self.decoder.layers:
+            attn = layer.encoder_attn
+            keys.append(self._heads(attn.k_proj(encoder_out)))
+            values.append(self._heads(attn.v_proj(encoder_out)))
+        return torch.stack(keys), torch.stack(values)
+
+    def _empty_state(self, encoder_kv, batch, capacity) -> DecodeState:
+        device, dtype = self.base.device, self.base.dtype
+        cache = StaticKVCache(len(self.decoder.layers), batch, self.num_heads, capacity, self.head_dim, dtype, device)
+        zeros = torch.zeros(batch, dtype=torch.long, device=device)
+        return DecodeState(cache, zeros, zeros.clone(), hidden=None, next_token=None,
+                           extra={"cross_keys": encoder_kv[0], "cross_values": encoder_kv[1]})
+
+    def _forward(self, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor:
+        """Causal forward of a plain prompt chunk (prefill)."""
+        n = tokens.shape[1]
+        depths = torch.arange(n, device=tokens.device)
+        causal = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()
+        return self.decode(state, tokens, depths, causal)
+
+    def decode(self, state: DecodeState, tokens, depths, ancestors) -> torch.Tensor:
+        n = tokens.shape[1]
+        positions = state.positions(depths).clamp(max=self.config.max_target_positions - 1)
+        hidden = self.decoder.embed_tokens(tokens) + self.decoder.embed_positions.weight[positions]
+        upto = min(int(state.lengths.max()) + n, state.cache.capacity)
+        mask = attention_mask(state, depths, ancestors, upto)
+        slots = state.slots(n)
+        cross_k, cross_v = state.extra["cross_keys"], state.extra["cross_values"]
+        for i, layer in enumerate(self.decoder.layers):
+            x = layer.self_attn_layer_norm(hidden)
+            attn = layer.self_attn
+            state.cache.write(i, slots, self._heads(attn.k_proj(x)), self._heads(attn.v_proj(x)))
+            keys, values = state.cache.layer(i, upto)
+            hidden = hidden + self._attend(attn, x, keys, values, mask)
+            x = layer.encoder_attn_layer_norm(hidden)
+            hidden = hidden + self._attend(layer.encoder_attn, x, cross_k[i], cross_v[i], None)
+            x = layer.final_layer_norm(hidden)
+            hidden = hidden + layer.fc2(layer.activation_fn(layer.fc1(x)))
+        return self.decoder.layer_norm(hidden)
+
+    def _attend(self, attn, x, keys, values, mask):
+        query = self._heads(attn.q_proj(x) * self.scaling)
+        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=1.0)
+        return attn.out_proj(out.transpose(1, 2).flatten(2))
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(*x.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)
+
+    # ------------------------------------------------------------------ output format
+    def format_output(self, generated: list[list[int]], prompt: torch.Tensor) -> torch.Tensor:
+        """Like Whisper's short-form generate: the new tokens without the final EOS, right-padded."""
+        eos = set(self.eos_token_ids)
+        rows = [g[:-1] if g and g[-1] in eos else g for g in generated]
+        width = max((len(r) for r in rows), default=0)
+        pad = self.gen.pad_token_id if self.gen.pad_token_id is not None else self.eos_token_ids[0]
+        out = torch.full((len(rows), width), pad, dtype=torch.long, device=prompt.device)
+        for i, row in enumerate(rows):
+            out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        return out
+

@@ -1,0 +1,574 @@
+#!/usr/bin/env python
+"""Transcribe speech with Medusa speculative decoding (Whisper or MERaLiON-2 + Medusa heads).
+
+With no arguments: transcribe a short default clip with the bundled default heads and
+report the speed-up of Medusa decoding over plain greedy decoding on it.
+
+    python example_inference.py
+    python example_inference.py talk.mp3 recordings/ "calls/**/*.m4a" --format srt --output subs/
+
+Long files are transcribed whole, window by window; windows of several files are batched.
+With --output, each input gets one output file, and a rerun of the same command resumes,
+skipping inputs whose output already exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import audio_io
+from audio_io import AudioError, AudioSource, Segment, Window
+
+SCRIPT_DIR = Path(__file__).resolve().parent
+DEFAULT_MODEL = "heads/whisper-tiny.en"  # relative to this script
+BUNDLED_CLIP = "assets/default_clip.wav"  # relative to this script; used when present
+DEFAULT_CLIP_TEXT = (
+    "Speculative decoding lets a few small extra heads guess the next words ahead of time. "
+    "The speech recognition model then checks all of those guesses in a single pass, "
+    "so the transcript comes out faster and stays exactly the same."
+)
+DEFAULT_MAX_NEW_TOKENS = {"whisper": 224, "meralion2": 1536}
+FALLBACK_MAX_NEW_TOKENS = 448
+WARMUP_NEW_TOKENS = 8
+
+EXIT_OK, EXIT_FILE_FAILED, EXIT_MODEL_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+# --------------------------------------------------------------------------- defaults
+
+
+def default_model_path() -> str:
+    """The heads shipped in this repository (the folder that holds ``DEFAULT_MODEL``)."""
+    return str(SCRIPT_DIR / DEFAULT_MODEL)
+
+
+def cache_dir() -> Path:
+    """``$MEDUSA_ASR_CACHE``, else ``$XDG_CACHE_HOME/medusa_asr``, else ``~/.cache/medusa_asr``."""
+    if os.environ.get("MEDUSA_ASR_CACHE"):
+        return Path(os.environ["MEDUSA_ASR_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "medusa_asr"
+
+
+def default_clip_path() -> Path:
+    """The bundled demo clip, or one synthesised once with flite into the cache folder."""
+    bundled = SCRIPT_DIR / BUNDLED_CLIP
+    if bundled.is_file():
+        return bundled
+    cached = cache_dir() / "default_clip.wav"
+    if not cached.is_file():
+        synthesize_speech(DEFAULT_CLIP_TEXT, cached)
+    return cached
+
+
+def synthesize_speech(text: str, target: Path) -> None:
+    """Speak ``text`` into the WAV file ``target`` with flite (written atomically)."""
+    flite = shutil.which("flite")
+    if flite is None:
+        raise RuntimeError(
+            f"no bundled demo clip ({BUNDLED_CLIP}) and flite is not installed to make one; "
+            "install flite (apt-get install flite) or pass an audio file"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp_name = tempfile.mkstemp(prefix=".clip.", suffix=".wav", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run([flite, "-t", text, "-o", temp_name], check=True, capture_output=True)
+        os.replace(temp_name, target)
+    finally:
+        Path(temp_name).unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="With no AUDIO, runs the demo: default clip, plain greedy vs Medusa timing.",
+    )
+    parser.add_argument(
+        "audio", nargs="*", metavar="AUDIO",
+        help="audio files, folders (searched recursively) or quoted glob patterns; "
+        f"formats: {', '.join(sorted(audio_io.SUPPORTED_EXTENSIONS))}",
+    )
+    parser.add_argument("--model", default=None, help=f"Hub repo id or local folder with the heads (default: {DEFAULT_MODEL})")
+    parser.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    parser.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights dtype (default: float32 on cpu, bfloat16 on cuda when supported else float16)",
+    )
+    parser.add_argument("--batch-size", type=_positive_int, default=1, help="windows decoded together (default: 1)")
+    parser.add_argument("--no-medusa", action="store_true", help="plain greedy decoding, heads unused")
+    parser.add_argument("--format", default="txt", choices=audio_io.OUTPUT_FORMATS, help="output format (default: txt)")
+    parser.add_argument("--output", type=Path, default=None, metavar="DIR", help="write <stem>.<format> files here instead of stdout")
+    parser.add_argument("--overwrite", action="store_true", help="with --output: transcribe again even if the output exists")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=None, help="per window (default: by model family)")
+    parser.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return number
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name} was asked for but CUDA is not available")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
+    return name
+
+
+def resolve_dtype(name: str, device: str):
+    import torch
+
+    if name == "auto":
+        if not device.startswith("cuda"):
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return getattr(torch, name)
+
+
+def load_model(model_path: str, device: str, dtype):
+    """Load ``MedusaForASR`` (imported lazily so ``--help`` and tests need no model code)."""
+    if _looks_like_local_path(model_path) and not Path(model_path).expanduser().is_dir():
+        raise FileNotFoundError(f"no such folder {model_path}; pass --model with a Hub repo id or a folder with heads")
+    from modeling_medusa import MedusaForASR
+
+    return MedusaForASR.from_pretrained(model_path, torch_dtype=dtype, device_map=device)
+
+
+def _looks_like_local_path(name: str) -> bool:
+    """Absolute, ``./``/``~``-prefixed, or the bundled default: not a Hub repo id."""
+    return name == default_model_path() or name.startswith((os.sep, ".", "~")) or Path(name).is_absolute()
+
+
+def log(message: str) -> None:
+    """One line on stderr that does not break the progress bar."""
+    from tqdm import tqdm
+
+    tqdm.write(message, file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+@dataclass
+class DecodeStats:
+    rounds: float = 0.0
+    accepted_weighted: float = 0.0  # sum of mean_accepted_per_round * rounds
+    new_tokens: float = 0.0
+
+    def add(self, stats: dict) -> None:
+        rounds = _as_number(stats.get("rounds", 0))
+        self.rounds += rounds
+        self.accepted_weighted += _as_number(stats.get("mean_accepted_per_round", 0)) * rounds
+        self.new_tokens += _as_number(stats.get("new_tokens", 0))
+
+    @property
+    def mean_accepted_per_round(self) -> float | None:
+        return self.accepted_weighted / self.rounds if self.rounds else None
+
+
+def _as_number(value) -> float:
+    """Stats may be Python numbers, tensors or per-row lists; per-row values are summed."""
+    if hasattr(value, "detach"):
+        value = value.detach().float().sum().item()
+    elif isinstance(value, (list, tuple)):
+        value = sum(_as_number(v) for v in value)
+    return float(value or 0)
+
+
+class Transcriber:
+    """Runs the model on batches of 16 kHz mono windows."""
+
+    def __init__(self, model, max_new_tokens: int, use_medusa: bool):
+        self.model = model
+        self.max_new_tokens = max_new_tokens
+        self.use_medusa = use_medusa
+        self.stats = DecodeStats()
+
+    def prepare(self, windows: list[np.ndarray]) -> dict:
+        inputs = self.model.prepare_audio_inputs(windows)
+        return _to_model_device(inputs, self.model)
+
+    def generate(self, inputs: dict, use_medusa: bool | None = None, max_new_tokens: int | None = None):
+        use_medusa = self.use_medusa if use_medusa is None else use_medusa
+        sequences, stats = self.model.generate(
+            **inputs, max_new_tokens=max_new_tokens or self.max_new_tokens, use_medusa=use_medusa, return_stats=True
+        )
+        _synchronize(self.model)
+        return sequences, stats
+
+    def transcribe(self, windows: list[np.ndarray]) -> list[str]:
+        inputs = self.prepare(windows)
+        sequences, stats = self.generate(inputs)
+        self.stats.add(stats)
+        texts = self.model.decode_text(sequences, inputs)
+        if len(texts) != len(windows):
+            raise RuntimeError(f"model returned {len(texts)} transcripts for {len(windows)} windows")
+        return [t.strip() for t in texts]
+
+
+def _to_model_device(inputs: dict, model) -> dict:
+    """Move tensors to the model's device and floating ones to its dtype, when it says them."""
+    device, dtype = getattr(model, "device", None), getattr(model, "dtype", None)
+    moved = {}
+    for name, value in inputs.items():
+        if hasattr(value, "to") and hasattr(value, "is_floating_point"):
+            if device is not None:
+                value = value.to(device)
+            if dtype is not None and value.is_floating_point():
+                value = value.to(dtype)
+        moved[name] = value
+    return moved
+
+
+def _synchronize(model) -> None:
+    device = getattr(model, "device", None)
+    if device is not None and str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def default_max_new_tokens(model) -> int:
+    return getattr(model, "default_max_new_tokens", None) or DEFAULT_MAX_NEW_TOKENS.get(
+        getattr(model, "family", None), FALLBACK_MAX_NEW_TOKENS
+    )
+
+
+# --------------------------------------------------------------------------- batch transcription
+
+
+@dataclass
+class FileJob:
+    source: AudioSource
+    duration: float
+    windows: list[Window]
+    texts: list[str | None]
+    remaining: int
+    failed: bool = False
+
+
+@dataclass
+class WindowTask:
+    job: FileJob
+    index: int
+    samples: np.ndarray
+
+
+@dataclass
+class RunSummary:
+    done: int = 0
+    failed: int = 0
+    skipped_existing: int = 0
+    skipped_silent: int = 0
+    audio_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    load_seconds: float = 0.0
+    interrupted: bool = False
+    failures: list[str] = field(default_factory=list)
+
+    def line(self, decode: DecodeStats, use_medusa: bool) -> str:
+        skipped = self.skipped_existing + self.skipped_silent
+        rtf = f"{self.wall_seconds / self.audio_seconds:.3f}" if self.audio_seconds else "n/a"
+        mean = decode.mean_accepted_per_round
+        accepted = "off (--no-medusa)" if not use_medusa else ("n/a" if mean is None else f"{mean:.2f}")
+        return (
+            f"Summary: {self.done} done, {self.failed} failed, {skipped} skipped "
+            f"({self.skipped_existing} output already exists, {self.skipped_silent} silent); "
+            f"audio {self.audio_seconds / 3600:.3f} h; wall {self.wall_seconds:.1f} s "
+            f"(+{self.load_seconds:.1f} s model load); real-time factor {rtf}; "
+            f"mean accepted tokens/round {accepted}"
+        )
+
+
+class TranscriptionRun:
+    """Transcribes many files: loads each, windows it, batches windows, writes outputs."""
+
+    def __init__(self, transcriber: Transcriber, args, sources: list[AudioSource], model_name: str):
+        self.transcriber = transcriber
+        self.args = args
+        self.sources = sources
+        self.model_name = model_name
+        self.names = audio_io.output_names(sources, args.format)
+        self.max_seconds = float(transcriber.model.max_audio_seconds)
+        self.summary = RunSummary()
+        self.queue: list[WindowTask] = []
+        self.file_bar = self.window_bar = None
+
+    def run(self) -> RunSummary:
+        from tqdm import tqdm
+
+        start = time.perf_counter()
+        disable = True if self.args.quiet else None  # None: shown only on a terminal
+        self.file_bar = tqdm(total=len(self.sources), unit="file", desc="files", disable=disable, position=0)
+        self.window_bar = tqdm(total=0, unit="window", desc="windows", disable=disable, position=1, leave=False)
+        try:
+            for source in self.sources:
+                self.add_file(source)
+                while len(self.queue) >= self.args.batch_size:
+                    self.decode_next_batch()
+            while self.queue:
+                self.decode_next_batch()
+        except KeyboardInterrupt:
+            self.summary.interrupted = True
+        finally:
+            self.window_bar.close()
+            self.file_bar.close()
+            self.summary.wall_seconds = time.perf_counter() - start
+        return self.summary
+
+    # -- per file
+
+    def output_path(self, source: AudioSource) -> Path | None:
+        return self.args.output / self.names[source] if self.args.output else None
+
+    def add_file(self, source: AudioSource) -> None:
+        output = self.output_path(source)
+        if output is not None and output.exists() and not self.args.overwrite:
+            self.summary.skipped_existing += 1
+            self.file_bar.update(1)
+            return
+        try:
+            samples = audio_io.load_audio(source.path)
+        except AudioError as error:
+            self.fail_file(str(error))
+            return
+        except Exception as error:  # anything unforeseen in one file must not end the run
+            self.fail_file(f"{source.path}: cannot load audio ({_one_line(error)})")
+            return
+        if audio_io.is_silent(samples):
+            log(f"skipped: {source.path}: silent audio (all samples ~0), nothing to transcribe")
+            self.summary.skipped_silent += 1
+            self.file_bar.update(1)
+            return
+        self.enqueue(source, samples)
+
+    def enqueue(self, source: AudioSource, samples: np.ndarray) -> None:
+        windows = audio_io.plan_windows(samples, self.max_seconds)
+        job = FileJob(source, audio_io.duration_seconds(samples), windows, [None] * len(windows), len(windows))
+        self.window_bar.total += len(windows)
+        self.window_bar.refresh()
+        for index, window in enumerate(windows):
+            piece = samples[window.start : window.end]
+            if audio_io.is_silent(piece):  # a silent stretch of a long file: nothing to say
+                self.window_done(job, index, "")
+            else:
+                self.queue.append(WindowTask(job, index, piece))
+
+    def fail_file(self, message: str, job: FileJob | None = None) -> None:
+        if job is not None:
+            if job.failed:
+                return
+            job.failed = True
+            self.window_bar.update(job.remaining)
+            job.remaining = 0
+        log(f"error: {message}")
+        self.summary.failed += 1
+        self.summary.failures.append(message)
+        self.file_bar.update(1)
+
+    # -- per batch
+
+    def decode_next_batch(self) -> None:
+        self.queue = [task for task in self.queue if not task.job.failed]
+        batch, self.queue = self.queue[: self.args.batch_size], self.queue[self.args.batch_size :]
+        if not batch:
+            return
+        try:
+            texts = self.transcriber.transcribe([task.samples for task in batch])
+        except Exception as error:  # one bad batch must not end the run
+            for task in batch:
+                self.fail_file(f"{task.job.source.path}: model failed on this audio ({_one_line(error)})", task.job)
+            return
+        for task, text in zip(batch, texts):
+            self.window_done(task.job, task.index, text)
+
+    def window_done(self, job: FileJob, index: int, text: str) -> None:
+        job.texts[index] = text
+        job.remaining -= 1
+        self.window_bar.update(1)
+        if job.remaining == 0 and not job.failed:
+            self.finish_file(job)
+
+    def finish_file(self, job: FileJob) -> None:
+        text = " ".join(t for t in job.texts if t)
+        segments = [Segment(w.start_seconds, w.end_seconds, t) for w, t in zip(job.windows, job.texts)]
+        rendered = audio_io.render_transcript(self.args.format, text, segments, self.json_record(job, text, segments))
+        try:
+            self.emit(job.source, rendered)
+        except OSError as error:
+            self.fail_file(f"{job.source.path}: cannot write output ({error})", job)
+            return
+        self.summary.done += 1
+        self.summary.audio_seconds += job.duration
+        self.file_bar.update(1)
+
+    def json_record(self, job: FileJob, text: str, segments: list[Segment]) -> dict:
+        return {
+            "file": str(job.source.path),
+            "duration_seconds": round(job.duration, 3),
+            "text": text,
+            "segments": [{"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text} for s in segments],
+            "model": self.model_name,
+            "medusa": self.transcriber.use_medusa,
+        }
+
+    def emit(self, source: AudioSource, rendered: str) -> None:
+        output = self.output_path(source)
+        if output is not None:
+            audio_io.write_atomic(output, rendered)
+            return
+        from tqdm import tqdm
+
+        if self.args.format == "json":
+            rendered = json.dumps(json.loads(rendered), ensure_ascii=False)  # one JSON object per line
+        elif len(self.sources) > 1:
+            rendered = f"==> {source.path} <==\n{rendered}"
+        tqdm.write(rendered.rstrip("\n"), file=sys.stdout)
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(f"{type(error).__name__}: {error}".split())
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def run_demo(transcriber: Transcriber, model_name: str) -> int:
+    """Transcribe the default clip; time plain greedy vs Medusa on the same inputs."""
+    try:
+        clip = default_clip_path()
+        samples = audio_io.load_audio(clip)
+    except (RuntimeError, OSError, subprocess.CalledProcessError, AudioError) as error:
+        log(f"error: cannot prepare the demo clip: {error}")
+        return EXIT_FILE_FAILED
+    windows = audio_io.plan_windows(samples, float(transcriber.model.max_audio_seconds))
+    inputs = transcriber.prepare([samples[w.start : w.end] for w in windows])
+
+    transcriber.generate(inputs, use_medusa=False, max_new_tokens=WARMUP_NEW_TOKENS)
+    if transcriber.use_medusa:
+        transcriber.generate(inputs, use_medusa=True, max_new_tokens=WARMUP_NEW_TOKENS)
+    plain_seconds, (plain_ids, _) = _timed(lambda: transcriber.generate(inputs, use_medusa=False))
+    print(f"Model: {model_name} ({getattr(transcriber.model, 'family', '?')})")
+    print(f"Clip: {clip} ({audio_io.duration_seconds(samples):.1f} s)")
+    if not transcriber.use_medusa:
+        print(f"Transcript: {_joined_text(transcriber, plain_ids, inputs)}")
+        print(f"Time (plain greedy): {plain_seconds:.3f} s")
+        return EXIT_OK
+    medusa_seconds, (medusa_ids, stats) = _timed(lambda: transcriber.generate(inputs, use_medusa=True))
+    mean = DecodeStats()
+    mean.add(stats)
+    print(f"Transcript: {_joined_text(transcriber, medusa_ids, inputs)}")
+    print(f"Time (Medusa): {medusa_seconds:.3f} s")
+    print(f"Time (plain greedy): {plain_seconds:.3f} s")
+    print(f"Speed-up: {plain_seconds / medusa_seconds:.2f}x" if medusa_seconds > 0 else "Speed-up: n/a")
+    accepted = mean.mean_accepted_per_round
+    print(f"Mean accepted tokens per round: {accepted:.2f}" if accepted is not None else "Mean accepted tokens per round: n/a")
+    identical = same_token_ids(plain_ids, medusa_ids, padding_token_ids(transcriber.model))
+    print(f"Token ids identical to plain greedy: {'yes' if identical else 'NO'}")
+    return EXIT_OK
+
+
+def _timed(function):
+    start = time.perf_counter()
+    result = function()
+    return time.perf_counter() - start, result
+
+
+def _joined_text(transcriber: Transcriber, sequences, inputs) -> str:
+    return " ".join(t.strip() for t in transcriber.model.decode_text(sequences, inputs) if t.strip())
+
+
+def padding_token_ids(model) -> set[int]:
+    """Ids that may right-pad a row: the model's ``pad_token_id``, else its tokenizer's pad/EOS."""
+    declared = getattr(model, "pad_token_id", None)
+    if declared is not None:
+        return {int(declared)}
+    tokenizer = getattr(getattr(model, "processor", None), "tokenizer", None)
+    found = (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None))
+    return {int(i) for i in found if isinstance(i, int)}
+
+
+def same_token_ids(first, second, padding_ids: set[int] = frozenset()) -> bool:
+    """Row-by-row equality, ignoring trailing padding (the two runs may pad to different widths)."""
+    first_rows, second_rows = first.tolist(), second.tolist()
+    if len(first_rows) != len(second_rows):
+        return False
+    return all(_strip_padding(a, padding_ids) == _strip_padding(b, padding_ids) for a, b in zip(first_rows, second_rows))
+
+
+def _strip_padding(row: list[int], padding_ids: set[int]) -> list[int]:
+    end = len(row)
+    while end and row[end - 1] in padding_ids:
+        end -= 1
+    return row[:end]
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None, model_loader=load_model) -> int:
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.output is None and args.overwrite:
+        log("warning: --overwrite has no effect without --output")
+
+    sources, input_errors = audio_io.find_audio_files(args.audio) if args.audio else ([], [])
+    for error in input_errors:
+        log(f"error: {error}")
+    if args.audio and not sources:
+        log(f"Summary: 0 done, {len(input_errors)} failed: no audio files to transcribe")
+        return EXIT_FILE_FAILED
+
+    model_name = args.model or default_model_path()
+    started = time.perf_counter()
+    try:
+        device = resolve_device(args.device)
+        model = model_loader(model_name, device, resolve_dtype(args.dtype, device))
+    except (FileNotFoundError, ValueError, OSError, ImportError) as error:
+        log(f"error: cannot load model {model_name!r}: {' '.join(str(error).split())}")
+        return EXIT_MODEL_ERROR
+    load_seconds = time.perf_counter() - started
+    transcriber = Transcriber(model, args.max_new_tokens or default_max_new_tokens(model), not args.no_medusa)
+
+    if not args.audio:
+        return run_demo(transcriber, model_name)
+
+    summary = TranscriptionRun(transcriber, args, sources, model_name).run()
+    summary.failed += len(input_errors)
+    summary.load_seconds = load_seconds
+    log(summary.line(transcriber.stats, transcriber.use_medusa))
+    if summary.interrupted:
+        hint = "rerun the same command to resume" if args.output else "use --output DIR to make runs resumable"
+        log(f"interrupted: outputs of finished files are kept; {hint}")
+        return EXIT_INTERRUPTED
+    return EXIT_FILE_FAILED if summary.failed else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

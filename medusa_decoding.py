@@ -1,0 +1,386 @@
+"""Family-agnostic Medusa decoding: draft trees, a preallocated KV cache, and the verify loop.
+
+Nothing here knows about audio, Whisper or MERaLiON-2. A backbone adapter supplies:
+
+* ``prefill(inputs, capacity) -> DecodeState``: run the encoder and the prompt, fill the cache;
+* ``decode(state, tokens[B, T], depths[T], ancestors[T, T]) -> hidden[B, T, H]``: one forward of
+  the text decoder over new tokens written into the cache at ``state.lengths + arange(T)``;
+* ``logits(hidden) -> [..., V]``: the base output projection (with any soft-capping);
+* ``process_logits(logits[B, T, V], num_generated[B, T]) -> logits``: the base generate's
+  logits processors (token suppression, min_new_tokens), so argmax equals the base's choice.
+
+A chain of K drafts is the tree with one node per depth, so one code path serves both.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import torch
+
+
+# --------------------------------------------------------------------------- draft trees
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A sparse draft tree; node 0 is the root (the last emitted token), nodes 1.. are drafts.
+
+    ``paths[i]`` lists the per-head top-k ranks leading to node i+1: ``[0]`` is head 0's best
+    token, ``[0, 1]`` is head 1's second-best token after it, and so on.
+    """
+
+    paths: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def chain(cls, num_heads: int) -> "DraftTree":
+        return cls(tuple((0,) * depth for depth in range(1, num_heads + 1)))
+
+    @classmethod
+    def from_paths(cls, paths) -> "DraftTree":
+        ordered = sorted({tuple(int(r) for r in p) for p in paths}, key=lambda p: (len(p), p))
+        known = set(ordered)
+        for path in ordered:
+            if len(path) > 1 and path[:-1] not in known:
+                raise ValueError(f"Draft tree path {list(path)} has no parent {list(path[:-1])}.")
+        return cls(tuple(ordered))
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.paths) + 1
+
+    @property
+    def depth(self) -> int:
+        return max((len(p) for p in self.paths), default=0)
+
+    @property
+    def max_rank(self) -> int:
+        return max((max(p) for p in self.paths), default=0)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == (0,) * len(p) for p in self.paths)
+
+    def tensors(self, device) -> "TreeTensors":
+        index = {path: i + 1 for i, path in enumerate(self.paths)}
+        parents = [0] + [index.get(p[:-1], 0) for p in self.paths]
+        depths = [0] + [len(p) for p in self.paths]
+        ranks = [0] + [p[-1] for p in self.paths]
+        n = self.num_nodes
+        ancestors = torch.zeros(n, n, dtype=torch.bool)
+        for node in range(n):
+            walk = node
+            while True:
+                ancestors[node, walk] = True
+                if walk == 0:
+                    break
+                walk = parents[walk]
+        return TreeTensors(
+            parents=torch.tensor(parents, device=device),
+            depths=torch.tensor(depths, device=device),
+            ranks=torch.tensor(ranks, device=device),
+            ancestors=ancestors.to(device),
+            # path_nodes[n, d]: the node at depth d on the path to n (n itself past its depth).
+            path_nodes=_path_nodes(parents, depths, self.depth).to(device),
+        )
+
+
+@dataclass
+class TreeTensors:
+    parents: torch.Tensor  # [N]
+    depths: torch.Tensor  # [N]
+    ranks: torch.Tensor  # [N]
+    ancestors: torch.Tensor  # [N, N] bool, ancestors[i, j]: j is i or an ancestor of i
+    path_nodes: torch.Tensor  # [N, depth+1]
+
+
+def _path_nodes(parents: list[int], depths: list[int], max_depth: int) -> torch.Tensor:
+    table = torch.zeros(len(parents), max_depth + 1, dtype=torch.long)
+    for node in range(len(parents)):
+        walk = node
+        table[node, :] = node
+        while walk != 0:
+            table[node, depths[walk]] = walk
+            walk = parents[walk]
+        table[node, 0] = 0
+    return table
+
+
+def build_tree_from_accuracy(topk_accuracy, num_nodes: int) -> list[list[int]]:
+    """Choose the ``num_nodes`` draft nodes with the highest estimated acceptance probability.
+
+    ``topk_accuracy[h][r]`` is head h's measured held-out accuracy at top-(r+1) (cumulative).
+    A node's probability is the product along its path of each head's rank-r hit rate
+    (acc@r+1 - acc@r), so parents always outrank their children and the result is a tree.
+    """
+    rank_hit = [
+        [max(acc[r] - (acc[r - 1] if r else 0.0), 0.0) for r in range(len(acc))] for acc in topk_accuracy
+    ]
+    chosen: list[tuple[int, ...]] = []
+    frontier = [(-rank_hit[0][r], (r,)) for r in range(len(rank_hit[0]))]
+    heapq.heapify(frontier)
+    while frontier and len(chosen) < num_nodes:
+        neg_p, path = heapq.heappop(frontier)
+        chosen.append(path)
+        depth = len(path)
+        if depth < len(rank_hit):
+            for r, hit in enumerate(rank_hit[depth]):
+                heapq.heappush(frontier, (neg_p * hit, path + (r,)))
+    return [list(p) for p in DraftTree.from_paths(chosen).paths]
+
+
+# --------------------------------------------------------------------------- KV cache
+
+
+class StaticKVCache:
+    """Preallocated self-attention K/V for every layer, written by slot, rolled back by length.
+
+    Slot s of row b holds the token at sequence column s (left padding included); the caller
+    keeps ``lengths[b]`` = number of valid slots. Rejected drafts are simply overwritten later.
+    """
+
+    def __init__(self, num_layers, batch_size, num_kv_heads, capacity, head_dim, dtype, device):
+        shape = (num_layers, batch_size, num_kv_heads, capacity, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[3]
+
+    def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor):
+        """keys/values [B, Hkv, T, D] go to slots [B, T]."""
+        index = slots[:, None, :, None].expand_as(keys)
+        self.keys[layer].scatter_(2, index, keys)
+        self.values[layer].scatter_(2, index, values)
+
+    def layer(self, layer: int, upto: int):
+        return self.keys[layer, :, :, :upto], self.values[layer, :, :, :upto]
+
+    def move(self, src_slots: torch.Tensor, dst_slots: torch.Tensor):
+        """Copy slots src -> dst (per row, all layers); used to compact an accepted tree path."""
+        n_layers, batch, heads, _, dim = self.keys.shape
+        src = src_slots[None, :, None, :, None].expand(n_layers, batch, heads, -1, dim)
+        dst = dst_slots[None, :, None, :, None].expand(n_layers, batch, heads, -1, dim)
+        for buf in (self.keys, self.values):
+            buf.scatter_(3, dst, buf.gather(3, src))
+
+    def select_rows(self, rows: torch.Tensor):
+        self.keys = self.keys[:, rows]
+        self.values = self.values[:, rows]
+
+
+def attention_mask(state: "DecodeState", depths: torch.Tensor, ancestors: torch.Tensor, upto: int,
+                   window: int | None = None):
+    """Boolean mask [B, 1, T, upto]: the valid prefix plus each chunk node's ancestors.
+
+    With ``window`` (sliding-window layers), a query at slot q sees keys at slots k > q - window,
+    where a chunk node's slot distance is measured by depth (positions = prefix + depth).
+    """
+    n = ancestors.shape[0]
+    slots = torch.arange(upto, device=ancestors.device)
+    lengths = state.lengths[:, None]
+    prefix = (slots[None, :] >= state.first_slot[:, None]) & (slots[None, :] < lengths)  # [B, L]
+    mask = prefix[:, None, :].expand(-1, n, -1)
+    if window is not None:
+        query_pos = lengths + depths[None, :]  # [B, T] in slot units
+        mask = mask & (query_pos[:, :, None] - slots[None, None, :] < window)
+    chunk_offset = (slots[None, :] - lengths).clamp(min=0, max=n - 1)  # [B, L]
+    in_chunk = (slots[None, :] >= lengths) & (slots[None, :] < lengths + n)
+    chunk_visible = ancestors[:, chunk_offset].permute(1, 0, 2) & in_chunk[:, None, :]  # [B, T, L]
+    return (mask | chunk_visible)[:, None]
+
+
+# --------------------------------------------------------------------------- logits rules
+
+
+def suppression_processor(vocab: int, device, eos_token_ids, min_new_tokens=None, always=None, at_begin=None):
+    """The base generate's token-blocking processors, vectorised over a verify chunk.
+
+    ``num_generated[b, t]`` counts the tokens generated before the one chunk row t predicts:
+    ``always`` ids are never chosen, ``at_begin`` ids not as the first token, EOS not before
+    ``min_new_tokens``.
+    """
+    suppress = _token_mask(always, vocab, device)
+    begin = _token_mask(at_begin, vocab, device)
+    eos = _token_mask(eos_token_ids, vocab, device)
+
+    def process(logits: torch.Tensor, num_generated: torch.Tensor) -> torch.Tensor:
+        blocked = suppress.expand_as(logits) | ((num_generated == 0)[..., None] & begin)
+        if min_new_tokens:
+            blocked = blocked | ((num_generated < min_new_tokens)[..., None] & eos)
+        return logits.masked_fill(blocked, float("-inf"))
+
+    return process
+
+
+def _token_mask(token_ids, vocab: int, device) -> torch.Tensor:
+    mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+    ids = [int(t) for t in (token_ids or []) if 0 <= int(t) < vocab]
+    if ids:
+        mask[torch.tensor(ids, dtype=torch.long, device=device)] = True
+    return mask
+
+
+# --------------------------------------------------------------------------- decoding loop
+
+
+@dataclass
+class DecodeState:
+    """Everything a round needs. ``hidden``/``next_token`` belong to the last emitted token,
+    which is not in the cache yet (it is the root of the next verify chunk)."""
+
+    cache: StaticKVCache
+    lengths: torch.Tensor  # [B] valid cache slots
+    first_slot: torch.Tensor  # [B] first non-padding slot; position = slot - first_slot
+    hidden: torch.Tensor  # [B, H]
+    next_token: torch.Tensor  # [B]
+    extra: dict = field(default_factory=dict)  # family-specific (e.g. cross-attention K/V)
+
+    def positions(self, depths: torch.Tensor) -> torch.Tensor:
+        return (self.lengths - self.first_slot)[:, None] + depths[None, :]
+
+    def slots(self, num_tokens: int) -> torch.Tensor:
+        return self.lengths[:, None] + torch.arange(num_tokens, device=self.lengths.device)[None, :]
+
+    def select_rows(self, rows: torch.Tensor):
+        self.cache.select_rows(rows)
+        self.lengths, self.first_slot = self.lengths[rows], self.first_slot[rows]
+        self.hidden, self.next_token = self.hidden[rows], self.next_token[rows]
+        self.extra = {k: _select(v, rows) for k, v in self.extra.items()}
+
+
+def _select(value, rows):
+    if isinstance(value, torch.Tensor):
+        return value[:, rows] if value.dim() == 5 else value[rows]
+    return value
+
+
+@dataclass
+class MedusaStats:
+    rounds: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    new_tokens: int = 0
+    row_rounds: int = 0  # sum over rounds of active rows
+
+    @property
+    def mean_accepted_per_round(self) -> float:
+        """Tokens emitted per row per verify pass (accepted drafts + the base's own token)."""
+        return (self.accepted_tokens + self.row_rounds) / self.row_rounds if self.row_rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "rounds": self.rounds,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "new_tokens": self.new_tokens,
+            "mean_accepted_per_round": self.mean_accepted_per_round,
+            "acceptance_rate": self.acceptance_rate,
+        }
+
+
+def draft_tokens(draft_logits: torch.Tensor, tree: TreeTensors, max_rank: int) -> torch.Tensor:
+    """Head logits [B, K, V] -> draft tokens for the tree's non-root nodes [B, N-1]."""
+    top = draft_logits.topk(max_rank + 1, dim=-1).indices  # [B, K, R]
+    heads = tree.depths[1:] - 1
+    return top[:, heads, tree.ranks[1:]]
+
+
+def accept(chunk: torch.Tensor, predicted: torch.Tensor, tree: TreeTensors):
+    """Longest draft path that equals the base's own argmax.
+
+    chunk/predicted [B, N]: tokens fed and the base's argmax after each node.
+    Returns (best node [B], accepted draft count [B]).
+    """
+    correct = chunk == predicted[:, tree.parents]
+    correct[:, 0] = True
+    on_path_ok = (correct[:, None, :] | ~tree.ancestors[None]).all(dim=-1)  # [B, N]
+    score = torch.where(on_path_ok, tree.depths[None, :] + 1, torch.zeros_like(tree.depths)[None, :])
+    best = score.argmax(dim=-1)
+    return best, tree.depths[best]
+
+
+def medusa_decode(backbone, draft_fn, process_logits, state: DecodeState, tree: DraftTree, max_new_tokens: int,
+                  eos_token_ids, stats: MedusaStats | None = None, hidden_log: list | None = None):
+    """Greedy Medusa decoding after prefill. Returns a list (per row) of emitted token lists.
+
+    ``state.next_token`` is the first generated token (already chosen by prefill); every later
+    token is the base's argmax on the verified prefix, so the output equals plain greedy decoding.
+    With ``hidden_log`` (a list per row), the hidden state that produced each emitted token is kept.
+    """
+    stats = stats or MedusaStats()
+    eos = set(int(e) for e in eos_token_ids)
+    batch = state.next_token.shape[0]
+    outputs = [[int(t)] for t in state.next_token.tolist()]
+    if hidden_log is not None:
+        for row, h in enumerate(state.hidden):
+            hidden_log[row].append(h)
+    active = [not _finished(o, eos, max_new_tokens) for o in outputs]
+    rows = torch.arange(batch, device=state.lengths.device)
+    row_ids = list(range(batch))
+    tt = tree.tensors(state.lengths.device)
+    if not all(active):
+        rows, row_ids = _keep_active(state, rows, row_ids, active)
+    while row_ids:
+        chunk = state.next_token[:, None]
+        if tree.num_nodes > 1:
+            chunk = torch.cat([chunk, draft_tokens(draft_fn(state.hidden), tt, tree.max_rank)], dim=1)  # [b, N]
+        num_generated = torch.tensor([len(outputs[r]) for r in row_ids], device=chunk.device)
+        hidden = backbone.decode(state, chunk, tt.depths, tt.ancestors)
+        logits = process_logits(backbone.logits(hidden), num_generated[:, None] + tt.depths[None, :])
+        predicted = logits.argmax(dim=-1)
+        best, accepted = accept(chunk, predicted, tt)
+        path = tt.path_nodes[best]  # [b, depth+1]
+        if not tree.is_chain:
+            offsets = torch.arange(path.shape[1], device=path.device)[None, :]
+            state.cache.move(state.lengths[:, None] + path, state.lengths[:, None] + offsets)
+        emitted = torch.cat([chunk.gather(1, path[:, 1:]), predicted.gather(1, best[:, None])], dim=1)
+        state.lengths = state.lengths + accepted + 1
+        path_hidden = hidden.gather(1, path[:, :, None].expand(-1, -1, hidden.shape[-1]))
+        state.hidden = hidden[torch.arange(len(row_ids), device=hidden.device), best]
+        state.next_token = predicted.gather(1, best[:, None])[:, 0]
+        accepted_list, emitted_rows = accepted.tolist(), emitted.tolist()  # the round's one host sync
+        stats.rounds += 1
+        for i, r in enumerate(row_ids):
+            a = accepted_list[i]
+            new = emitted_rows[i][:a] + [emitted_rows[i][-1]]
+            before = len(outputs[r])
+            _extend_until_stop(outputs[r], new, eos, max_new_tokens)
+            stats.row_rounds += 1
+            stats.drafted_tokens += tree.depth
+            stats.accepted_tokens += min(a, len(outputs[r]) - before)
+            if hidden_log is not None:
+                hidden_log[r].extend(path_hidden[i, : len(outputs[r]) - before])
+            active[i] = not _finished(outputs[r], eos, max_new_tokens)
+        if not all(active):
+            rows, row_ids = _keep_active(state, rows, row_ids, active)
+            active = [True] * len(row_ids)
+    stats.new_tokens += sum(len(o) for o in outputs)
+    return outputs
+
+
+def _finished(tokens, eos, max_new_tokens) -> bool:
+    return len(tokens) >= max_new_tokens or (bool(tokens) and tokens[-1] in eos)
+
+
+def _extend_until_stop(tokens: list, new: list, eos, max_new_tokens: int):
+    for t in new:
+        if _finished(tokens, eos, max_new_tokens):
+            return
+        tokens.append(t)
+
+
+def _keep_active(state: DecodeState, rows, row_ids, active):
+    """Drop finished rows so they cost nothing in later rounds."""
+    keep = [i for i, a in enumerate(active) if a]
+    if len(keep) == len(row_ids):
+        return rows, row_ids
+    index = torch.tensor(keep, device=state.lengths.device, dtype=torch.long)
+    state.select_rows(index)
+    return rows[index], [row_ids[i] for i in keep]

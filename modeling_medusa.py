@@ -1,0 +1,399 @@
+"""Medusa heads for speech recognition models, as a Hugging Face remote-code model.
+
+``MedusaForASR.from_pretrained(repo)`` loads the base model named in the config (MERaLiON-2 or
+Whisper), grafts K residual heads that share the base's output projection, and ``generate``
+drafts with the heads and verifies with the base: the output is the base's own greedy output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+try:
+    from .backbone_meralion2 import MERaLiON2Backbone
+    from .backbone_whisper import WhisperBackbone
+    from .configuration_medusa import MedusaConfig
+    from .medusa_decoding import DraftTree, MedusaStats, medusa_decode
+except ImportError:
+    from backbone_meralion2 import MERaLiON2Backbone
+    from backbone_whisper import WhisperBackbone
+    from configuration_medusa import MedusaConfig
+    from medusa_decoding import DraftTree, MedusaStats, medusa_decode
+
+HEADS_FILE = "medusa_heads.safetensors"
+CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.py",
+              "backbone_whisper.py", "backbone_meralion2.py")
+BACKBONES = {"whisper": WhisperBackbone, "meralion2": MERaLiON2Backbone}
+BASE_LOAD_KWARGS = ("torch_dtype", "dtype", "device_map", "attn_implementation", "quantization_config",
+                    "revision", "token", "cache_dir", "local_files_only", "low_cpu_mem_usage")
+TRAIN_HINT = ("Train heads for this base with: python -m pipeline.collect --base BASE --audio AUDIO && "
+              "python -m pipeline.train ... && python -m pipeline.export ... (see README.md).")
+
+
+class MedusaHeads(nn.Module):
+    """K heads, each ``num_layers`` residual blocks ``x + SiLU(W x + b)``, zero-initialised so every
+    head starts as the identity (i.e. as the base's own next-token prediction).
+
+    State-dict names follow vLLM's Medusa format: ``blocks.{i}.layers.{j}.weight`` / ``.bias``.
+    """
+
+    def __init__(self, num_heads: int, num_layers: int, hidden_size: int):
+        super().__init__()
+        self.blocks = nn.ModuleList(_ResidualStack(num_layers, hidden_size) for _ in range(num_heads))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., K, H]"""
+        return torch.stack([block(hidden) for block in self.blocks], dim=-2)
+
+
+class _ResidualStack(nn.Module):
+    def __init__(self, num_layers: int, hidden_size: int):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_layers))
+        for layer in self.layers:
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + F.silu(layer(x))
+        return x
+
+
+class MedusaForASR(PreTrainedModel):
+    config_class = MedusaConfig
+    base_model_prefix = "medusa"
+    _no_split_modules = []
+
+    def __init__(self, config: MedusaConfig, base=None, processor=None):
+        super().__init__(config)
+        self.medusa_heads = MedusaHeads(config.medusa_num_heads, config.medusa_num_layers, config.hidden_size)
+        self.base = base
+        self.processor = processor
+        self.backbone = BACKBONES[config.base_family](base) if base is not None else None
+        if base is not None:
+            _check_fits(config, self.backbone)
+            base.requires_grad_(False)
+            param = next(base.parameters())
+            self.medusa_heads.to(device=param.device, dtype=param.dtype)
+
+    # ------------------------------------------------------------------ loading / saving
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, base_model=None,
+                        base_model_name_or_path=None, processor=None, **kwargs):
+        """Load the artifact: its config, the base model it names, and the trained heads."""
+        folder = _resolve_artifact(pretrained_model_name_or_path, kwargs)
+        config = config if isinstance(config, MedusaConfig) else MedusaConfig.from_pretrained(folder)
+        heads_path = Path(folder) / HEADS_FILE
+        if not heads_path.is_file():
+            raise FileNotFoundError(
+                f"No {HEADS_FILE} in {folder}: this artifact has no trained heads for "
+                f"{config.base_model_name_or_path}. {TRAIN_HINT}"
+            )
+        if base_model_name_or_path:
+            config.base_model_name_or_path = base_model_name_or_path
+        if base_model is None:
+            base_model, processor = load_base_model(config.base_model_name_or_path, config.base_family, **kwargs)
+        model = cls(config, base=base_model, processor=processor)
+        model.load_heads(heads_path)
+        model.eval()
+        return model
+
+    @classmethod
+    def from_base(cls, base_model_name_or_path: str, family: str | None = None, medusa_num_heads: int = 4,
+                  medusa_num_layers: int = 1, base_model=None, processor=None, **kwargs):
+        """Fresh (zero-initialised) heads on a frozen base: the starting point for training."""
+        if base_model is None:
+            base_model, processor = load_base_model(base_model_name_or_path, family, **kwargs)
+        family = family or detect_family(base_model)
+        backbone = BACKBONES[family](base_model)
+        config = MedusaConfig(
+            base_model_name_or_path=str(base_model_name_or_path), base_family=family,
+            medusa_num_heads=medusa_num_heads, medusa_num_layers=medusa_num_layers,
+            hidden_size=backbone.hidden_size, vocab_size=backbone.vocab_size,
+        )
+        return cls(config, base=base_model, processor=processor).eval()
+
+    def load_heads(self, path):
+        from safetensors.torch import load_file
+
+        state = load_file(str(path))
+        expected = self.medusa_heads.state_dict()
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise ValueError(
+                f"{path} does not match config ({self.config.medusa_num_heads} heads x "
+                f"{self.config.medusa_num_layers} blocks): missing {missing[:4]}, unexpected {unexpected[:4]}."
+            )
+        for name, tensor in state.items():
+            if tensor.shape != expected[name].shape:
+                raise ValueError(
+                    f"{path}: {name} has shape {tuple(tensor.shape)} but the base needs "
+                    f"{tuple(expected[name].shape)} (hidden size {self.config.hidden_size}); "
+                    "these heads were trained for another base."
+                )
+            if not tensor.is_floating_point():
+                raise ValueError(f"{path}: {name} has dtype {tensor.dtype}; heads must be floating point.")
+        self.medusa_heads.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
+
+    def save_pretrained(self, save_directory, **kwargs):
+        """Write config.json, the heads and the code files (never the base weights), atomically."""
+        from safetensors.torch import save_file
+
+        target = Path(save_directory)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+        try:
+            if target.is_dir():
+                shutil.copytree(target, tmp, dirs_exist_ok=True)
+            self.config.auto_map = {"AutoConfig": "configuration_medusa.MedusaConfig",
+                                    "AutoModel": "modeling_medusa.MedusaForASR"}
+            self.config.architectures = ["MedusaForASR"]
+            self.config.save_pretrained(tmp)
+            heads = {k: v.detach().contiguous().cpu() for k, v in self.medusa_heads.state_dict().items()}
+            save_file(heads, str(tmp / HEADS_FILE), metadata={"format": "pt"})
+            here = Path(__file__).parent
+            for name in CODE_FILES:
+                shutil.copy2(here / name, tmp / name)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    # ------------------------------------------------------------------ heads
+    @property
+    def family(self) -> str:
+        return self.config.base_family
+
+    @property
+    def max_audio_seconds(self) -> float:
+        return self.backbone.max_audio_seconds
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., K, V]: each head, then the base's shared output projection."""
+        return self.backbone.logits(self.medusa_heads(hidden))
+
+    def draft_tree(self, draft: str | list | None = "auto") -> DraftTree:
+        """``"chain"``, ``"tree"``/``"auto"`` (the config's measured tree when it has one), or explicit paths."""
+        if isinstance(draft, (list, tuple)):
+            return DraftTree.from_paths(draft)
+        if draft in ("tree", "auto") and self.config.tree:
+            return DraftTree.from_paths(self.config.tree)
+        if draft not in ("chain", "tree", "auto", None):
+            raise ValueError(f"draft={draft!r}: use 'auto', 'chain', 'tree' or a list of paths.")
+        return DraftTree.chain(self.config.medusa_num_heads)
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(self, *args, use_medusa: bool = True, draft="auto", return_stats: bool = False,
+                 max_new_tokens: int | None = None, min_new_tokens: int | None = None, **kwargs):
+        """The base's greedy ``generate``, accelerated: same inputs, same token ids.
+
+        ``use_medusa=False`` runs the base's own generate. Sampling, beam search and options the
+        Medusa loop does not implement fall back to it with a warning. ``return_stats=True``
+        returns ``(sequences, stats)`` with rounds, drafted/accepted tokens and the mean tokens
+        accepted per round.
+        """
+        if args:
+            kwargs.setdefault(self.backbone.required_inputs[0], args[0])
+        reason = None if use_medusa else "disabled"
+        reason = reason or _sampling_reason(kwargs) or self.backbone.unsupported_reason(kwargs)
+        if reason is not None:
+            if reason != "disabled":
+                warnings.warn(f"Medusa decoding does not support {reason}; using the base model's generate.")
+            out = self.base.generate(**_base_kwargs(kwargs, max_new_tokens, min_new_tokens))
+            return (out, MedusaStats().as_dict()) if return_stats else out
+        _check_inputs(kwargs, self.backbone.required_inputs)
+        tree = self.draft_tree(draft)
+        process = self.backbone.make_logits_processor(min_new_tokens)
+        state, max_new, prompt = self.backbone.prefill(kwargs, max_new_tokens, tree.num_nodes, process)
+        stats = MedusaStats()
+        generated = medusa_decode(self.backbone, self.head_logits, process, state, tree, max_new,
+                                  self.backbone.eos_token_ids, stats)
+        sequences = self.backbone.format_output(generated, prompt)
+        return (sequences, stats.as_dict()) if return_stats else sequences
+
+    generate_medusa = generate
+
+    @torch.no_grad()
+    def collect_hidden_states(self, max_new_tokens: int | None = None, **inputs):
+        """Greedy decode (one token a round); per row ``(tokens[T], hiddens[T, H])`` where
+        ``hiddens[i]`` is the last-layer hidden state whose argmax produced ``tokens[i]``."""
+        _check_inputs(inputs, self.backbone.required_inputs)
+        process = self.backbone.make_logits_processor(None)
+        state, max_new, _ = self.backbone.prefill(inputs, max_new_tokens, 1, process)
+        hiddens = [[] for _ in range(state.hidden.shape[0])]
+        tokens = medusa_decode(self.backbone, None, process, state, DraftTree(()), max_new,
+                               self.backbone.eos_token_ids, hidden_log=hiddens)
+        return [(torch.tensor(t), torch.stack(h)) for t, h in zip(tokens, hiddens)]
+
+    # ------------------------------------------------------------------ audio convenience
+    def prepare_audio_inputs(self, audios, sampling_rate: int = 16000, instruction: str | None = None):
+        """A batch of 16 kHz mono float arrays -> the base's generate inputs."""
+        if self.processor is None:
+            raise ValueError("This model was loaded without a processor; pass processor= to from_pretrained.")
+        if sampling_rate != 16000:
+            raise ValueError(f"Audio must be 16 kHz (got {sampling_rate} Hz); resample it first.")
+        if self.family == "whisper":
+            return dict(self.processor(list(audios), sampling_rate=16000, return_tensors="pt"))
+        prompt = (f"Instruction: {instruction or 'Please transcribe this speech.'} \n"
+                  "Follow the text instruction based on the following audio: <SpeechHere>")
+        chat = [{"role": "user", "content": prompt}]
+        text = self.processor.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        return dict(self.processor(text=[text] * len(audios), audios=list(audios), sampling_rate=16000))
+
+    def decode_text(self, sequences: torch.Tensor, inputs: dict | None = None) -> list[str]:
+        tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        if self.family == "meralion2" and inputs is not None and "input_ids" in inputs:
+            sequences = sequences[:, inputs["input_ids"].shape[1]:]
+        texts = tokenizer.batch_decode(sequences, skip_special_tokens=True)
+        return [t.replace("<Speaker1>:", "").replace("<Speaker2>:", "").strip() for t in texts]
+
+
+MERaLiON2MedusaForASR = MedusaForASR  # the name the seed's snippet uses
+
+
+# --------------------------------------------------------------------------- base loading
+
+
+def detect_family(base) -> str:
+    if hasattr(base, "text_decoder") and hasattr(base, "speech_encoder"):
+        return "meralion2"
+    if getattr(base.config, "model_type", "") == "whisper":
+        return "whisper"
+    raise ValueError(f"Cannot tell the family of {type(base).__name__}; pass family='whisper' or 'meralion2'.")
+
+
+def load_base_model(name_or_path: str, family: str | None = None, **kwargs):
+    """Load a base model (+ its processor) by Hub id or folder; a PEFT adapter folder is merged."""
+    load_kwargs = {k: v for k, v in kwargs.items() if k in BASE_LOAD_KWARGS and v is not None}
+    adapter = _peft_adapter_base(name_or_path, load_kwargs)
+    source = adapter or name_or_path
+    family = family or _family_from_config(source, load_kwargs)
+    try:
+        if family == "meralion2":
+            from transformers import AutoModelForSpeechSeq2Seq
+
+            load_kwargs.setdefault("attn_implementation", "eager")  # sdpa would drop Gemma2's attention soft-cap
+            base = AutoModelForSpeechSeq2Seq.from_pretrained(source, trust_remote_code=True, **load_kwargs)
+        else:
+            from transformers import WhisperForConditionalGeneration
+
+            base = WhisperForConditionalGeneration.from_pretrained(source, **load_kwargs)
+    except OSError as err:
+        raise OSError(
+            f"Could not load the base model {source!r} ({err.__class__.__name__}: {str(err).splitlines()[0]}). "
+            "Offline? Pass base_model_name_or_path=<local folder> or download it first."
+        ) from err
+    if adapter:
+        from peft import PeftModel
+
+        base = PeftModel.from_pretrained(base, name_or_path).merge_and_unload()
+    base.eval()
+    return base, _load_processor(source, family, load_kwargs)
+
+
+def _load_processor(source, family, load_kwargs):
+    from transformers import AutoProcessor
+
+    keep = {k: v for k, v in load_kwargs.items() if k in ("revision", "token", "cache_dir", "local_files_only")}
+    try:
+        return AutoProcessor.from_pretrained(source, trust_remote_code=family == "meralion2", **keep)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _peft_adapter_base(name_or_path, load_kwargs) -> str | None:
+    local = Path(str(name_or_path)) / "adapter_config.json"
+    if local.is_file():
+        return json.loads(local.read_text())["base_model_name_or_path"]
+    if Path(str(name_or_path)).exists():
+        return None
+    try:
+        from huggingface_hub import hf_hub_download
+
+        path = hf_hub_download(str(name_or_path), "adapter_config.json", revision=load_kwargs.get("revision"))
+        return json.loads(Path(path).read_text())["base_model_name_or_path"]
+    except Exception:
+        return None
+
+
+def _family_from_config(source, load_kwargs) -> str:
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=True,
+                                            **{k: v for k, v in load_kwargs.items() if k in ("revision", "token")})
+    except (OSError, ValueError) as err:
+        raise OSError(
+            f"Could not resolve the base model {source!r}: {str(err).splitlines()[0]}. "
+            "Offline? Point base_model_name_or_path at a local copy of the base model."
+        ) from err
+    model_type = getattr(config, "model_type", "")
+    if model_type == "whisper":
+        return "whisper"
+    if model_type.startswith("meralion"):
+        return "meralion2"
+    raise ValueError(f"{source!r} is a {model_type!r} model; supported bases are MERaLiON-2 and Whisper.")
+
+
+def _resolve_artifact(name_or_path, kwargs) -> str:
+    if Path(str(name_or_path)).is_dir():
+        return str(name_or_path)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(str(name_or_path), revision=kwargs.get("revision"), token=kwargs.get("token"))
+    except Exception as err:
+        raise OSError(f"Could not find the Medusa artifact {name_or_path!r}: {err}") from err
+
+
+def _check_fits(config: MedusaConfig, backbone):
+    if config.hidden_size != backbone.hidden_size:
+        raise ValueError(
+            f"Heads expect hidden size {config.hidden_size} but base {config.base_model_name_or_path!r} has "
+            f"{backbone.hidden_size}: these heads were trained for another base."
+        )
+    if config.vocab_size != backbone.vocab_size:
+        raise ValueError(
+            f"Heads expect vocab size {config.vocab_size} but the base's output projection has "
+            f"{backbone.vocab_size}: these heads were trained for another base."
+        )
+
+
+def _check_inputs(inputs: dict, required):
+    missing = [name for name in required if inputs.get(name) is None]
+    if missing:
+        raise ValueError(f"generate() is missing required input(s) {missing}; build them with the base's processor.")
+
+
+def _sampling_reason(kwargs) -> str | None:
+    if kwargs.get("do_sample"):
+        return "sampling"
+    if (kwargs.get("num_beams") or 1) > 1:
+        return "beam search"
+    if (kwargs.get("num_return_sequences") or 1) > 1:
+        return "num_return_sequences > 1"
+    return None
+
+
+def _base_kwargs(kwargs, max_new_tokens, min_new_tokens) -> dict:
+    out = dict(kwargs)
+    if max_new_tokens is not None:
+        out["max_new_tokens"] = max_new_tokens
+    if min_new_tokens is not None:
+        out["min_new_tokens"] = min_new_tokens
+    return out

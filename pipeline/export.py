@@ -1,0 +1,266 @@
+"""Stage 3: package trained heads as a Hub-ready Medusa artifact folder.
+
+    python -m pipeline.export --base openai/whisper-tiny.en --heads work_data/ckpt/best.safetensors \\
+        --out heads/whisper-tiny.en [--tree auto|chain] [--benchmark bench.json] [--data-info extra.json]
+
+Builds ``MedusaForASR.from_base`` + the trained heads, records provenance in the config
+(``training_data`` from the collect folder's ``collect_info.json`` and the training metrics,
+``head_accuracy`` from ``metrics.json``, ``benchmark`` from ``--benchmark``), picks the draft tree
+from the measured per-head top-k accuracy, saves everything into a temporary folder with a
+generated README.md model card, and only then moves it into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import tempfile
+
+from pipeline.collect import _summarise_entries, atomic_write_text, import_medusa, parse_dtype
+from pipeline.model_card import render_model_card
+
+HEAD_KEY = re.compile(r"^blocks\.(\d+)\.layers\.(\d+)\.weight$")
+TRAINING_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "seed", "val_fraction", "min_tokens", "dtype")
+
+
+def heads_shape(state: dict) -> tuple[int, int]:
+    """(num_heads, num_layers) from vLLM-style keys ``blocks.{i}.layers.{j}.weight``."""
+    found = [tuple(map(int, m.groups())) for m in map(HEAD_KEY.match, state) if m]
+    if not found:
+        raise SystemExit("the heads file has no blocks.{i}.layers.{j}.weight tensors")
+    return max(i for i, _ in found) + 1, max(j for _, j in found) + 1
+
+
+def _read_json(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _load_data_info(spec: str) -> dict:
+    """A collect folder, a collect_info.json / any JSON dict, or a manifest.jsonl."""
+    if os.path.isdir(spec):
+        path = os.path.join(spec, "collect_info.json")
+        if not os.path.exists(path):
+            raise SystemExit(f"--data-info {spec}: no collect_info.json in that folder")
+        return {"collect": _read_json(path)}
+    if spec.endswith(".jsonl"):
+        with open(spec, encoding="utf-8") as f:
+            entries = [json.loads(line) for line in f if line.strip()]
+        return {"manifest": _summarise_entries(entries)}
+    info = _read_json(spec)
+    if "audio_source" in info and "runs" in info:  # a collect_info.json
+        return {"collect": info}
+    return {"overrides": info}
+
+
+def _source_name(src: dict) -> str | None:
+    kind, path = src.get("kind"), src.get("path")
+    if kind == "hf_dataset":
+        name = src.get("name", "")
+        return name + (f":{src['config']}" if src.get("config") else "") + f" ({src.get('split', 'train')})"
+    if kind == "manifest" and path:  # never leak absolute local paths into the artifact
+        return f"{os.path.basename(os.path.dirname(path))}/{os.path.basename(path)}"
+    if kind == "folder" and path:
+        return os.path.basename(path.rstrip("/"))
+    return src.get("spec")
+
+
+def build_training_data(metrics: dict, infos: list[dict]) -> dict:
+    collect = next((i["collect"] for i in reversed(infos) if "collect" in i), {})
+    src = collect.get("audio_source", {})
+    data = metrics.get("data", {})
+    td = {
+        "source": _source_name(src),
+        "kind": src.get("kind"),
+        "n_utterances": collect.get("n_utterances", data.get("n_utterances")),
+        "n_tokens": collect.get("n_tokens", data.get("n_tokens")),
+        "n_train_utterances": data.get("n_train_utterances"),
+        "n_val_utterances": data.get("n_val_utterances"),
+    }
+    if src.get("kind") == "hf_dataset":
+        td["hf_dataset"] = src.get("name")
+    for key in ("voices", "licence", "sources", "languages", "hours"):
+        if key in src:
+            td[key] = src[key]
+    for info in infos:
+        for key, value in info.get("manifest", {}).items():
+            td.setdefault(key, value)
+    collection = {k: v for k, v in {
+        "base_dtype": (data.get("collected_with") or {}).get("dtype"),
+        "max_new_tokens": collect.get("max_new_tokens"),
+        "skip_first": src.get("skip") or None,
+        "throughput": collect.get("throughput"),
+    }.items() if v}
+    if collection:
+        td["collection"] = collection
+    train_args = metrics.get("train_args", {})
+    training = {k: train_args[k] for k in TRAINING_KEYS if train_args.get(k) is not None}
+    if metrics:
+        training.update({"best_step": metrics.get("step"), "total_steps": metrics.get("total_steps")})
+    if training:
+        td["training"] = training
+    for info in infos:
+        td.update(info.get("overrides", {}))
+    return {k: v for k, v in td.items() if v is not None}
+
+
+def build_head_accuracy(metrics: dict) -> dict:
+    acc = dict(metrics.get("head_accuracy") or {})
+    if acc:
+        acc["val_loss"] = metrics.get("val_loss")
+        acc["step"] = metrics.get("step")
+        acc["held_out"] = metrics.get("held_out", True)
+    return acc
+
+
+def choose_tree(mode: str, head_accuracy: dict, num_nodes: int, num_heads: int):
+    """None (= chain) or a list of per-head rank paths chosen from the measured top-k accuracy."""
+    if mode == "chain":
+        return None
+    topk = head_accuracy.get("topk")
+    if not topk:
+        print("[export] no measured top-k accuracy (metrics.json missing?): using a chain")
+        return None
+    # The tree builder lives with the decoding code (medusa_decoding.py, the artifact's own module).
+    import_medusa()  # puts the repository root on sys.path
+    from medusa_decoding import build_tree_from_accuracy
+
+    tree = build_tree_from_accuracy([list(map(float, row)) for row in topk[:num_heads]], num_nodes)
+    if all(set(path) == {0} for path in tree) and len(tree) <= num_heads:
+        return None  # the builder chose a chain
+    return tree
+
+
+def install_folder(staged: str, out: str) -> None:
+    """Move the finished staging folder to ``out`` (replacing a previous export atomically).
+
+    If ``out`` holds anything an export does not write (e.g. it is a git checkout), the new files
+    are moved in one by one and everything else is left alone.
+    """
+    if not os.path.exists(out):
+        os.replace(staged, out)
+        return
+    new, old = set(os.listdir(staged)), set(os.listdir(out))
+    if old <= new:
+        trash = tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(out)), prefix=".export-old-")
+        os.replace(out, os.path.join(trash, "old"))
+        os.replace(staged, out)
+        shutil.rmtree(trash, ignore_errors=True)
+        return
+    print(f"[export] {out} holds other files too: updating the exported files in place")
+    for name in sorted(new):
+        target = os.path.join(out, name)
+        if os.path.isdir(target) and not os.path.islink(target):
+            shutil.rmtree(target)
+        os.replace(os.path.join(staged, name), target)
+    shutil.rmtree(staged, ignore_errors=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipeline.export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base", required=True, help="base model used for training (Hub id or folder)")
+    p.add_argument("--base-id", default=None,
+                   help="name to record as the artifact's base model (e.g. the Hub id when --base is a "
+                        "local copy); default --base")
+    p.add_argument("--heads", required=True, help="trained heads, e.g. work_data/ckpt/best.safetensors")
+    p.add_argument("--metrics", default=None, help="training metrics.json (default: next to --heads)")
+    p.add_argument("--out", required=True, help="artifact folder to create or replace")
+    p.add_argument("--tree", choices=("auto", "chain"), default="auto",
+                   help="auto: sparse tree from measured top-k accuracy; chain: top-1 of every head")
+    p.add_argument("--tree-nodes", type=int, default=15, help="draft nodes in an auto tree (root excluded)")
+    p.add_argument("--benchmark", default=None, help="benchmark JSON to record in config + model card")
+    p.add_argument("--data-info", action="append", default=[],
+                   help="extra provenance: a collect folder, a manifest.jsonl, or a JSON dict of "
+                        "training_data fields (e.g. {\"licence\": ..., \"description\": ...}); repeatable. "
+                        "The collect folder recorded in metrics.json is read automatically.")
+    p.add_argument("--license", default=None, help="licence id for the model card front matter (default: other)")
+    p.add_argument("--repo-id", default=None, help="Hub repo id for the usage snippet")
+    p.add_argument("--dtype", default="float32", help="dtype to build the model in (heads are saved in it)")
+    p.add_argument("--device", default="cpu")
+    return p
+
+
+def main(argv=None, model=None) -> str:
+    """Export; returns the artifact folder. ``model`` (fresh MedusaForASR-like) may be injected."""
+    args = build_parser().parse_args(argv)
+    import torch
+    from safetensors.torch import load_file
+
+    state = load_file(args.heads)
+    num_heads, num_layers = heads_shape(state)
+    metrics_path = args.metrics or os.path.join(os.path.dirname(os.path.abspath(args.heads)), "metrics.json")
+    metrics = _read_json(metrics_path) if os.path.exists(metrics_path) else {}
+    if not metrics:
+        print(f"[export] WARNING: no {metrics_path}: head accuracy and training provenance are not recorded")
+    elif not metrics.get("finished", True):
+        print("[export] WARNING: training did not finish (metrics.json says finished=false)")
+
+    infos = []
+    data_dir = (metrics.get("data") or {}).get("dir")
+    if data_dir and os.path.exists(os.path.join(data_dir, "collect_info.json")):
+        infos.append(_load_data_info(data_dir))
+    infos += [_load_data_info(spec) for spec in args.data_info]
+    training_data = build_training_data(metrics, infos)
+    head_accuracy = build_head_accuracy(metrics)
+    benchmark = _read_json(args.benchmark) if args.benchmark else {}
+    tree = choose_tree(args.tree, head_accuracy, args.tree_nodes, num_heads)
+
+    dtype = parse_dtype(args.dtype, args.device)
+    if model is None:
+        medusa = import_medusa()
+        model = medusa.MedusaForASR.from_base(args.base, medusa_num_heads=num_heads,
+                                              medusa_num_layers=num_layers, torch_dtype=dtype,
+                                              device_map=args.device)
+    from pipeline.train import load_heads_state
+
+    load_heads_state(model, {k: v for k, v in state.items()})
+    cfg = model.config
+    if (cfg.medusa_num_heads, cfg.medusa_num_layers) != (num_heads, num_layers):
+        raise SystemExit(f"model built with {cfg.medusa_num_heads}x{cfg.medusa_num_layers} heads, "
+                         f"file has {num_heads}x{num_layers}")
+    trained_base = metrics.get("base")
+    if trained_base and trained_base != args.base:
+        print(f"[export] note: heads were trained with --base {trained_base!r}, exporting for {args.base!r}")
+    if args.base_id:
+        cfg.base_model_name_or_path = args.base_id
+    elif os.path.isabs(args.base):
+        print(f"[export] WARNING: the artifact will name a local base path {args.base!r}; "
+              "pass --base-id HUB_ID to publish it")
+    cfg.tree = tree
+    cfg.training_data = training_data
+    cfg.head_accuracy = head_accuracy
+    cfg.benchmark = benchmark
+
+    out = os.path.abspath(args.out)
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    staged = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out)}.export-")
+    try:
+        model.save_pretrained(staged)
+        written = os.path.join(staged, "medusa_heads.safetensors")
+        if os.path.exists(written):  # what was written is what was trained
+            saved = load_file(written)
+            for k, v in state.items():
+                if k not in saved or not torch.allclose(saved[k].float(), v.float(), rtol=1e-2, atol=1e-2):
+                    raise RuntimeError(f"saved heads differ from {args.heads} at {k}")
+        else:
+            print("[export] WARNING: save_pretrained wrote no medusa_heads.safetensors")
+        atomic_write_text(os.path.join(staged, "README.md"),
+                          render_model_card(cfg, repo_id=args.repo_id, license=args.license))
+        install_folder(staged, out)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    acc = head_accuracy.get("top1")
+    print(f"[export] {out}: {num_heads} heads x {num_layers} layers, "
+          f"{'chain' if tree is None else f'tree of {len(tree)} nodes'}"
+          + (", top-1 " + " / ".join(f"{a:.3f}" for a in acc) if acc else ""))
+    return out
+
+
+if __name__ == "__main__":
+    main()

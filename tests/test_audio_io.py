@@ -1,0 +1,363 @@
+"""Tests for audio_io: decoding every supported format, resampling, windowing, writers."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import audio_io  # noqa: E402
+from audio_io import AudioError, Segment, Window  # noqa: E402
+
+SR = audio_io.TARGET_SAMPLE_RATE
+needs_flite = pytest.mark.skipif(shutil.which("flite") is None, reason="flite is not installed")
+needs_ffmpeg = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="ffmpeg is not installed")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def tone(freq: float, seconds: float, rate: int, amplitude: float = 0.5) -> np.ndarray:
+    t = np.arange(int(round(seconds * rate))) / rate
+    return (amplitude * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+def dominant_frequency(samples: np.ndarray, rate: int = SR) -> float:
+    spectrum = np.abs(np.fft.rfft(samples * np.hanning(len(samples))))
+    return float(np.fft.rfftfreq(len(samples), 1 / rate)[np.argmax(spectrum)])
+
+
+def write_with_pyav(path: Path, samples: np.ndarray, rate: int, codec: str = "aac") -> None:
+    av = pytest.importorskip("av")
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec, rate=rate, layout="mono")
+        frame_size = 1024
+        for start in range(0, len(samples), frame_size):
+            chunk = samples[start : start + frame_size][np.newaxis, :]
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(chunk), format="flt", layout="mono")
+            frame.sample_rate = rate
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+
+
+# (extension, writer options, source rate): soundfile writes all but M4A, which PyAV encodes.
+FORMATS = {
+    "wav": dict(format="WAV", subtype="PCM_16", rate=22050),
+    "flac": dict(format="FLAC", subtype="PCM_16", rate=44100),
+    "mp3": dict(format="MP3", subtype="MPEG_LAYER_III", rate=44100),
+    "ogg": dict(format="OGG", subtype="VORBIS", rate=32000),
+    "opus": dict(format="OGG", subtype="OPUS", rate=48000),
+    "m4a": dict(format=None, subtype=None, rate=44100),
+}
+
+
+def write_audio(path: Path, samples: np.ndarray, rate: int) -> None:
+    spec = FORMATS[path.suffix.lstrip(".")]
+    if spec["format"] is None:
+        write_with_pyav(path, samples, rate)
+    else:
+        sf.write(str(path), samples, rate, format=spec["format"], subtype=spec["subtype"])
+
+
+@pytest.fixture(scope="module")
+def speech_wav(tmp_path_factory) -> Path:
+    if shutil.which("flite") is None:
+        pytest.skip("flite is not installed")
+    path = tmp_path_factory.mktemp("speech") / "speech.wav"
+    subprocess.run(["flite", "-t", "The quick brown fox jumps over the lazy dog.", "-o", str(path)], check=True)
+    return path
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+@pytest.mark.parametrize("extension", sorted(FORMATS))
+def test_every_format_decodes_to_16k_mono(tmp_path, extension):
+    rate = FORMATS[extension]["rate"]
+    path = tmp_path / f"tone.{extension}"
+    write_audio(path, tone(440, 1.0, rate), rate)
+
+    samples = audio_io.load_audio(path)
+
+    assert samples.dtype == np.float32 and samples.ndim == 1
+    assert abs(len(samples) - SR) <= 0.06 * SR  # lossy codecs may add a little padding
+    assert abs(dominant_frequency(samples) - 440) < 5
+    middle = samples[len(samples) // 4 : 3 * len(samples) // 4]
+    assert 0.3 < np.sqrt(2) * np.sqrt(np.mean(middle**2)) < 0.7  # amplitude 0.5 survives
+
+
+@needs_flite
+@needs_ffmpeg
+@pytest.mark.parametrize(
+    "extension, codec", [("mp3", "libmp3lame"), ("ogg", "libvorbis"), ("opus", "libopus"), ("m4a", "aac"), ("flac", "flac")]
+)
+def test_speech_encoded_by_ffmpeg_matches_wav(tmp_path, speech_wav, extension, codec):
+    encoded = tmp_path / f"speech.{extension}"
+    subprocess.run(
+        ["ffmpeg", "-loglevel", "error", "-y", "-i", str(speech_wav), "-ac", "2", "-ar", "48000", "-c:a", codec, str(encoded)],
+        check=True,
+    )
+    reference = audio_io.load_audio(speech_wav)
+    decoded = audio_io.load_audio(encoded)
+    assert abs(len(decoded) - len(reference)) < 0.1 * SR
+    assert not audio_io.is_silent(decoded)
+    n = min(len(decoded), len(reference))
+    envelope = lambda x: np.sqrt(np.convolve(x[:n] ** 2, np.ones(800) / 800, mode="valid"))  # noqa: E731
+    assert np.corrcoef(envelope(decoded), envelope(reference))[0, 1] > 0.9
+
+
+def test_stereo_44k1_is_averaged_and_resampled(tmp_path):
+    left, right = tone(440, 2.0, 44100, 0.5), tone(1000, 2.0, 44100, 0.3)
+    path = tmp_path / "stereo.wav"
+    sf.write(str(path), np.stack([left, right], axis=1), 44100, subtype="FLOAT")
+
+    samples = audio_io.load_audio(path)
+
+    assert len(samples) == 32000  # 2 s at 16 kHz
+    expected = (tone(440, 2.0, SR, 0.5) + tone(1000, 2.0, SR, 0.3)) / 2
+    middle = slice(1000, -1000)
+    assert np.max(np.abs(samples[middle] - expected[middle])) < 1e-2
+
+
+def test_16k_mono_is_returned_unchanged(tmp_path):
+    original = tone(300, 0.5, SR)
+    path = tmp_path / "same.wav"
+    sf.write(str(path), original, SR, subtype="FLOAT")
+    np.testing.assert_array_equal(audio_io.load_audio(path), original)
+
+
+@pytest.mark.parametrize("name", ["broken.wav", "broken.flac", "broken.mp3", "broken.m4a", "broken.opus"])
+def test_corrupt_file_raises_audio_error_naming_file(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    with pytest.raises(AudioError) as caught:
+        audio_io.load_audio(path)
+    message = str(caught.value)
+    assert str(path) in message and "cannot decode" in message and "\n" not in message
+
+
+def test_empty_file_is_reported(tmp_path):
+    path = tmp_path / "empty.wav"
+    path.touch()
+    with pytest.raises(AudioError, match="empty file"):
+        audio_io.load_audio(path)
+
+
+def test_zero_length_audio_is_reported(tmp_path):
+    path = tmp_path / "nothing.wav"
+    sf.write(str(path), np.zeros(0, dtype=np.float32), SR)
+    with pytest.raises(AudioError, match="zero-length"):
+        audio_io.load_audio(path)
+
+
+def test_unsupported_extension_is_reported(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("hello")
+    with pytest.raises(AudioError, match="unsupported format '.txt'"):
+        audio_io.load_audio(path)
+
+
+def test_missing_file_is_reported(tmp_path):
+    with pytest.raises(AudioError, match="cannot read file"):
+        audio_io.load_audio(tmp_path / "gone.wav")
+
+
+def test_silence_detection():
+    assert audio_io.is_silent(np.zeros(1000, dtype=np.float32))
+    assert audio_io.is_silent(np.full(1000, 3e-5, dtype=np.float32))
+    assert not audio_io.is_silent(tone(440, 0.1, SR, 0.01))
+
+
+# --------------------------------------------------------------------------- windowing
+
+
+def speech_like(seconds: float, burst: float = 1.3, gap: float = 0.4, seed: int = 0) -> np.ndarray:
+    """Noise bursts ("words") separated by quiet gaps."""
+    rng = np.random.default_rng(seed)
+    samples = np.zeros(int(seconds * SR), dtype=np.float32)
+    period, on = int((burst + gap) * SR), int(burst * SR)
+    for start in range(0, len(samples), period):
+        piece = samples[start : start + on]
+        piece[:] = rng.normal(0, 0.2, len(piece))
+    return samples
+
+
+def assert_windows_cover(windows: list[Window], total: int, max_seconds: float) -> None:
+    assert windows[0].start == 0 and windows[-1].end == total
+    for before, after in zip(windows, windows[1:]):
+        assert before.end == after.start  # contiguous: no gap, no overlap
+    assert sum(w.num_samples for w in windows) == total
+    assert all(0 < w.num_samples <= max_seconds * SR for w in windows)
+
+
+def test_short_audio_is_one_window():
+    assert audio_io.plan_windows(np.ones(SR * 5, dtype=np.float32), 30.0) == [Window(0, SR * 5)]
+
+
+def test_two_minutes_split_at_quiet_points_without_losing_samples():
+    samples = speech_like(120.0)
+    windows = audio_io.plan_windows(samples, 30.0)
+
+    assert_windows_cover(windows, len(samples), 30.0)
+    assert len(windows) == 5  # each window a little shorter than 30 s
+    for window in windows[:-1]:
+        assert window.end_seconds - window.start_seconds >= 28.0  # cut within the last 2 s
+        assert np.all(samples[window.end - 80 : window.end + 80] == 0)  # inside a gap, not a word
+
+
+def test_no_quiet_point_means_hard_cut_at_limit():
+    samples = np.random.default_rng(1).normal(0, 0.2, SR * 70).astype(np.float32)
+    windows = audio_io.plan_windows(samples, 30.0)
+    assert [(w.start, w.end) for w in windows] == [(0, 30 * SR), (30 * SR, 60 * SR), (60 * SR, 70 * SR)]
+
+
+def test_meralion_length_windows_cover_long_audio():
+    samples = speech_like(700.0, seed=2)
+    windows = audio_io.plan_windows(samples, 300.0)
+    assert_windows_cover(windows, len(samples), 300.0)
+    assert len(windows) == 3
+
+
+@needs_flite
+def test_cuts_in_real_speech_fall_between_words(speech_wav):
+    speech = audio_io.load_audio(speech_wav)
+    samples = np.tile(speech, int(np.ceil(65 * SR / len(speech))))[: 65 * SR]
+    windows = audio_io.plan_windows(samples, 30.0)
+    assert_windows_cover(windows, len(samples), 30.0)
+    overall_rms = np.sqrt(np.mean(samples**2))
+    for window in windows[:-1]:
+        around_cut = samples[window.end - 160 : window.end + 160]
+        assert np.sqrt(np.mean(around_cut**2)) < 0.1 * overall_rms
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+SRT_CUE = re.compile(r"(\d+)\n(\d\d):(\d\d):(\d\d),(\d{3}) --> (\d\d):(\d\d):(\d\d),(\d{3})\n([^\n]+)\n")
+VTT_CUE = re.compile(r"(\d\d):(\d\d):(\d\d)\.(\d{3}) --> (\d\d):(\d\d):(\d\d)\.(\d{3})\n([^\n]+)\n")
+
+
+def to_seconds(h, m, s, ms) -> float:
+    return int(h) * 3600 + int(m) * 60 + int(s) + int(ms) / 1000
+
+
+def parse_srt(text: str) -> list[tuple[int, float, float, str]]:
+    blocks = text.split("\n\n")
+    cues = []
+    for block in blocks:
+        match = SRT_CUE.fullmatch(block if block.endswith("\n") else block + "\n")
+        assert match, f"invalid SRT block: {block!r}"
+        g = match.groups()
+        cues.append((int(g[0]), to_seconds(*g[1:5]), to_seconds(*g[5:9]), g[9]))
+    return cues
+
+
+def parse_vtt(text: str) -> list[tuple[float, float, str]]:
+    header, *blocks = text.split("\n\n")
+    assert header == "WEBVTT"
+    cues = []
+    for block in blocks:
+        match = VTT_CUE.fullmatch(block if block.endswith("\n") else block + "\n")
+        assert match, f"invalid VTT block: {block!r}"
+        g = match.groups()
+        cues.append((to_seconds(*g[0:4]), to_seconds(*g[4:8]), g[8]))
+    return cues
+
+
+SEGMENTS = [
+    Segment(0.0, 29.48, "first window"),
+    Segment(29.48, 58.9, "second\nwindow --> with <tags> & arrows"),
+    Segment(58.9, 60.0, ""),  # a silent tail: no cue
+    Segment(60.0, 3725.25, "past the hour"),
+]
+
+
+def test_format_timestamp():
+    assert audio_io.format_timestamp(0) == "00:00:00,000"
+    assert audio_io.format_timestamp(3661.5) == "01:01:01,500"
+    assert audio_io.format_timestamp(59.9996) == "00:01:00,000"
+    assert audio_io.format_timestamp(7.25, ".") == "00:00:07.250"
+
+
+def test_srt_parses_back():
+    cues = parse_srt(audio_io.render_srt(SEGMENTS))
+    assert [c[0] for c in cues] == [1, 2, 3]
+    assert [(c[1], c[2]) for c in cues] == [(0.0, 29.48), (29.48, 58.9), (60.0, 3725.25)]
+    assert cues[1][3] == "second window -> with <tags> & arrows"
+
+
+def test_vtt_parses_back():
+    cues = parse_vtt(audio_io.render_vtt(SEGMENTS))
+    assert [(c[0], c[1]) for c in cues] == [(0.0, 29.48), (29.48, 58.9), (60.0, 3725.25)]
+    assert cues[1][2] == "second window -&gt; with &lt;tags&gt; &amp; arrows"
+
+
+def test_render_txt_and_json():
+    assert audio_io.render_transcript("txt", " hello ", [], {}) == "hello\n"
+    assert audio_io.render_transcript("json", "", [], {"text": "é"}) == '{\n  "text": "é"\n}\n'
+    with pytest.raises(ValueError):
+        audio_io.render_transcript("doc", "", [], {})
+
+
+# --------------------------------------------------------------------------- atomic writes
+
+
+def test_write_atomic_replaces_and_leaves_no_temp_files(tmp_path):
+    target = tmp_path / "out" / "a.txt"
+    audio_io.write_atomic(target, "one\n")
+    audio_io.write_atomic(target, "two\n")
+    assert target.read_text() == "two\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["a.txt"]
+
+
+def test_write_atomic_keeps_old_file_when_replace_fails(tmp_path, monkeypatch):
+    target = tmp_path / "a.txt"
+    target.write_text("old\n")
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(audio_io.os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        audio_io.write_atomic(target, "new\n")
+    assert target.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]
+
+
+# --------------------------------------------------------------------------- finding inputs
+
+
+def test_find_audio_files_folders_globs_and_errors(tmp_path):
+    (tmp_path / "a" / "deep").mkdir(parents=True)
+    for name in ["a/one.wav", "a/deep/two.flac", "a/notes.txt", "a/.hidden.wav", "three.mp3"]:
+        (tmp_path / name).write_bytes(b"x")
+    sources, errors = audio_io.find_audio_files(
+        [str(tmp_path / "a"), str(tmp_path / "*.mp3"), str(tmp_path / "a" / "one.wav"), str(tmp_path / "nope.wav"), str(tmp_path / "*.ogg")]
+    )
+    assert [s.key for s in sources] == ["a/deep/two.flac", "a/one.wav", "three.mp3"]  # deduplicated
+    assert [e.problem for e in errors] == ["no such file or folder", "pattern matches no supported audio files"]
+
+
+def test_output_names_disambiguate_duplicate_stems(tmp_path):
+    for name in ["a/x.wav", "b/x.wav", "c/y.wav", "c/y.mp3", "z.flac"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    sources, _ = audio_io.find_audio_files([str(tmp_path)])
+    names = {s.key: n for s, n in audio_io.output_names(sources, "srt").items()}
+    assert names == {
+        "a/x.wav": "a__x.srt",
+        "b/x.wav": "b__x.srt",
+        "c/y.mp3": "c__y.mp3.srt",
+        "c/y.wav": "c__y.wav.srt",
+        "z.flac": "z.srt",
+    }

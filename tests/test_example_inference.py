@@ -1,0 +1,305 @@
+"""Tests for the transcription command, run in-process against a fake model."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import example_inference  # noqa: E402
+
+torch.set_num_threads(1)
+SR = 16_000
+STATS = {"rounds": 4, "drafted_tokens": 16, "accepted_tokens": 6, "mean_accepted_per_round": 2.5, "new_tokens": 10}
+
+
+class FakeModel:
+    """Same interface as MedusaForASR; a "transcript" says how many samples a window had."""
+
+    family = "whisper"
+    max_audio_seconds = 30.0
+    pad_token_id = 0
+
+    def __init__(self, fail_on_samples: int | None = None, interrupt_on_samples: int | None = None):
+        self.batches: list[list[int]] = []  # window lengths of each transcribed batch
+        self.fail_on_samples = fail_on_samples
+        self.interrupt_on_samples = interrupt_on_samples
+
+    def prepare_audio_inputs(self, arrays):
+        assert all(a.dtype == np.float32 and a.ndim == 1 for a in arrays)
+        return {"input_features": torch.zeros(len(arrays), 2), "lengths": torch.tensor([len(a) for a in arrays])}
+
+    def generate(self, input_features, lengths, max_new_tokens, use_medusa, return_stats):
+        assert return_stats and max_new_tokens > 0
+        if max_new_tokens > example_inference.WARMUP_NEW_TOKENS:
+            self.batches.append(lengths.tolist())
+        if self.fail_on_samples in lengths.tolist():
+            raise RuntimeError("CUDA out of memory")
+        if self.interrupt_on_samples in lengths.tolist():
+            raise KeyboardInterrupt
+        sequences = torch.stack([torch.tensor([7, int(n), 0]) for n in lengths])
+        return sequences, dict(STATS)
+
+    def decode_text(self, sequences, inputs):
+        return [f" {int(row[1])} samples " for row in sequences]
+
+    @property
+    def windows_seen(self) -> list[int]:
+        return [n for batch in self.batches for n in batch]
+
+
+def speech_like(seconds: float, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    samples = np.zeros(int(seconds * SR), dtype=np.float32)
+    for start in range(0, len(samples), int(1.7 * SR)):
+        piece = samples[start : start + int(1.3 * SR)]
+        piece[:] = rng.normal(0, 0.2, len(piece))
+    return samples
+
+
+def write_wav(path: Path, seconds: float = 1.0, seed: int = 0, rate: int = SR) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(str(path), speech_like(seconds, seed)[: int(seconds * rate)], rate)
+    return path
+
+
+def run(argv, model=None, capsys=None):
+    model = model or FakeModel()
+    loader = lambda path, device, dtype: model  # noqa: E731
+    code = example_inference.main([*map(str, argv), "--quiet"], model_loader=loader)
+    out, err = capsys.readouterr() if capsys else ("", "")
+    return code, model, out, err
+
+
+# --------------------------------------------------------------------------- batch transcription
+
+
+def test_long_file_is_transcribed_whole_by_windows(tmp_path, capsys):
+    audio = write_wav(tmp_path / "talk.wav", seconds=120.0)
+    code, model, out, err = run([audio], capsys=capsys)
+
+    assert code == 0
+    lengths = model.windows_seen
+    assert sum(lengths) == 120 * SR and len(lengths) == 5  # nothing lost at the seams
+    assert all(n <= 30 * SR for n in lengths)
+    assert out.strip() == " ".join(f"{n} samples" for n in lengths)
+    assert "1 done, 0 failed, 0 skipped" in err and "mean accepted tokens/round 2.50" in err
+
+
+def test_windows_of_several_files_are_batched(tmp_path, capsys):
+    long_file = write_wav(tmp_path / "long.wav", seconds=45.0)
+    short_files = [write_wav(tmp_path / f"s{i}.wav", seconds=1.0 + i, seed=i) for i in range(3)]
+    code, model, out, _ = run([long_file, *short_files, "--batch-size", "3"], capsys=capsys)
+
+    assert code == 0
+    assert [len(b) for b in model.batches] == [3, 2]  # 2 windows + 1 file, then 2 files
+    assert out.count("==> ") == 4
+
+
+def test_srt_and_vtt_have_one_cue_per_window(tmp_path, capsys):
+    audio = write_wav(tmp_path / "talk.wav", seconds=70.0)
+    for fmt in ("srt", "vtt"):
+        code, model, _, _ = run([audio, "--format", fmt, "--output", tmp_path / "out"], capsys=capsys)
+        assert code == 0
+    srt = (tmp_path / "out" / "talk.srt").read_text()
+    vtt = (tmp_path / "out" / "talk.vtt").read_text()
+    cue = r"(\d\d:\d\d:\d\d[,.]\d{3}) --> (\d\d:\d\d:\d\d[,.]\d{3})"
+    srt_blocks = srt.strip("\n").split("\n\n")
+    assert [b.split("\n")[0] for b in srt_blocks] == ["1", "2", "3"]
+    assert all(re.fullmatch(r"\d+\n" + cue.replace("[,.]", ",") + r"\n.+", b) for b in srt_blocks)
+    assert vtt.startswith("WEBVTT\n\n")
+    vtt_times = re.findall(cue.replace("[,.]", r"\."), vtt)
+    assert vtt_times[0][0] == "00:00:00.000" and vtt_times[-1][1] == "00:01:10.000"
+    assert all(end == next_start for (_, end), (next_start, _) in zip(vtt_times, vtt_times[1:]))
+
+
+def test_json_output(tmp_path, capsys):
+    audio = write_wav(tmp_path / "a.wav", seconds=2.0)
+    code, _, _, _ = run([audio, "--format", "json", "--output", tmp_path / "out", "--no-medusa"], capsys=capsys)
+    record = json.loads((tmp_path / "out" / "a.json").read_text())
+    assert code == 0 and record["text"] == "32000 samples" and record["medusa"] is False
+    assert record["duration_seconds"] == 2.0 and record["segments"] == [{"start": 0.0, "end": 2.0, "text": "32000 samples"}]
+
+
+def test_json_to_stdout_is_one_object_per_line(tmp_path, capsys):
+    files = [write_wav(tmp_path / f"{n}.wav") for n in ("a", "b")]
+    _, _, out, _ = run([*files, "--format", "json"], capsys=capsys)
+    assert [json.loads(line)["file"] for line in out.splitlines()] == [str(f) for f in files]
+
+
+def test_folders_globs_and_duplicate_stems(tmp_path, capsys):
+    write_wav(tmp_path / "in" / "a" / "x.wav")
+    write_wav(tmp_path / "in" / "b" / "x.wav")
+    write_wav(tmp_path / "in" / "b" / "y.wav")
+    code, model, _, _ = run([tmp_path / "in" / "a", str(tmp_path / "in" / "b" / "*.wav"), "--output", tmp_path / "out"], capsys=capsys)
+    assert code == 0 and len(model.windows_seen) == 3
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a__x.txt", "b__x.txt", "y.txt"]
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_corrupt_file_among_good_ones(tmp_path, capsys):
+    good = [write_wav(tmp_path / f"good{i}.wav", seed=i) for i in range(2)]
+    corrupt = tmp_path / "corrupt.flac"
+    corrupt.write_bytes(b"fLaC" + bytes(range(256)) * 8)
+    code, model, _, err = run([good[0], corrupt, good[1], "--output", tmp_path / "out"], capsys=capsys)
+
+    assert code == 1
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["good0.txt", "good1.txt"]
+    error_lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and str(corrupt) in error_lines[0] and "cannot decode" in error_lines[0]
+    assert "2 done, 1 failed" in err
+
+
+def test_empty_zero_length_unsupported_and_missing_inputs(tmp_path, capsys):
+    empty = tmp_path / "empty.wav"
+    empty.touch()
+    zero = tmp_path / "zero.wav"
+    sf.write(str(zero), np.zeros(0, dtype=np.float32), SR)
+    text = tmp_path / "notes.txt"
+    text.write_text("not audio")
+    good = write_wav(tmp_path / "good.wav")
+    code, model, out, err = run([empty, zero, text, tmp_path / "missing.wav", good], capsys=capsys)
+
+    assert code == 1 and len(model.windows_seen) == 1
+    assert f"{empty}: empty file" in err
+    assert f"{zero}: zero-length audio" in err
+    assert f"{text}: unsupported format '.txt'" in err
+    assert f"{tmp_path / 'missing.wav'}: no such file" in err
+    assert "1 done, 4 failed" in err
+    assert out.strip().endswith("16000 samples")
+
+
+def test_silent_file_is_skipped_without_running_the_model(tmp_path, capsys):
+    silent = tmp_path / "silent.wav"
+    sf.write(str(silent), np.zeros(SR, dtype=np.float32), SR)
+    code, model, out, err = run([silent], capsys=capsys)
+    assert code == 0 and model.batches == [] and out == ""
+    assert f"{silent}: silent" in err and "1 skipped (0 output already exists, 1 silent)" in err
+
+
+def test_silent_window_of_long_file_is_not_sent_to_the_model(tmp_path, capsys):
+    samples = np.concatenate([speech_like(30.0), np.zeros(35 * SR, dtype=np.float32)])
+    sf.write(str(tmp_path / "tail.wav"), samples, SR)
+    code, model, out, _ = run([tmp_path / "tail.wav"], capsys=capsys)
+    assert code == 0 and len(model.windows_seen) < 3
+    assert sum(model.windows_seen) < len(samples)
+
+
+def test_model_failure_on_one_batch_fails_only_those_files(tmp_path, capsys):
+    ok = write_wav(tmp_path / "ok.wav", seconds=1.0)
+    bad = write_wav(tmp_path / "bad.wav", seconds=2.0)
+    code, _, out, err = run([ok, bad], model=FakeModel(fail_on_samples=2 * SR), capsys=capsys)
+    assert code == 1 and "16000 samples" in out
+    assert f"{bad}: model failed on this audio (RuntimeError: CUDA out of memory)" in err
+
+
+def test_model_without_heads_exits_2(tmp_path, capsys):
+    def loader(path, device, dtype):
+        raise FileNotFoundError(f"{path} has no medusa_heads.safetensors")
+
+    code = example_inference.main([str(write_wav(tmp_path / "a.wav")), "--model", str(tmp_path)], model_loader=loader)
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot load model" in err and "no medusa_heads.safetensors" in err
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def test_rerun_skips_files_already_transcribed(tmp_path, capsys):
+    files = [write_wav(tmp_path / "in" / f"{n}.wav", seed=i) for i, n in enumerate("abc")]
+    out_dir = tmp_path / "out"
+    (out_dir).mkdir()
+    (out_dir / "b.txt").write_text("from an interrupted run\n")  # b finished before the interruption
+    code, first, _, err = run([tmp_path / "in", "--output", out_dir], capsys=capsys)
+    assert code == 0 and len(first.windows_seen) == 2
+    assert "2 done, 0 failed, 1 skipped (1 output already exists" in err
+
+    code, second, _, err = run([tmp_path / "in", "--output", out_dir], capsys=capsys)
+    assert code == 0 and second.batches == []
+    assert "0 done, 0 failed, 3 skipped (3 output already exists" in err
+    assert (out_dir / "b.txt").read_text() == "from an interrupted run\n"
+
+    code, third, _, _ = run([*files, "--output", out_dir, "--overwrite"], capsys=capsys)
+    assert len(third.windows_seen) == 3
+    assert sorted(p.name for p in out_dir.iterdir()) == ["a.txt", "b.txt", "c.txt"]  # no temp files left
+
+
+def test_interrupted_run_keeps_finished_outputs_and_resumes(tmp_path, capsys):
+    files = [write_wav(tmp_path / "in" / f"{n}.wav", seconds=1.0 + i, seed=i) for i, n in enumerate("abc")]
+    out_dir = tmp_path / "out"
+    code, _, _, err = run([*files, "--output", out_dir], model=FakeModel(interrupt_on_samples=2 * SR), capsys=capsys)
+    assert code == 130 and "interrupted" in err and "rerun the same command" in err
+    assert sorted(p.name for p in out_dir.iterdir()) == ["a.txt"]
+
+    code, resumed, _, err = run([*files, "--output", out_dir], capsys=capsys)
+    assert code == 0 and resumed.windows_seen == [2 * SR, 3 * SR]  # only b and c
+    assert "2 done, 0 failed, 1 skipped (1 output already exists" in err
+
+
+def test_output_write_is_atomic(tmp_path, capsys, monkeypatch):
+    audio = write_wav(tmp_path / "a.wav")
+    out_dir = tmp_path / "out"
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(example_inference.audio_io.os, "replace", broken_replace)
+    code, _, _, err = run([audio, "--output", out_dir], capsys=capsys)
+    assert code == 1 and "cannot write output" in err
+    assert list(out_dir.iterdir()) == []  # neither a partial output nor a temp file; a rerun redoes it
+
+
+# --------------------------------------------------------------------------- demo and CLI
+
+
+def test_demo_reports_speed_up(tmp_path, capsys, monkeypatch):
+    clip = write_wav(tmp_path / "clip.wav", seconds=3.0)
+    monkeypatch.setattr(example_inference, "default_clip_path", lambda: clip)
+    code, model, out, _ = run([], capsys=capsys)
+    assert code == 0
+    assert "Transcript: 48000 samples" in out
+    assert re.search(r"Speed-up: \d+\.\d\dx", out)
+    assert "Mean accepted tokens per round: 2.50" in out
+    assert "Token ids identical to plain greedy: yes" in out
+    assert len(model.batches) == 2  # timed plain + timed Medusa; warm-ups use few tokens
+
+
+@pytest.mark.skipif(shutil.which("flite") is None, reason="flite is not installed")
+def test_default_clip_is_synthesised_once_into_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEDUSA_ASR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(example_inference, "BUNDLED_CLIP", "does/not/exist.wav")
+    clip = example_inference.default_clip_path()
+    assert clip == tmp_path / "cache" / "default_clip.wav"
+    assert sf.info(str(clip)).duration > 3.0
+    assert example_inference.default_clip_path() == clip
+
+
+def test_default_model_path_is_next_to_the_script():
+    assert example_inference.default_model_path() == str(ROOT / "heads" / "whisper-tiny.en")
+
+
+def test_help_runs_without_model_code():
+    result = subprocess.run([sys.executable, str(ROOT / "example_inference.py"), "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "--batch-size" in result.stdout and "--format" in result.stdout
+
+
+def test_same_token_ids_ignores_trailing_padding():
+    a = torch.tensor([[1, 2, 3, 0, 0], [1, 4, 0, 0, 0]])
+    b = torch.tensor([[1, 2, 3], [1, 4, 0]])
+    assert example_inference.same_token_ids(a, b, {0})
+    assert not example_inference.same_token_ids(a, torch.tensor([[1, 2, 3], [1, 5, 0]]), {0})
+    assert not example_inference.same_token_ids(a, b)  # no padding ids known: exact comparison
+    assert example_inference.padding_token_ids(FakeModel()) == {0}

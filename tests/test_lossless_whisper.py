@@ -1,0 +1,107 @@
+"""Medusa output == the base's own greedy generate, token for token, over many random cases."""
+
+import random
+
+import pytest
+import torch
+
+from conftest import requires_transformers5
+from oracle import OracleDrafter, randomize_heads
+from tiny_models import build_tiny_whisper, random_features
+
+pytestmark = requires_transformers5
+
+CASES_PER_MODEL = 30
+MODEL_SEEDS = (1, 2, 3)
+
+
+@pytest.fixture(scope="module", params=MODEL_SEEDS)
+def whisper_medusa(request, tmp_path_factory):
+    from modeling_medusa import MedusaForASR
+
+    folder = build_tiny_whisper(tmp_path_factory.mktemp(f"whisper{request.param}"), seed=request.param)
+    return MedusaForASR.from_base(str(folder), medusa_num_heads=4)
+
+
+def random_tree(rng: random.Random, num_heads: int):
+    paths = {(0,)}
+    for _ in range(rng.randint(1, 12)):
+        parent = rng.choice(sorted(paths))
+        if len(parent) < num_heads:
+            paths.add(parent + (rng.randint(0, 3),))
+        else:
+            paths.add((rng.randint(0, 3),))
+    return [list(p) for p in paths]
+
+
+def draw_case(rng: random.Random, num_heads: int) -> dict:
+    return {
+        "batch": rng.randint(1, 3),
+        "features_seed": rng.randint(0, 10_000),
+        "max_new_tokens": rng.choice([1, 2, 3, 5, 8, 13, 21, 34, 45]),
+        "min_new_tokens": rng.choice([None, None, None, 2, 6]),
+        "drafter": rng.choice(["random", "oracle", "oracle", "noisy_oracle"]),
+        "draft": rng.choice(["chain", "chain", random_tree(rng, num_heads)]),
+        "head_seed": rng.randint(0, 10_000),
+    }
+
+
+def run_case(model, case):
+    features = random_features(case["batch"], case["features_seed"])
+    gen_kwargs = {"max_new_tokens": case["max_new_tokens"]}
+    if case["min_new_tokens"]:
+        gen_kwargs["min_new_tokens"] = case["min_new_tokens"]
+    expected = model.generate(input_features=features, use_medusa=False, **gen_kwargs)
+    randomize_heads(model, case["head_seed"])
+    drafter = None
+    if case["drafter"] != "random":
+        rows = model.collect_hidden_states(input_features=features, max_new_tokens=case["max_new_tokens"] + 8)
+        error = 0.0 if case["drafter"] == "oracle" else 0.4
+        drafter = OracleDrafter(model, rows, model.backbone.vocab_size, error, seed=case["head_seed"])
+    original = model.head_logits
+    if drafter is not None:
+        model.head_logits = drafter
+    try:
+        got, stats = model.generate(input_features=features, draft=case["draft"], return_stats=True, **gen_kwargs)
+    finally:
+        model.head_logits = original
+    return expected, got, stats
+
+
+def test_medusa_equals_base_greedy_on_random_cases(whisper_medusa):
+    rng = random.Random(1234)
+    accepted_any = False
+    for index in range(CASES_PER_MODEL):
+        case = draw_case(rng, whisper_medusa.config.medusa_num_heads)
+        expected, got, stats = run_case(whisper_medusa, case)
+        assert torch.equal(expected, got), f"case {index} {case}: base {expected.tolist()} medusa {got.tolist()}"
+        accepted_any |= stats["accepted_tokens"] > 0
+    assert accepted_any, "no draft was ever accepted: the oracle cases did not exercise acceptance"
+
+
+def test_oracle_heads_accept_long_runs_and_the_bonus_token(whisper_medusa):
+    features = random_features(2, 99)
+    rows = whisper_medusa.collect_hidden_states(input_features=features, max_new_tokens=40)
+    drafter = OracleDrafter(whisper_medusa, rows, whisper_medusa.backbone.vocab_size)
+    original = whisper_medusa.head_logits
+    whisper_medusa.head_logits = drafter
+    try:
+        got, stats = whisper_medusa.generate(input_features=features, max_new_tokens=30, return_stats=True)
+    finally:
+        whisper_medusa.head_logits = original
+    expected = whisper_medusa.generate(input_features=features, max_new_tokens=30, use_medusa=False)
+    assert torch.equal(expected, got)
+    if stats["new_tokens"] > 2 * stats["rounds"]:
+        assert stats["mean_accepted_per_round"] > 2.0
+
+
+def test_collected_hidden_states_reproduce_the_tokens(whisper_medusa):
+    features = random_features(2, 7)
+    rows = whisper_medusa.collect_hidden_states(input_features=features, max_new_tokens=20)
+    for tokens, hiddens in rows:
+        assert hiddens.shape == (len(tokens), whisper_medusa.config.hidden_size)
+        logits = whisper_medusa.backbone.logits(hiddens)
+        # Suppressed tokens aside, the recorded state's argmax is the emitted token.
+        process = whisper_medusa.backbone.make_logits_processor(None)
+        steps = torch.arange(len(tokens))[None, :]
+        assert torch.equal(process(logits[None], steps)[0].argmax(-1), tokens)

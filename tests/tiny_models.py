@@ -1,0 +1,47 @@
+"""Tiny random-weight base models built locally (no network) for the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+WHISPER_VOCAB = 120  # ids: 0..111 text, 112 eot, 113 sot, 114 <|en|>, 115 transcribe, 116 notimestamps
+
+
+def build_tiny_whisper(folder: Path, seed: int = 0, logit_scale: float = 4.0) -> Path:
+    """A 2-layer random Whisper (English-only layout) saved with its generation config."""
+    from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    torch.manual_seed(seed)
+    eot, sot, notimestamps = 112, 113, 116
+    config = WhisperConfig(
+        vocab_size=WHISPER_VOCAB, d_model=32, encoder_layers=1, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        num_mel_bins=80, max_source_positions=1500, max_target_positions=64,
+        decoder_start_token_id=sot, eos_token_id=eot, pad_token_id=eot, bos_token_id=eot,
+        tie_word_embeddings=False,  # untied: a tied random model just repeats its last input token
+    )
+    model = WhisperForConditionalGeneration(config).eval()
+    with torch.no_grad():  # larger output scale: clear argmax margins, varied continuations
+        for name, param in model.model.named_parameters():
+            if ".layers." in name and param.dim() == 2:  # unit-gain layers: audio really steers the text
+                param.normal_(0.0, param.shape[1] ** -0.5)
+        model.model.decoder.embed_tokens.weight.normal_(0.0, 1.0)
+        model.proj_out.weight.normal_(0.0, logit_scale / config.d_model**0.5)
+        model.proj_out.weight[eot] *= 1.15  # EOS now and then, so stopping inside drafts is exercised
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=sot, eos_token_id=eot, pad_token_id=eot, bos_token_id=eot,
+        forced_decoder_ids=[[1, notimestamps]], no_timestamps_token_id=notimestamps, max_length=64,
+        suppress_tokens=[3, 5], begin_suppress_tokens=[eot, 7], is_multilingual=False,
+    )
+    model.save_pretrained(folder)
+    WhisperFeatureExtractor(feature_size=80).save_pretrained(folder)
+    return Path(folder)
+
+
+def random_features(batch: int, seed: int, mel_bins: int = 80) -> torch.Tensor:
+    """Per-row spectral shapes plus noise: plain noise averages out in cross-attention."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = torch.randn(batch, mel_bins, 1, generator=gen) * 2.0
+    return shape + 0.5 * torch.randn(batch, mel_bins, 3000, generator=gen)
