@@ -134,7 +134,7 @@ class MERaLiON2Backbone:
         hidden = embeds * torch.tensor(self.hidden_size**0.5, dtype=embeds.dtype)
         positions = state.positions(depths)
         cos, sin = self.model.rotary_emb(hidden, positions)
-        upto = min(int(state.lengths.max()) + n, state.cache.capacity)
+        upto = state.attend_upto(n)
         window = getattr(self.text_config, "sliding_window", None)
         full_mask = attention_mask(state, depths, ancestors, upto)
         sliding_mask = attention_mask(state, depths, ancestors, upto, window) if window else full_mask

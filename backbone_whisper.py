@@ -162,7 +162,7 @@ class WhisperBackbone:
         n = tokens.shape[1]
         positions = state.positions(depths).clamp(max=self.config.max_target_positions - 1)
         hidden = self.decoder.embed_tokens(tokens) + self.decoder.embed_positions.weight[positions]
-        upto = min(int(state.lengths.max()) + n, state.cache.capacity)
+        upto = state.attend_upto(n)
         mask = attention_mask(state, depths, ancestors, upto)
         slots = state.slots(n)
         cross_k, cross_v = state.extra["cross_keys"], state.extra["cross_values"]

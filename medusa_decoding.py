@@ -237,6 +237,12 @@ class DecodeState:
     hidden: torch.Tensor  # [B, H]
     next_token: torch.Tensor  # [B]
     extra: dict = field(default_factory=dict)  # family-specific (e.g. cross-attention K/V)
+    static: bool = False  # fixed shapes (attend over the whole cache): no host sync, CUDA-graph safe
+
+    def attend_upto(self, num_tokens: int) -> int:
+        if self.static:
+            return self.cache.capacity
+        return min(int(self.lengths.max()) + num_tokens, self.cache.capacity)
 
     def positions(self, depths: torch.Tensor) -> torch.Tensor:
         return (self.lengths - self.first_slot)[:, None] + depths[None, :]
@@ -321,7 +327,7 @@ def medusa_decode(backbone, draft_fn, process_logits, state: DecodeState, tree: 
     if hidden_log is not None:
         for row, h in enumerate(state.hidden):
             hidden_log[row].append(h)
-    active = [not _finished(o, eos, max_new_tokens) for o in outputs]
+    active = [not finished(o, eos, max_new_tokens) for o in outputs]
     rows = torch.arange(batch, device=state.lengths.device)
     row_ids = list(range(batch))
     tt = tree.tensors(state.lengths.device)
@@ -348,16 +354,10 @@ def medusa_decode(backbone, draft_fn, process_logits, state: DecodeState, tree: 
         accepted_list, emitted_rows = accepted.tolist(), emitted.tolist()  # the round's one host sync
         stats.rounds += 1
         for i, r in enumerate(row_ids):
-            a = accepted_list[i]
-            new = emitted_rows[i][:a] + [emitted_rows[i][-1]]
-            before = len(outputs[r])
-            _extend_until_stop(outputs[r], new, eos, max_new_tokens)
-            stats.row_rounds += 1
-            stats.drafted_tokens += tree.depth
-            stats.accepted_tokens += min(a, len(outputs[r]) - before)
+            added = record_round(outputs[r], accepted_list[i], emitted_rows[i], eos, max_new_tokens, stats, tree.depth)
             if hidden_log is not None:
-                hidden_log[r].extend(path_hidden[i, : len(outputs[r]) - before])
-            active[i] = not _finished(outputs[r], eos, max_new_tokens)
+                hidden_log[r].extend(path_hidden[i, :added])
+            active[i] = not finished(outputs[r], eos, max_new_tokens)
         if not all(active):
             rows, row_ids = _keep_active(state, rows, row_ids, active)
             active = [True] * len(row_ids)
@@ -365,15 +365,24 @@ def medusa_decode(backbone, draft_fn, process_logits, state: DecodeState, tree: 
     return outputs
 
 
-def _finished(tokens, eos, max_new_tokens) -> bool:
+def record_round(tokens: list, accepted: int, emitted: list, eos, max_new_tokens: int, stats: MedusaStats,
+                 depth: int) -> int:
+    """Append one row's accepted drafts and the base's own next token, stopping at EOS or the
+    length limit; returns how many tokens were appended."""
+    before = len(tokens)
+    for token in emitted[:accepted] + [emitted[-1]]:
+        if finished(tokens, eos, max_new_tokens):
+            break
+        tokens.append(token)
+    added = len(tokens) - before
+    stats.row_rounds += 1
+    stats.drafted_tokens += depth
+    stats.accepted_tokens += min(accepted, added)
+    return added
+
+
+def finished(tokens, eos, max_new_tokens) -> bool:
     return len(tokens) >= max_new_tokens or (bool(tokens) and tokens[-1] in eos)
-
-
-def _extend_until_stop(tokens: list, new: list, eos, max_new_tokens: int):
-    for t in new:
-        if _finished(tokens, eos, max_new_tokens):
-            return
-        tokens.append(t)
 
 
 def _keep_active(state: DecodeState, rows, row_ids, active):

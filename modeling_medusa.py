@@ -24,14 +24,16 @@ try:
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
     from .medusa_decoding import DraftTree, MedusaStats, medusa_decode
+    from .medusa_fast import StaticRoundRunner
 except ImportError:
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
     from medusa_decoding import DraftTree, MedusaStats, medusa_decode
+    from medusa_fast import StaticRoundRunner
 
 HEADS_FILE = "medusa_heads.safetensors"
-CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.py",
+CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.py", "medusa_fast.py",
               "backbone_whisper.py", "backbone_meralion2.py")
 BACKBONES = {"whisper": WhisperBackbone, "meralion2": MERaLiON2Backbone}
 BASE_LOAD_KWARGS = ("torch_dtype", "dtype", "device_map", "attn_implementation", "quantization_config",
@@ -182,6 +184,10 @@ class MedusaForASR(PreTrainedModel):
     def max_audio_seconds(self) -> float:
         return self.backbone.max_audio_seconds
 
+    @property
+    def pad_token_id(self) -> int | None:
+        return self.base.generation_config.pad_token_id
+
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., K, V]: each head, then the base's shared output projection."""
         return self.backbone.logits(self.medusa_heads(hidden))
@@ -199,13 +205,15 @@ class MedusaForASR(PreTrainedModel):
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate(self, *args, use_medusa: bool = True, draft="auto", return_stats: bool = False,
-                 max_new_tokens: int | None = None, min_new_tokens: int | None = None, **kwargs):
+                 max_new_tokens: int | None = None, min_new_tokens: int | None = None,
+                 cuda_graph: bool | None = None, **kwargs):
         """The base's greedy ``generate``, accelerated: same inputs, same token ids.
 
         ``use_medusa=False`` runs the base's own generate. Sampling, beam search and options the
         Medusa loop does not implement fall back to it with a warning. ``return_stats=True``
         returns ``(sequences, stats)`` with rounds, drafted/accepted tokens and the mean tokens
-        accepted per round.
+        accepted per round. ``cuda_graph`` (default: on for CUDA devices) runs each round as one
+        captured CUDA graph over a fixed-shape cache.
         """
         if args:
             kwargs.setdefault(self.backbone.required_inputs[0], args[0])
@@ -219,10 +227,14 @@ class MedusaForASR(PreTrainedModel):
         _check_inputs(kwargs, self.backbone.required_inputs)
         tree = self.draft_tree(draft)
         process = self.backbone.make_logits_processor(min_new_tokens)
-        state, max_new, prompt = self.backbone.prefill(kwargs, max_new_tokens, tree.num_nodes, process)
+        state, max_new, prompt = self.backbone.prefill(kwargs, max_new_tokens, 2 * tree.num_nodes, process)
         stats = MedusaStats()
-        generated = medusa_decode(self.backbone, self.head_logits, process, state, tree, max_new,
-                                  self.backbone.eos_token_ids, stats)
+        if cuda_graph if cuda_graph is not None else state.lengths.device.type == "cuda":
+            runner = StaticRoundRunner(self.backbone, self.head_logits, process, state, tree)
+            generated = runner.run(max_new, self.backbone.eos_token_ids, stats)
+        else:
+            generated = medusa_decode(self.backbone, self.head_logits, process, state, tree, max_new,
+                                      self.backbone.eos_token_ids, stats)
         sequences = self.backbone.format_output(generated, prompt)
         return (sequences, stats.as_dict()) if return_stats else sequences
 

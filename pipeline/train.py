@@ -148,21 +148,22 @@ def _device_of(model):
 
 
 def heads_loss(model, hiddens, targets, dtype):
-    """Sum over heads of masked-mean cross-entropy; also returns the per-head losses."""
+    """Sum over heads of masked-mean cross-entropy; also returns the per-head losses.
+
+    One cross-entropy over all [M, K] (position, head) pairs with IGNORE targets, then a per-head
+    mean: no boolean-mask copies of the [M, K, V] logits (several times faster on CPU).
+    """
     import torch
     import torch.nn.functional as F
 
     logits = model.head_logits(hiddens.to(dtype))  # [M, K, V]
-    total, per_head = logits.new_zeros((), dtype=torch.float32), []
-    for k in range(targets.shape[1]):
-        valid = targets[:, k] != IGNORE
-        if bool(valid.any()):
-            loss_k = F.cross_entropy(logits[valid, k].float(), targets[valid, k])
-            total = total + loss_k
-            per_head.append(float(loss_k.detach()))
-        else:
-            per_head.append(float("nan"))
-    return total, per_head
+    m, k, v = logits.shape
+    ce = F.cross_entropy(logits.reshape(m * k, v).float(), targets.reshape(-1), ignore_index=IGNORE,
+                         reduction="none").view(m, k)
+    count = (targets != IGNORE).sum(0)
+    per_head = ce.sum(0) / count.clamp(min=1)  # heads with no target this batch contribute 0
+    per_head_list = [float(x) if int(c) else float("nan") for x, c in zip(per_head.detach(), count)]
+    return per_head.sum(), per_head_list
 
 
 def evaluate(model, data: Collected, utts, num_heads: int, dtype, max_positions: int | None = None) -> dict:

@@ -101,7 +101,7 @@ _LM_HEAD_GAIN = 3.0  # untied lm_head: logits std ~3, the 30 soft-cap visibly be
 _SPEECH_OUT_GAIN = 3.0  # adapter out_proj: speech vectors strong enough to steer the output
 _QUIET_ROW_SCALE = 0.05  # output rows of ids the stand-in should (almost) never emit
 _EOS_ROW_SCALE = 0.8  # output rows of eos / <end_of_turn>: emitted now and then
-_LOUD_BYTES = sorted(set(b"abcdefghijklmnopqrstuvwxyz0123456789 ',.?"))  # Gemma2RMSNorm weights (stored zero-centred, used as 1 + w)
+_LOUD_BYTES = list(range(0x20, 0x7F))  # printable ASCII: decoded output is plain text
 
 
 def _require_transformers_451():

@@ -1,0 +1,42 @@
+# Two entry points for a fresh machine:  `make demo`  (transcribe the default clip, print the speed-up)
+# and  `make test`  (the test suite under transformers 5.x and under transformers 4.51.3 for MERaLiON-2).
+PY ?= python3
+VENV ?= .venv
+VENV_MERALION2 ?= .venv-t451
+TORCH ?= torch==2.13.0
+APT_PACKAGES = flite ffmpeg
+export HF_HUB_OFFLINE = 1
+
+.PHONY: demo test test-whisper test-meralion2 system-deps
+
+demo: system-deps $(VENV)/.installed
+	$(VENV)/bin/python example_inference.py
+
+test: test-whisper test-meralion2
+
+test-whisper: system-deps $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -q tests
+
+test-meralion2: $(VENV_MERALION2)/.installed
+	$(VENV_MERALION2)/bin/python -m pytest -q tests/test_lossless_meralion2.py tests/test_meralion2_standin.py tests/test_artifact.py
+
+system-deps:
+	@missing=""; for c in flite ffmpeg; do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q $(APT_PACKAGES); \
+	  else echo "Install$$missing (e.g. sudo apt-get install $(APT_PACKAGES)); continuing without them."; fi; \
+	fi
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	$(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q $(TORCH)
+	$(VENV)/bin/pip install -q -r requirements-dev.txt
+	touch $@
+
+$(VENV_MERALION2)/.installed: requirements-meralion2.txt
+	$(PY) -m venv $(VENV_MERALION2)
+	$(VENV_MERALION2)/bin/pip install -q --upgrade pip
+	$(VENV_MERALION2)/bin/pip install -q $(TORCH)
+	$(VENV_MERALION2)/bin/pip install -q -r requirements-meralion2.txt
+	touch $@

@@ -1,0 +1,389 @@
+"""GPU benchmark on a MERaLiON-2-3B-shaped model (random weights, bf16): verify-pass cost against the
+memory-bandwidth floor, and the end-to-end decode loop with a *replayed* acceptance profile.
+
+Random weights cannot draft, so the decode-loop rows replay an acceptance profile: drafts come from
+the base's own known continuation and each head is right with a given per-rank probability. These
+rows measure speed at a realistic acceptance, not draft quality. Prints a table, writes JSON.
+
+    python benchmark_gpu.py --out benchmarks/gpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from backbone_meralion2 import MERaLiON2Backbone
+from medusa_decoding import DraftTree, MedusaStats, build_tree_from_accuracy, suppression_processor
+from medusa_fast import StaticRoundRunner
+
+SEED_TOP1 = [0.76, 0.47, 0.35, 0.27]  # the seed model card's held-out per-head accuracy (MERaLiON-2-3B)
+PROMPT_TEXT_TOKENS = 37  # ~137-token prompt: 100 speech tokens + chat template and instruction
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class GatedAdapter(nn.Module):
+    """MERaLiON-2's gated speech adapter shape: 15 frames stacked -> 6400 -> gated -> 2304."""
+
+    def __init__(self, speech_dim=1280, text_dim=2304, scale=15, inner=6400):
+        super().__init__()
+        self.scale = scale
+        self.mlp_adapter = nn.Sequential(nn.Linear(speech_dim * scale, inner), nn.SiLU())
+        self.gate_proj, self.pool_proj = nn.Linear(inner, inner), nn.Linear(inner, inner)
+        self.out_proj = nn.Linear(inner, text_dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        x = self.mlp_adapter(x.reshape(b, t // self.scale, d * self.scale))
+        return self.out_proj(nn.functional.silu(self.gate_proj(x)) * self.pool_proj(x))
+
+
+class MERaLiON2Shaped(nn.Module):
+    """Same module names and sizes as MERaLiON-2-3B, built from the library's Whisper encoder and Gemma2."""
+
+    def __init__(self, text_layers=26):
+        super().__init__()
+        from transformers import Gemma2Config, Gemma2ForCausalLM, GenerationConfig, WhisperConfig
+        from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+        speech = WhisperConfig(d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120,
+                               num_mel_bins=128, max_source_positions=1500)
+        text = Gemma2Config(hidden_size=2304, num_hidden_layers=text_layers, num_attention_heads=8,
+                            num_key_value_heads=4, head_dim=256, intermediate_size=9216, vocab_size=256000,
+                            sliding_window=4096, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
+                            query_pre_attn_scalar=256, max_position_embeddings=8192)
+        text._attn_implementation = "eager"  # soft-capping needs eager attention in the library
+        self.speech_encoder = WhisperEncoder(speech)
+        self.ln_speech = nn.LayerNorm(1280)
+        self.speech_audio_adapter = GatedAdapter()
+        self.text_decoder = Gemma2ForCausalLM(text)
+        self.config = type("Cfg", (), {"text_config": text, "speech_token_index": 255999})()
+        self.generation_config = GenerationConfig(eos_token_id=[1, 107], pad_token_id=0)
+
+    @property
+    def device(self):
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self):
+        return next(self.parameters()).dtype
+
+
+def build_model(device, dtype, text_layers=26):
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = MERaLiON2Shaped(text_layers).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02)
+    return model
+
+
+def decoder_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.text_decoder.parameters())
+
+
+# --------------------------------------------------------------------------- timing helpers
+
+
+def measure_copy_bandwidth(device, gib=4) -> float:
+    n = gib * (1 << 30) // 2
+    src, dst = torch.empty(n, dtype=torch.bfloat16, device=device), torch.empty(n, dtype=torch.bfloat16, device=device)
+    src.normal_()
+    ms = time_cuda(lambda: dst.copy_(src), repeats=20)
+    return 2 * n * 2 / (ms / 1000)  # bytes read + written per second
+
+
+def time_cuda(fn, repeats=30, warmup=5) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def capture(fn):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+# --------------------------------------------------------------------------- prompt & prefill
+
+
+def make_prompt(model, batch, device):
+    features = torch.randn(batch, 128, 3000, device=device, dtype=model.dtype)
+    ids = torch.randint(2, 200000, (batch, PROMPT_TEXT_TOKENS + 100), device=device)
+    ids[:, 10:110] = 255999
+    return {"input_ids": ids, "input_features": features, "feature_attention_mask": torch.ones(batch, 3000, device=device)}
+
+
+def prefill(backbone, inputs, max_new, extra, min_new=None):
+    process = backbone.make_logits_processor(min_new)
+    state, max_new, prompt = backbone.prefill(inputs, max_new, extra, process)
+    return state, process
+
+
+# --------------------------------------------------------------------------- verify-pass cost
+
+
+def verify_cost_table(model, backbone, sizes, compile_sizes):
+    device = model.device
+    rows = []
+    inputs = make_prompt(model, 1, device)
+    embeds = backbone._prompt_embeddings(inputs["input_ids"], inputs["input_features"], None)
+    cache_len = embeds.shape[1]
+    from transformers import DynamicCache
+
+    for n in sizes:
+        row = {"tokens": n}
+        ids = torch.randint(2, 200000, (1, n), device=device)
+        cache = DynamicCache()
+        model.text_decoder(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
+
+        def hf_eager():
+            model.text_decoder(input_ids=ids, past_key_values=cache, use_cache=True)
+            cache.crop(cache_len)
+
+        row["hf_eager_ms"] = time_cuda(hf_eager, repeats=15)
+        state, _ = prefill(backbone, inputs, 8, 2 * n)
+        state.static = True
+        tree = DraftTree.chain(n - 1) if n > 1 else DraftTree(())
+        tt = tree.tensors(device)
+        ours = lambda: backbone.logits(backbone.decode(state, ids, tt.depths, tt.ancestors)[:, -1:])
+        row["ours_eager_ms"] = time_cuda(ours, repeats=15)
+        graph = capture(ours)
+        row["ours_graph_ms"] = time_cuda(graph.replay)
+        if n not in compile_sizes:
+            rows.append(row)
+            print(row, flush=True)
+            continue
+        try:
+            compiled = torch.compile(ours, dynamic=False)
+            graph_c = capture(compiled)
+            row["ours_compiled_graph_ms"] = time_cuda(graph_c.replay)
+        except Exception as err:  # compile support varies by torch build
+            row["ours_compiled_graph_ms"] = None
+            row["compile_error"] = f"{type(err).__name__}: {str(err)[:200]}"
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+# --------------------------------------------------------------------------- replayed acceptance
+
+
+def rank_profile(top1, extra_topk=None, ranks=4):
+    """Per head: probability that the true token sits at rank r (r < ranks); the rest is a miss."""
+    profile = []
+    for h, p1 in enumerate(top1):
+        if extra_topk is not None:
+            acc = extra_topk[h][:ranks]
+        else:  # assumption for the seed (only top-1 published): half the misses are in the top-`ranks`
+            acc = [p1 + (1 - p1) * 0.5 * r / (ranks - 1) for r in range(ranks)]
+        probs = [acc[0]] + [max(acc[r] - acc[r - 1], 0.0) for r in range(1, len(acc))]
+        profile.append(probs)
+    return profile
+
+
+class ReplayDrafter:
+    """Head logits built on the device from the known continuation: the true token is put at a
+    sampled rank (or missed), decoys fill the ranks above it. Capturable in a CUDA graph."""
+
+    def __init__(self, continuation, profile, vocab, seed=0):
+        self.cont = continuation  # [B, L]
+        self.vocab = vocab
+        self.num_heads = len(profile)
+        self.ranks = len(profile[0])
+        batch, length = continuation.shape
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        probs = torch.tensor([p + [max(1 - sum(p), 0.0)] for p in profile])  # [K, R+1]
+        draws = torch.multinomial(probs.repeat(batch * length, 1), 1, generator=gen)
+        self.rank_table = draws.view(batch, length, self.num_heads).to(continuation.device)
+        self.num_generated = None  # set to the runner's device counter
+
+    def __call__(self, hidden):
+        batch = hidden.shape[0]
+        length = self.cont.shape[1]
+        pos = (self.num_generated[:, None] + torch.arange(self.num_heads, device=hidden.device)[None]).clamp(max=length - 1)
+        true = self.cont.gather(1, pos)  # [B, K]
+        rank = self.rank_table[torch.arange(batch, device=hidden.device)[:, None], pos, torch.arange(self.num_heads, device=hidden.device)[None]]
+        logits = torch.zeros(batch, self.num_heads, self.vocab, device=hidden.device, dtype=torch.float32)
+        for j in range(self.ranks):
+            decoy = (true + 1 + j) % self.vocab
+            logits.scatter_(2, decoy[..., None], torch.where(j < rank, 10.0 - j, 0.0)[..., None].float())
+        score = torch.where(rank < self.ranks, 10.0 - rank.float(), torch.zeros_like(rank, dtype=torch.float32))
+        logits.scatter_(2, true[..., None], score[..., None])
+        return logits
+
+
+def ours_decode(backbone, inputs, continuation, profile, tree, max_new, seed):
+    state, process = prefill(backbone, inputs, max_new, 2 * tree.num_nodes, min_new=max_new)
+    drafter = ReplayDrafter(continuation, profile, backbone.vocab_size, seed)
+    runner = StaticRoundRunner(backbone, drafter, process, state, tree)
+    drafter.num_generated = runner.num_generated
+    stats = MedusaStats()
+    out = runner.run(max_new, backbone.eos_token_ids, stats)
+    return out, stats
+
+
+def plain_continuation(backbone, inputs, max_new):
+    state, process = prefill(backbone, inputs, max_new, 4, min_new=max_new)
+    runner = StaticRoundRunner(backbone, None, process, state, DraftTree(()))
+    out = runner.run(max_new, backbone.eos_token_ids)
+    return torch.tensor(out, device=inputs["input_ids"].device)
+
+
+def seed_style_chain(model, backbone, inputs, continuation, profile, max_new, seed):
+    """The seed's loop shape: HF text_decoder forward per round (eager), DynamicCache cropped on reject."""
+    from transformers import DynamicCache
+
+    embeds = backbone._prompt_embeddings(inputs["input_ids"], inputs["input_features"], None)
+    cache = DynamicCache()
+    out = model.text_decoder(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
+    length = embeds.shape[1]
+    tokens = [int(out.logits[0, -1].argmax())]
+    drafter = ReplayDrafter(continuation[:1], profile, backbone.vocab_size, seed)
+    rounds = 0
+    while len(tokens) < max_new:
+        drafter.num_generated = torch.tensor([len(tokens)], device=embeds.device)
+        drafts = drafter(embeds[:, -1]).argmax(-1)[0].tolist()
+        chunk = torch.tensor([[tokens[-1]] + drafts], device=embeds.device)
+        logits = model.text_decoder(input_ids=chunk, past_key_values=cache, use_cache=True).logits[0]
+        predicted = logits.argmax(-1).tolist()
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == predicted[accepted]:
+            accepted += 1
+        tokens += drafts[:accepted] + [predicted[accepted]]
+        length += accepted + 1
+        cache.crop(length)
+        rounds += 1
+    return tokens[:max_new], rounds
+
+
+def hf_generate(model, backbone, inputs, max_new, cache_implementation=None):
+    embeds = backbone._prompt_embeddings(inputs["input_ids"], inputs["input_features"], None)
+    kwargs = {"cache_implementation": cache_implementation} if cache_implementation else {}
+    return model.text_decoder.generate(inputs_embeds=embeds, attention_mask=torch.ones(embeds.shape[:2], device=embeds.device),
+                                       max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False, **kwargs)
+
+
+def timed(fn, repeats=3):
+    fn()  # warm-up
+    torch.cuda.synchronize()
+    times = []
+    result = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def decode_table(model, backbone, profiles, max_new, batches, tree_nodes, repeats):
+    device = model.device
+    rows = []
+    inputs1 = make_prompt(model, 1, device)
+    continuation = plain_continuation(backbone, inputs1, max_new)
+
+    def add(name, profile_name, batch, seconds, tokens, extra=None):
+        row = {"method": name, "profile": profile_name, "batch": batch, "seconds": seconds,
+               "tokens_per_s": tokens / seconds, **(extra or {})}
+        rows.append(row)
+        print(row, flush=True)
+
+    for cache_impl, name in ((None, "hf_generate_dynamic"), ("static", "hf_generate_static")):
+        try:
+            seconds, out = timed(lambda: hf_generate(model, backbone, inputs1, max_new, cache_impl), repeats=1 if cache_impl is None else repeats)
+            add(name, "none", 1, seconds, max_new)
+        except Exception as err:
+            rows.append({"method": name, "error": f"{type(err).__name__}: {str(err)[:300]}"})
+    seconds, _ = timed(lambda: plain_continuation(backbone, inputs1, max_new), repeats)
+    add("ours_greedy_graph", "none", 1, seconds, max_new)
+    for profile_name, profile in profiles.items():
+        seconds, (tokens, rounds) = timed(lambda: seed_style_chain(model, backbone, inputs1, continuation, profile, max_new, 1), repeats=1)
+        add("seed_style_eager_chain", profile_name, 1, seconds, max_new, {"rounds": rounds, "exact": tokens == continuation[0].tolist()})
+        topk = [[sum(p[: r + 1]) for r in range(len(p))] for p in profile]
+        for draft_name, tree in (("chain", DraftTree.chain(len(profile))),
+                                 (f"tree{tree_nodes}", DraftTree.from_paths(build_tree_from_accuracy(topk, tree_nodes)))):
+            for batch in batches:
+                inputs = {k: v.expand(batch, *v.shape[1:]).contiguous() for k, v in inputs1.items()}
+                cont = continuation.expand(batch, -1).contiguous()
+                seconds, (out, stats) = timed(lambda: ours_decode(backbone, inputs, cont, profile, tree, max_new, 1), repeats)
+                exact = all(o == continuation[0].tolist() for o in out)
+                add(f"ours_{draft_name}_graph", profile_name, batch, seconds, batch * max_new,
+                    {"mean_accepted_per_round": stats.mean_accepted_per_round, "exact": exact})
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="benchmarks/gpu")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--sizes", default="1,2,3,5,8,16,32,64")
+    parser.add_argument("--compile-sizes", default="1,5,64")
+    parser.add_argument("--text-layers", type=int, default=26, help="fewer for a smoke test")
+    parser.add_argument("--batches", default="1,4,16")
+    parser.add_argument("--tree-nodes", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--whisper-topk", default=None, help="artifact config.json whose head_accuracy.topk to replay too")
+    parser.add_argument("--skip-verify", action="store_true")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmark_gpu.py needs a CUDA GPU; benchmark.py measures the CPU.")
+    import transformers
+
+    device = torch.device("cuda")
+    model = build_model(device, torch.bfloat16, args.text_layers)
+    backbone = MERaLiON2Backbone(model)
+    bandwidth = measure_copy_bandwidth(device)
+    weight_bytes = decoder_bytes(model)
+    floor_ms = weight_bytes / bandwidth * 1000
+    result = {
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "python": platform.python_version(), "dtype": "bfloat16", "date": time.strftime("%Y-%m-%d"),
+        "copy_bandwidth_GBps": bandwidth / 1e9, "decoder_weight_GB": weight_bytes / 1e9, "floor_ms": floor_ms,
+        "floor_tokens_per_s": 1000 / floor_ms,
+    }
+    print(result, flush=True)
+    if not args.skip_verify:
+        result["verify_pass"] = verify_cost_table(model, backbone, [int(s) for s in args.sizes.split(",")],
+                                                  {int(s) for s in args.compile_sizes.split(",")})
+    profiles = {"seed_76_47_35_27": rank_profile(SEED_TOP1)}
+    if args.whisper_topk:
+        acc = json.loads(Path(args.whisper_topk).read_text())["head_accuracy"]
+        profiles["whisper_tiny_en_measured"] = rank_profile([a[0] for a in acc["topk"]], acc["topk"])
+    result["decode"] = decode_table(model, backbone, profiles, args.max_new_tokens,
+                                    [int(b) for b in args.batches.split(",")], args.tree_nodes, args.repeats)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Fixed-shape Medusa rounds for GPUs: a whole round (draft, verify, accept, cache update) is one
+CUDA graph, optionally compiled; the host syncs once per round to read the emitted tokens.
+
+Same arithmetic as ``medusa_decoding.medusa_decode`` (so the same tokens), but with every shape
+fixed: attention runs over the whole preallocated cache, finished rows stay in the batch frozen
+(their lengths stop advancing) and the state is updated in place.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from .medusa_decoding import DecodeState, DraftTree, MedusaStats, accept, draft_tokens, finished, record_round
+except ImportError:
+    from medusa_decoding import DecodeState, DraftTree, MedusaStats, accept, draft_tokens, finished, record_round
+
+
+class StaticRoundRunner:
+    def __init__(self, backbone, draft_fn, process_logits, state: DecodeState, tree: DraftTree,
+                 use_graph: bool = True, compile: bool = False):
+        state.static = True
+        self.backbone, self.draft_fn, self.process_logits = backbone, draft_fn, process_logits
+        self.state, self.tree = state, tree
+        device = state.lengths.device
+        self.tt = tree.tensors(device)
+        batch = state.next_token.shape[0]
+        self.num_generated = torch.ones(batch, dtype=torch.long, device=device)
+        self.active = torch.ones(batch, dtype=torch.bool, device=device)
+        self.emitted = torch.zeros(batch, tree.depth + 1, dtype=torch.long, device=device)
+        self.accepted = torch.zeros(batch, dtype=torch.long, device=device)
+        self.emitted_hidden = None
+        self._round_fn = torch.compile(self._round, dynamic=False) if compile else self._round
+        self.graph = self._capture() if use_graph and device.type == "cuda" else None
+
+    def _round(self):
+        st, tt = self.state, self.tt
+        chunk = st.next_token[:, None]
+        if self.tree.num_nodes > 1:
+            chunk = torch.cat([chunk, draft_tokens(self.draft_fn(st.hidden), tt, self.tree.max_rank)], dim=1)
+        hidden = self.backbone.decode(st, chunk, tt.depths, tt.ancestors)
+        logits = self.process_logits(self.backbone.logits(hidden), self.num_generated[:, None] + tt.depths[None, :])
+        predicted = logits.argmax(dim=-1)
+        best, accepted = accept(chunk, predicted, tt)
+        path = tt.path_nodes[best]
+        if not self.tree.is_chain:
+            offsets = torch.arange(path.shape[1], device=path.device)[None, :]
+            st.cache.move(st.lengths[:, None] + path, st.lengths[:, None] + offsets)
+        self.emitted.copy_(torch.cat([chunk.gather(1, path[:, 1:]), predicted.gather(1, best[:, None])], dim=1))
+        self.accepted.copy_(accepted)
+        step = (accepted + 1) * self.active
+        st.lengths.add_(step)
+        self.num_generated.add_(step)
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        keep = self.active[:, None]
+        st.hidden.copy_(torch.where(keep, hidden[rows, best], st.hidden))
+        st.next_token.copy_(torch.where(self.active, predicted[rows, best], st.next_token))
+
+    def _snapshot(self):
+        st = self.state
+        return [t.clone() for t in (st.lengths, st.hidden, st.next_token, self.num_generated)]
+
+    def _restore(self, saved):
+        st = self.state
+        for target, value in zip((st.lengths, st.hidden, st.next_token, self.num_generated), saved):
+            target.copy_(value)
+
+    def _capture(self):
+        saved = self._snapshot()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                self._round_fn()
+                self._restore(saved)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._round_fn()
+        self._restore(saved)
+        return graph
+
+    def step(self):
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._round_fn()
+
+    def run(self, max_new_tokens: int, eos_token_ids, stats: MedusaStats | None = None) -> list[list[int]]:
+        stats = stats or MedusaStats()
+        eos = set(int(e) for e in eos_token_ids)
+        outputs = [[int(t)] for t in self.state.next_token.tolist()]
+        active = [not finished(o, eos, max_new_tokens) for o in outputs]
+        while any(active):
+            self.active.copy_(torch.tensor(active, device=self.active.device))
+            self.step()
+            accepted, emitted = self.accepted.tolist(), self.emitted.tolist()  # the one host sync
+            stats.rounds += 1
+            for row, is_active in enumerate(active):
+                if is_active:
+                    record_round(outputs[row], accepted[row], emitted[row], eos, max_new_tokens, stats, self.tree.depth)
+                    active[row] = not finished(outputs[row], eos, max_new_tokens)
+        stats.new_tokens += sum(len(o) for o in outputs)
+        return outputs
+
