@@ -166,7 +166,7 @@ def verify_cost_table(model, backbone, sizes, compile_sizes):
 
         def hf_eager():
             model.text_decoder(input_ids=ids, past_key_values=cache, use_cache=True)
-            cache.crop(cache_len)
+            cache.crop(-n)
 
         row["hf_eager_ms"] = time_cuda(hf_eager, repeats=15)
         state, _ = prefill(backbone, inputs, 8, 2 * n)
@@ -243,8 +243,8 @@ class ReplayDrafter:
 def ours_decode(backbone, inputs, continuation, profile, tree, max_new, seed):
     state, process = prefill(backbone, inputs, max_new, 2 * tree.num_nodes, min_new=max_new)
     drafter = ReplayDrafter(continuation, profile, backbone.vocab_size, seed)
-    runner = StaticRoundRunner(backbone, drafter, process, state, tree)
-    drafter.num_generated = runner.num_generated
+    drafter.num_generated = torch.ones(continuation.shape[0], dtype=torch.long, device=continuation.device)
+    runner = StaticRoundRunner(backbone, drafter, process, state, tree, num_generated=drafter.num_generated)
     stats = MedusaStats()
     out = runner.run(max_new, backbone.eos_token_ids, stats)
     return out, stats

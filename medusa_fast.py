@@ -18,14 +18,15 @@ except ImportError:
 
 class StaticRoundRunner:
     def __init__(self, backbone, draft_fn, process_logits, state: DecodeState, tree: DraftTree,
-                 use_graph: bool = True, compile: bool = False):
+                 use_graph: bool = True, compile: bool = False, num_generated: torch.Tensor | None = None):
         state.static = True
         self.backbone, self.draft_fn, self.process_logits = backbone, draft_fn, process_logits
         self.state, self.tree = state, tree
         device = state.lengths.device
         self.tt = tree.tensors(device)
         batch = state.next_token.shape[0]
-        self.num_generated = torch.ones(batch, dtype=torch.long, device=device)
+        # tokens emitted per row (the root included); a caller may share this buffer (replayed drafts)
+        self.num_generated = torch.ones(batch, dtype=torch.long, device=device) if num_generated is None else num_generated
         self.active = torch.ones(batch, dtype=torch.bool, device=device)
         self.emitted = torch.zeros(batch, tree.depth + 1, dtype=torch.long, device=device)
         self.accepted = torch.zeros(batch, dtype=torch.long, device=device)

@@ -208,7 +208,8 @@ def paragraphs(lines: list[str]) -> list[str]:
 
 def clean_paragraph(text: str) -> str | None:
     """Plain speakable text, or None for headings and non-prose."""
-    if HEADING.match(text.strip()) or (text.isupper() and len(text.split()) < 12):
+    short = len(text.split()) <= 8
+    if (short and HEADING.match(text.strip())) or (text.isupper() and len(text.split()) < 12):
         return None
     text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
     text = re.sub(r"\[[^\]]*\]", " ", text)  # footnote markers
@@ -307,15 +308,18 @@ def corpus_sentences(text_file: Path | None = None, cache: Path | None = None) -
     """Deduplicated cleaned sentences and a description of where they came from."""
     if text_file is not None:
         lines = Path(text_file).read_text(encoding="utf-8").splitlines()
-        if all(line.strip() for line in lines[:1000]):  # one sentence per line (e.g. --export-sentences)
-            lines = [x for line in lines for x in (line, "")]
-        sentences = sentences_from_lines(lines)
-        origin = {"text_source": f"text file {Path(text_file).name}", "books": None}
+        sidecar = Path(f"{text_file}.source.json")  # written by --export-sentences: already clean
+        if sidecar.is_file():
+            sentences = [line.strip() for line in lines if line.strip()]
+            origin = json.loads(sidecar.read_text(encoding="utf-8"))
+        else:
+            sentences = sentences_from_lines(lines)  # blank lines separate paragraphs
+            origin = {"text_source": f"text file {Path(text_file).name}", "licence": None}
     else:
         books, package = austen_books(cache or cache_root())
         used = {title: lines for title, lines in books.items() if title not in AUSTEN_EXCLUDED}
         sentences = [s for lines in used.values() for s in sentences_from_lines(lines)]
-        origin = {"text_source": TEXT_SOURCE, "package": package, "books": sorted(used)}
+        origin = {"text_source": TEXT_SOURCE, "licence": TEXT_LICENCE, "package": package, "books": sorted(used)}
     unique = list(dict.fromkeys(sentences))
     if not unique:
         raise SynthError("the text source yielded no usable sentences")
@@ -369,6 +373,7 @@ class Synthesizer:
         if lib.is_dir():  # a bundle made by --make-flite-bundle
             self.env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib), self.env.get("LD_LIBRARY_PATH")]))
         self.text2wave = text2wave_bin or shutil.which("text2wave")
+        self.text_source, self.text_licence = TEXT_SOURCE, TEXT_LICENCE
 
     def check(self, voices: list[str]) -> None:
         proc = subprocess.run([self.flite, "-lv"], capture_output=True, text=True, env=self.env)
@@ -435,7 +440,9 @@ def run_job(job: Job, out: Path, synth: Synthesizer) -> dict:
 
         duration = sf.info(raw).frames / sf.info(raw).samplerate
         row = {"id": job.id, "audio": f"{job.shard}/{job.id}.wav", "text": job.text, "voice": job.voice,
-               "rate": job.rate, "duration": round(duration, 3), "source": TEXT_SOURCE, "licence": TEXT_LICENCE}
+               "rate": job.rate, "duration": round(duration, 3), "source": synth.text_source,
+               "licence": synth.text_licence,
+               "engine": "festival" if job.voice == FESTIVAL_VOICE else "flite"}
         if not MIN_SECONDS <= duration <= MAX_SECONDS:
             row["rejected"] = f"duration {duration:.2f} s outside {MIN_SECONDS}-{MAX_SECONDS} s"
             return row
@@ -526,6 +533,8 @@ def synthesize_corpus(args: argparse.Namespace) -> dict:
     sentences, origin = corpus_sentences(args.text_file)
     voices = parse_voices(args.voices)
     synth = Synthesizer(args.flite_bin, args.text2wave_bin)
+    synth.text_source = origin["text_source"]
+    synth.text_licence = origin.get("licence") or f"{args.text_licence}; synthetic audio (flite/festival, BSD-style)"
     synth.check([v for v, _ in voices] + ([FESTIVAL_VOICE] if args.festival_fraction > 0 else []))
     plan = {"seed": args.seed, "voices": args.voices, "festival_fraction": args.festival_fraction,
             "shard_size": args.shard_size, "num_sentences": len(sentences), "rates": list(RATES),
@@ -564,6 +573,9 @@ def synthesize_corpus(args: argparse.Namespace) -> dict:
                     rows[row["id"]] = row
                     if "rejected" in row:
                         made["rejected"] += 1
+                        if made["rejected"] > 50 and made["rejected"] > 5 * (made["utterances"] + 1):
+                            raise SynthError(f"{made['rejected']} clips rejected for length, "
+                                             f"{made['utterances']} kept: check the text and voices")
                     else:
                         kept += 1
                         made["utterances"] += 1
@@ -594,6 +606,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text2wave-bin", default=None, help="festival text2wave (default: on PATH)")
     p.add_argument("--text-file", type=Path, default=None,
                    help="UTF-8 text to read instead of the Jane Austen corpus")
+    p.add_argument("--text-licence", default="unknown (user-supplied text)",
+                   help="licence recorded in the manifest for --text-file text")
     p.add_argument("--export-sentences", type=Path, default=None,
                    help="write the cleaned sentences (one a line) to this file and exit")
     p.add_argument("--make-flite-bundle", type=Path, default=None,
@@ -613,6 +627,8 @@ def main(argv: list[str] | None = None) -> int:
             sentences, origin = corpus_sentences(args.text_file)
             args.export_sentences.parent.mkdir(parents=True, exist_ok=True)
             args.export_sentences.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+            Path(f"{args.export_sentences}.source.json").write_text(json.dumps(origin, indent=2) + "\n",
+                                                                     encoding="utf-8")
             print(f"{len(sentences)} sentences from {origin['text_source']} -> {args.export_sentences}")
             return 0
         if args.num_utterances < 1 or args.workers < 1 or args.shard_size < 1:

@@ -147,7 +147,17 @@ def _device_of(model):
     return next(iter(trainable_head_parameters(model).values())).device
 
 
-def heads_loss(model, hiddens, targets, dtype):
+def _autocast(device, amp: bool):
+    import contextlib
+
+    import torch
+
+    if not amp:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
+def heads_loss(model, hiddens, targets, dtype, amp: bool = False):
     """Sum over heads of masked-mean cross-entropy; also returns the per-head losses.
 
     One cross-entropy over all [M, K] (position, head) pairs with IGNORE targets, then a per-head
@@ -156,7 +166,8 @@ def heads_loss(model, hiddens, targets, dtype):
     import torch
     import torch.nn.functional as F
 
-    logits = model.head_logits(hiddens.to(dtype))  # [M, K, V]
+    with _autocast(hiddens.device, amp):
+        logits = model.head_logits(hiddens.to(dtype))  # [M, K, V]
     m, k, v = logits.shape
     ce = F.cross_entropy(logits.reshape(m * k, v).float(), targets.reshape(-1), ignore_index=IGNORE,
                          reduction="none").view(m, k)
@@ -166,7 +177,8 @@ def heads_loss(model, hiddens, targets, dtype):
     return per_head.sum(), per_head_list
 
 
-def evaluate(model, data: Collected, utts, num_heads: int, dtype, max_positions: int | None = None) -> dict:
+def evaluate(model, data: Collected, utts, num_heads: int, dtype, max_positions: int | None = None,
+             amp: bool = False) -> dict:
     """Per-head mean CE and top-1..10 accuracy over every position of ``utts`` (order independent)."""
     import torch
     import torch.nn.functional as F
@@ -194,7 +206,8 @@ def evaluate(model, data: Collected, utts, num_heads: int, dtype, max_positions:
             positions, targets = batch_targets(data, group, num_heads)
             if positions.numel() == 0:
                 continue
-            logits = model.head_logits(data.hiddens[positions.to(data.hiddens.device)].to(device, dtype))
+            with _autocast(device, amp):
+                logits = model.head_logits(data.hiddens[positions.to(data.hiddens.device)].to(device, dtype))
             targets = targets.to(device)
             for k in range(num_heads):
                 valid = targets[:, k] != IGNORE
@@ -259,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="float32", help="dtype of the base projection and heads during "
                                                       "training (float32 recommended)")
+    p.add_argument("--amp", choices=("auto", "bf16", "off"), default="auto",
+                   help="bf16 autocast of the heads + output projection (master weights stay in --dtype). "
+                        "auto: on for CUDA, off on CPU. On CPUs with AMX/AVX512-BF16, bf16 is ~3x faster")
     p.add_argument("--save-every", type=int, default=200, help="also write last.pt every N steps")
     p.add_argument("--eval-every", type=int, default=0, help="also validate every N steps (0: epochs only)")
     p.add_argument("--max-steps", type=int, default=None,
@@ -274,7 +290,7 @@ def _trajectory_settings(args, data: Collected) -> dict:
     return {"base": args.base, "heads": args.heads, "layers": args.layers, "epochs": args.epochs,
             "batch_size": args.batch_size, "lr": args.lr, "warmup_steps": args.warmup_steps,
             "val_fraction": args.val_fraction, "min_tokens": args.min_tokens, "seed": args.seed,
-            "dtype": args.dtype, "data": data.fingerprint()}
+            "dtype": args.dtype, "amp": args.amp, "data": data.fingerprint()}
 
 
 def _print_accuracy(acc: dict) -> None:
@@ -293,6 +309,7 @@ def main(argv=None, model=None) -> dict:
         torch.set_num_threads(args.threads)
     device = args.device or default_device()
     dtype = parse_dtype(args.dtype, device)
+    amp = args.amp == "bf16" or (args.amp == "auto" and str(device).startswith("cuda"))
     os.makedirs(args.out, exist_ok=True)
     last_path = os.path.join(args.out, "last.pt")
     best_path = os.path.join(args.out, "best.safetensors")
@@ -377,7 +394,7 @@ def main(argv=None, model=None) -> dict:
 
     def validate(epoch_done: float):
         nonlocal best
-        result = evaluate(model, data, val_utts, args.heads, dtype)
+        result = evaluate(model, data, val_utts, args.heads, dtype, amp=amp)
         record = {"step": step, "epoch": round(epoch_done, 4), **result}
         history.append({k: record[k] for k in ("step", "epoch", "val_loss", "per_head_loss")}
                        | {"top1": result["head_accuracy"]["top1"]})
@@ -401,7 +418,7 @@ def main(argv=None, model=None) -> dict:
         batch = [train_utts[i] for i in order[b * args.batch_size:(b + 1) * args.batch_size].tolist()]
         positions, targets = batch_targets(data, batch, args.heads)
         hiddens = data.hiddens[positions.to(data.hiddens.device)].to(model_device)
-        loss, per_head = heads_loss(model, hiddens, targets.to(model_device), dtype)
+        loss, per_head = heads_loss(model, hiddens, targets.to(model_device), dtype, amp)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)

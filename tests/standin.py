@@ -237,6 +237,7 @@ def _make_config(sizes: Dict[str, Any]):
         max_source_positions=1500,
         scale_embedding=False,
         activation_function="gelu",
+        vocab_size=51866,  # whisper-large-v3's (unused: only the encoder is built)
     )
     vocab = sizes["vocab_size"]
     text = Gemma2Config(

@@ -178,8 +178,21 @@ def test_module_names_and_state_dict_prefixes(folder, model):
     assert {key.split(".")[0] for key in saved} == PREFIXES
     assert {key.split(".")[0] for key in model.state_dict()} == PREFIXES
     assert "text_decoder.lm_head.weight" in saved  # untied by default
+    assert not model.text_decoder.config.tie_word_embeddings
+    assert model.text_decoder.lm_head.weight.data_ptr() != decoder.model.embed_tokens.weight.data_ptr()
     assert "speech_encoder.conv1.weight" in saved and "speech_encoder.layer_norm.weight" in saved
     assert "speech_audio_adapter.mlp_adapter.0.weight" in saved
+
+
+def test_tied_embeddings_option(tmp_path):
+    folder = build_meralion2_standin(tmp_path / "tied", seed=1, tie_word_embeddings=True, num_hidden_layers=2)
+    m, info = AutoModelForSpeechSeq2Seq.from_pretrained(
+        folder, trust_remote_code=True, local_files_only=True, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert m.text_decoder.lm_head.weight is m.text_decoder.model.embed_tokens.weight
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert not any("lm_head" in key for key in f.keys())
 
 
 # ----------------------------------------------------------------------------- processor
@@ -204,11 +217,13 @@ def test_processor_prompt_and_features(processor, batch_1chunk):
     assert tok("<bos>hi")["input_ids"][:2] == [BOS_ID, BOS_ID]
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # normalising the empty extra chunk of an exact 30 s
 @pytest.mark.parametrize("seconds, chunks", [(0.5, 1), (29.9, 1), (30.0, 2), (31.0, 2)])
 def test_processor_chunking(processor, seconds, chunks):
-    """len // 480000 + 1 chunks (an exact multiple of 30 s gets an extra one, as upstream)."""
+    """len // 480000 + 1 chunks (an exact multiple of 30 s gets an extra, empty one, as upstream)."""
     out = processor(text="a <SpeechHere> b", audios=_audio(seconds, seed=0), sampling_rate=SAMPLING_RATE)
     assert out["input_features"].shape == (chunks, 128, 3000)
+    assert torch.isfinite(out["input_features"]).all()
     assert out["feature_attention_mask"].shape == (chunks, 3000)
     assert int((out["input_ids"] == 299).sum()) == 100 * chunks
 
@@ -236,6 +251,10 @@ def test_forward_shapes_and_speech_scatter(model, batch_1chunk):
     assert out.logits.shape == (1, seq_len, 300)
     assert len(out.hidden_states) == model.config.text_config.num_hidden_layers + 1
     assert out.logits.abs().max() <= 30.0  # final soft-cap
+    with torch.no_grad():
+        loss = model(**b, labels=b["input_ids"]).loss  # shifted CE of the text decoder
+    ref_loss = torch.nn.functional.cross_entropy(out.logits[0, :-1], b["input_ids"][0, 1:])
+    torch.testing.assert_close(loss, ref_loss)
 
     # Rebuild the speech vectors from the weights: 15 consecutive encoder frames are stacked
     # (frame order), mlp_adapter -> SiLU(gate) * pool -> out_proj; 100 vectors per chunk.
@@ -276,6 +295,31 @@ def test_forward_placeholder_mismatch(model, batch_1chunk):
 
 
 # ----------------------------------------------------------------------------- generation
+def test_prepare_inputs_for_generation(model, batch_1chunk):
+    b = batch_1chunk
+    seq_len = b["input_ids"].shape[1]
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), b["attention_mask"]], dim=1)  # 3 left pads
+    ids = torch.cat([torch.zeros(1, 3, dtype=torch.long), b["input_ids"]], dim=1)
+    cache = HybridCache(model.text_decoder.config, max_batch_size=1, max_cache_len=seq_len + 10, dtype=torch.float32)
+    first = model.prepare_inputs_for_generation(
+        ids, attention_mask=mask, input_features=b["input_features"], feature_attention_mask=b["feature_attention_mask"],
+        past_key_values=cache, cache_position=torch.arange(seq_len + 3), use_cache=True,
+    )
+    assert first["input_features"] is b["input_features"] and torch.equal(first["input_ids"], ids)
+    assert first["position_ids"][0, :4].tolist() == [1, 1, 1, 0]  # cumsum of the mask, pads filled with 1
+    assert first["attention_mask"].shape == (1, 1, seq_len + 3, seq_len + 10)  # 4-D, as wide as the cache
+
+    ids2 = torch.cat([ids, torch.tensor([[42]])], dim=1)
+    mask2 = torch.cat([mask, torch.ones(1, 1, dtype=torch.long)], dim=1)
+    step = model.prepare_inputs_for_generation(
+        ids2, attention_mask=mask2, input_features=b["input_features"], feature_attention_mask=b["feature_attention_mask"],
+        past_key_values=cache, cache_position=torch.tensor([seq_len + 3]), use_cache=True,
+    )
+    assert "input_features" not in step and "feature_attention_mask" not in step  # only on the first step
+    assert step["input_ids"].tolist() == [[42]] and step["position_ids"].tolist() == [[seq_len]]
+    assert step["attention_mask"].shape == (1, 1, 1, seq_len + 10)
+
+
 def test_generate_equals_cache_free_gold(model, batch_1chunk):
     b = batch_1chunk
     seq_len = b["input_ids"].shape[1]
