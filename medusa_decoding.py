@@ -175,21 +175,22 @@ def attention_mask(state: "DecodeState", depths: torch.Tensor, ancestors: torch.
                    window: int | None = None):
     """Boolean mask [B, 1, T, upto]: the valid prefix plus each chunk node's ancestors.
 
-    With ``window`` (sliding-window layers), a query at slot q sees keys at slots k > q - window,
-    where a chunk node's slot distance is measured by depth (positions = prefix + depth).
+    With ``window`` (sliding-window layers), a query sees only keys less than ``window`` positions
+    back; a chunk node's position is the prefix length plus its depth.
     """
     n = ancestors.shape[0]
-    slots = torch.arange(upto, device=ancestors.device)
-    lengths = state.lengths[:, None]
-    prefix = (slots[None, :] >= state.first_slot[:, None]) & (slots[None, :] < lengths)  # [B, L]
-    mask = prefix[:, None, :].expand(-1, n, -1)
+    slots = torch.arange(upto, device=ancestors.device)[None, :]  # [1, L]
+    lengths = state.lengths[:, None]  # [B, 1]
+    prefix = (slots >= state.first_slot[:, None]) & (slots < lengths)  # [B, L]
+    offset = (slots - lengths).clamp(min=0, max=n - 1)  # chunk node held by each slot
+    in_chunk = (slots >= lengths) & (slots < lengths + n)
+    chunk_visible = ancestors[:, offset].permute(1, 0, 2) & in_chunk[:, None, :]  # [B, T, L]
+    mask = prefix[:, None, :] | chunk_visible
     if window is not None:
-        query_pos = lengths + depths[None, :]  # [B, T] in slot units
-        mask = mask & (query_pos[:, :, None] - slots[None, None, :] < window)
-    chunk_offset = (slots[None, :] - lengths).clamp(min=0, max=n - 1)  # [B, L]
-    in_chunk = (slots[None, :] >= lengths) & (slots[None, :] < lengths + n)
-    chunk_visible = ancestors[:, chunk_offset].permute(1, 0, 2) & in_chunk[:, None, :]  # [B, T, L]
-    return (mask | chunk_visible)[:, None]
+        key_pos = torch.where(in_chunk, lengths + depths[offset], slots)  # [B, L]
+        query_pos = lengths + depths[None, :]  # [B, T]
+        mask = mask & (query_pos[:, :, None] - key_pos[:, None, :] < window)
+    return mask[:, None]
 
 
 # --------------------------------------------------------------------------- logits rules

@@ -435,35 +435,37 @@ def main(argv=None, model=None) -> dict:
             next_index += 1
 
     bar = tqdm(total=len(todo), unit="clip", desc="collect", dynamic_ncols=True)
-    with torch.inference_mode():
-        for start in range(0, len(todo), args.batch_size):
-            batch = todo[start: start + args.batch_size]
-            arrays, ok = [], []
-            for u in batch:
-                try:
-                    arrays.append(u.load())
-                    ok.append(u)
-                except Exception as e:  # unreadable file: report, retry on the next run
-                    failed.append({"id": u.id, "error": f"{type(e).__name__}: {e}"})
-                    tqdm.write(f"[collect] skipping {u.id}: {type(e).__name__}: {e}")
-            if ok:
-                t0 = time.perf_counter()
-                inputs = _to_model(model.prepare_audio_inputs(arrays), model)
-                outputs = model.collect_hidden_states(**inputs, max_new_tokens=args.max_new_tokens)
-                model_seconds += time.perf_counter() - t0
-                if len(outputs) != len(ok):
-                    raise RuntimeError(f"collect_hidden_states returned {len(outputs)} rows for {len(ok)} clips")
-                for u, (tokens, hiddens) in zip(ok, outputs):
-                    if tokens.shape[0] != hiddens.shape[0]:
-                        raise RuntimeError(f"{u.id}: {tokens.shape[0]} tokens but {hiddens.shape[0]} hiddens")
-                    pending.append((u.id, tokens.detach().cpu(), hiddens.detach().cpu()))
-                    n_tokens += int(tokens.numel())
-                n_clips += len(ok)
-                flush()
-            bar.update(len(batch))
-            bar.set_postfix(tokens=n_tokens)
-    flush(final=True)
-    bar.close()
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(todo), args.batch_size):
+                batch = todo[start: start + args.batch_size]
+                arrays, ok = [], []
+                for u in batch:
+                    try:
+                        arrays.append(u.load())
+                        ok.append(u)
+                    except Exception as e:  # unreadable file: report, retry on the next run
+                        failed.append({"id": u.id, "error": f"{type(e).__name__}: {e}"})
+                        tqdm.write(f"[collect] skipping {u.id}: {type(e).__name__}: {e}")
+                if ok:
+                    t0 = time.perf_counter()
+                    inputs = _to_model(model.prepare_audio_inputs(arrays), model)
+                    outputs = model.collect_hidden_states(**inputs, max_new_tokens=args.max_new_tokens)
+                    model_seconds += time.perf_counter() - t0
+                    if len(outputs) != len(ok):
+                        raise RuntimeError(f"collect_hidden_states returned {len(outputs)} rows for {len(ok)} clips")
+                    for u, (tokens, hiddens) in zip(ok, outputs):
+                        if tokens.shape[0] != hiddens.shape[0]:
+                            raise RuntimeError(f"{u.id}: {tokens.shape[0]} tokens but {hiddens.shape[0]} hiddens")
+                        pending.append((u.id, tokens.detach().cpu(), hiddens.detach().cpu()))
+                        n_tokens += int(tokens.numel())
+                    n_clips += len(ok)
+                    flush()
+                bar.update(len(batch))
+                bar.set_postfix(tokens=n_tokens)
+    finally:  # also on a crash or Ctrl-C: what was decoded is kept, the rest resumes next run
+        flush(final=True)
+        bar.close()
     wall = time.perf_counter() - t_start
 
     totals = {"n_utterances": 0, "n_tokens": 0}

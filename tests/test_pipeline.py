@@ -183,6 +183,29 @@ def test_collect_shards_resume_and_info(clips, shards, tmp_path):
         collect.main(["--base", "other/base", "--audio", clips, "--out", out])
 
 
+def test_collect_crash_keeps_finished_shards(clips, shards, tmp_path):
+    class Crashing(FakeMedusa):
+        calls = 0
+
+        def collect_hidden_states(self, **kw):
+            Crashing.calls += 1
+            if Crashing.calls == 4:
+                raise RuntimeError("out of memory (simulated)")
+            return super().collect_hidden_states(**kw)
+
+    out = str(tmp_path / "crash")
+    with pytest.raises(RuntimeError, match="simulated"):
+        collect.main(["--base", "fake/base", "--audio", clips, "--out", out, "--batch-size", "2",
+                      "--shard-size", "4", "--limit", "12"], model=Crashing())
+    # the 6 clips decoded before the crash are kept (a full shard of 4 + the 2 pending)
+    assert len(utterance_table(out)) == 6 and not [n for n in os.listdir(out) if n.endswith(".tmp")]
+    collect.main(["--base", "fake/base", "--audio", clips, "--out", out, "--batch-size", "2",
+                  "--shard-size", "4", "--limit", "12"], model=FakeMedusa())
+    table, full = utterance_table(out), utterance_table(shards)
+    assert sorted(table) == [f"utt{i:03d}" for i in range(12)]
+    assert all(torch.equal(table[u][1], full[u][1]) for u in table)
+
+
 def test_collect_folder_without_manifest_and_missing_datasets(tmp_path):
     folder = tmp_path / "plain"
     folder.mkdir()
@@ -259,6 +282,13 @@ def test_best_checkpoint_selection(shards, tmp_path, monkeypatch):
     saved = json.load(open(os.path.join(out, "metrics.json")))
     assert saved["val_loss"] == 1.0 and saved["step"] == 2 * metrics["steps_per_epoch"]
     assert [h["val_loss"] for h in saved["history"]] == [3.0, 1.0, 2.0] and saved["finished"]
+
+
+def test_train_bf16_autocast(shards, tmp_path):
+    args = [a if a != "3" else "2" for a in TRAIN_ARGS]  # 2 epochs
+    m = train.main(["--data", shards, "--out", str(tmp_path / "amp"), "--amp", "bf16"] + args, model=FakeMedusa())
+    assert m["finished"] and m["head_accuracy"]["top1"][0] > 0.3  # chance: 1/40
+    assert load_file(str(tmp_path / "amp" / "best.safetensors"))["blocks.0.layers.0.weight"].dtype == torch.float32
 
 
 def test_accuracy_report_matches_brute_force(shards, tmp_path):
@@ -344,6 +374,11 @@ def test_export_artifact_and_model_card(shards, tmp_path):
     export.main(args + ["--tree", "chain"], model=FakeMedusa())
     assert json.load(open(os.path.join(art, "config.json")))["tree"] is None
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+    # exporting into a folder holding other files (e.g. a git checkout) updates only our files
+    (tmp_path / "artifact" / "NOTES.txt").write_text("keep me")
+    export.main(args, model=FakeMedusa())
+    assert (tmp_path / "artifact" / "NOTES.txt").read_text() == "keep me"
+    assert isinstance(json.load(open(os.path.join(art, "config.json")))["tree"], list)
 
 
 def test_model_card_minimal_config():

@@ -16,7 +16,7 @@ sqrt(hidden_size), so they get that scaling too, as in the real model.
 The numerics are the library's own (WhisperEncoder, Gemma2ForCausalLM).
 """
 
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 from torch import nn
@@ -177,9 +177,9 @@ class MERaLiON2ForConditionalGeneration(MERaLiON2PreTrainedModel, GenerationMixi
                 is_speech = (input_ids == self.config.speech_token_index).unsqueeze(-1)
                 is_speech = is_speech.expand_as(inputs_embeds).to(inputs_embeds.device)
                 # Too many placeholders -> RuntimeError; too few -> silently truncated.
-                inputs_embeds = inputs_embeds.masked_scatter(
-                    is_speech, speech_embeds.to(inputs_embeds.device, inputs_embeds.dtype)
-                )
+                # No dtype/device cast (as upstream): features must match the encoder's dtype,
+                # and encoder and decoder must share a dtype.
+                inputs_embeds = inputs_embeds.masked_scatter(is_speech, speech_embeds)
                 input_ids = None
 
         return self.text_decoder(

