@@ -212,45 +212,48 @@ class Timer:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         self.sync()
-        start = time.perf_counter()
+        cpu_start, start = time.process_time(), time.perf_counter()
         sequences, stats = self._generate(inputs, name == "medusa")
         self.sync()
-        seconds = time.perf_counter() - start
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         if self.cuda:
             self.peak_bytes[name] = max(self.peak_bytes[name], torch.cuda.max_memory_allocated(self.device))
-        return seconds, sequences, stats
+        return seconds, cpu_seconds, sequences, stats
 
     def run(self, inputs: dict) -> dict:
         for _ in range(self.warmup):
             self._generate(inputs, False)
             self._generate(inputs, True)
         self.sync()
-        times = {"baseline": [], "medusa": []}
+        times, cpu_times = {"baseline": [], "medusa": []}, {"baseline": [], "medusa": []}
         first, last, identical = {}, {}, {"baseline": True, "medusa": True}
         for repeat in range(self.repeats):
             order = ("baseline", "medusa") if repeat % 2 == 0 else ("medusa", "baseline")
             for name in order:
-                seconds, sequences, stats = self._timed(inputs, name)
+                seconds, cpu_seconds, sequences, stats = self._timed(inputs, name)
                 times[name].append(seconds * 1000.0)
+                cpu_times[name].append(cpu_seconds * 1000.0)
                 sequences = sequences.detach().cpu()
                 if name in first and not _same(first[name][0], sequences):
                     identical[name] = False
                 first.setdefault(name, (sequences, stats))
                 last[name] = (sequences, stats)
-        return {"times_ms": times, "outputs": last, "repeats_identical": identical}
+        return {"times_ms": times, "cpu_times_ms": cpu_times, "outputs": last, "repeats_identical": identical}
 
 
 def _same(a, b) -> bool:
     return tuple(a.shape) == tuple(b.shape) and bool((a == b).all())
 
 
-def _method_record(times_ms, rows_counts, texts, references, wers, tokens_total, tokens_excl_total):
+def _method_record(times_ms, cpu_ms, rows_counts, texts, wers, tokens_total, tokens_excl_total):
     median_ms = _median(times_ms)
     return {
         "latency_ms_median": median_ms,
         "latency_ms_min": min(times_ms),
         "latency_ms_max": max(times_ms),
         "latency_ms_all": times_ms,
+        "process_cpu_ms_median": _median(cpu_ms),
+        "process_cpu_ms_all": cpu_ms,
         "tokens": tokens_total,
         "tokens_excl_eos": tokens_excl_total,
         "tokens_per_s": _ratio(tokens_total, median_ms / 1000.0),
@@ -280,7 +283,8 @@ def measure_group(timer: Timer, counter: TokenCounter, inputs: dict, references:
         texts = _decode_texts(timer.model, sequences, inputs)
         hyps = texts if texts is not None else [None] * len(rows)
         wers = [_clip_wer(r, h) for r, h in zip(references, hyps)]
-        record = _method_record(result["times_ms"][name], [list(c) for c in counts], texts, references, wers,
+        record = _method_record(result["times_ms"][name], result["cpu_times_ms"][name], [list(c) for c in counts],
+                                texts, wers,
                                 sum(c[0] for c in counts), sum(c[1] for c in counts))
         record["repeats_identical"] = result["repeats_identical"][name]
         if name == "medusa":
@@ -347,6 +351,7 @@ def _summarise(groups: list[dict], references: list, clips_count: int, rows_coun
         "baseline_wer": _corpus_wer(references, texts["baseline"]),
         "medusa_wer": _corpus_wer(references, texts["medusa"]),
         "references": sum(r is not None for r in references),
+        "timing_spread_median": _spread(groups),
         "medusa_fallbacks": sum(g["medusa"]["fell_back_to_base"] for g in groups),
         "nondeterministic_groups": sum(not (g["baseline"]["repeats_identical"] and g["medusa"]["repeats_identical"])
                                        for g in groups),
@@ -404,16 +409,8 @@ def run_benchmark(model, clips, *, repeats: int = 3, warmup: int = 1, max_new_to
         group = measure_group(timer, counter, inputs, [clip.reference], tree.depth)
         groups.append(group)
         per_clip.append(_clip_record(clip, group, max_audio))
-    references = [c.reference for c in clips]
-    summary = _summarise(groups, references, len(clips), len(clips))
-    feature_ms = [c.feature_ms for c in clips if c.feature_ms is not None]
-    summary["feature_ms_total"] = sum(feature_ms) if feature_ms else None
-    summary["feature_ms_median"] = _median(feature_ms)
-    durations = [c.duration_s for c in clips if c.duration_s is not None]
-    summary["audio_seconds_total"] = sum(durations) if durations else None
-    if durations and len(durations) == len(clips):
-        summary["baseline_rtf"] = summary["baseline_latency_ms_total"] / 1000.0 / summary["audio_seconds_total"]
-        summary["medusa_rtf"] = summary["medusa_latency_ms_total"] / 1000.0 / summary["audio_seconds_total"]
+    summary = _summarise(groups, [c.reference for c in clips], len(clips), len(clips))
+    _add_totals(summary, clips, [c.feature_ms for c in clips])
 
     batched = None
     if batch_size and batch_size > 1:
@@ -425,12 +422,32 @@ def run_benchmark(model, clips, *, repeats: int = 3, warmup: int = 1, max_new_to
             "cuda_peak_bytes": dict(timer.peak_bytes) if timer.cuda else None}
 
 
+def _add_totals(summary: dict, clips: list[Clip], feature_ms: list) -> None:
+    """Feature-extraction time, audio duration, real-time factors and timing spread."""
+    feature_ms = [f for f in feature_ms if f is not None]
+    summary["feature_ms_total"] = sum(feature_ms) if feature_ms else None
+    summary["feature_ms_median"] = _median(feature_ms)
+    durations = [c.duration_s for c in clips if c.duration_s is not None]
+    summary["audio_seconds_total"] = sum(durations) if durations else None
+    complete = bool(durations) and len(durations) == len(clips)
+    for name in ("baseline", "medusa"):
+        summary[f"{name}_rtf"] = (summary[f"{name}_latency_ms_total"] / 1000.0 / summary["audio_seconds_total"]
+                                  if complete else None)
+
+
+def _spread(groups: list[dict]) -> float | None:
+    """Median over groups and decoders of (max - min) / median latency: 0 = perfectly repeatable."""
+    spreads = [(g[n]["latency_ms_max"] - g[n]["latency_ms_min"]) / g[n]["latency_ms_median"]
+               for g in groups for n in ("baseline", "medusa") if g[n]["latency_ms_median"]]
+    return _median(spreads)
+
+
 def _clip_record(clip: Clip, group: dict, max_audio) -> dict:
     base, med = group["baseline"], group["medusa"]
 
     def method(rec, with_stats=False):
         out = {k: rec[k] for k in ("latency_ms_median", "latency_ms_min", "latency_ms_max", "latency_ms_all",
-                                   "tokens", "tokens_excl_eos", "tokens_per_s", "tokens_per_s_excl_eos",
+                                   "process_cpu_ms_median", "process_cpu_ms_all", "tokens", "tokens_excl_eos", "tokens_per_s", "tokens_per_s_excl_eos",
                                    "repeats_identical")}
         out["text"] = rec["texts"][0] if rec["texts"] is not None else None
         out["wer"] = rec["wer"][0]
@@ -476,6 +493,7 @@ def _run_batched(model, clips, batch_size, timer, counter, depth, progress) -> d
             "mean_accepted_per_round": group["medusa"]["stats"]["mean_accepted_per_round"],
         })
     summary = _summarise(groups, [c.reference for c in clips], len(clips), len(clips))
+    _add_totals(summary, clips, [r["feature_ms"] for r in records])
     summary["batches"] = len(chunks)
     summary["batch_size"] = batch_size
     return {"batches": records, "summary": summary}
@@ -664,10 +682,12 @@ def _summary_table(s: dict, memory: dict | None) -> list[str]:
         ("WER baseline / medusa (normalised)", f"{_pct(s['baseline_wer'])} / {_pct(s['medusa_wer'])}"),
     ]
     if s.get("feature_ms_total") is not None:
-        rows.append(("feature extraction total / median per clip (ms, not in latencies)",
+        rows.append(("feature extraction total / median per item (ms, not in latencies)",
                      f"{_fmt(s['feature_ms_total'])} / {_fmt(s['feature_ms_median'])}"))
     if s.get("baseline_rtf") is not None:
         rows.append(("real-time factor: baseline / medusa", f"{_fmt(s['baseline_rtf'], '.3f')} / {_fmt(s['medusa_rtf'], '.3f')}"))
+    if s.get("timing_spread_median") is not None:
+        rows.append(("timing spread: median (max-min)/median over repeats", _pct(s["timing_spread_median"])))
     if s.get("medusa_fallbacks"):
         rows.append(("Medusa fell back to base generate", s["medusa_fallbacks"]))
     if s.get("nondeterministic_groups"):
@@ -981,6 +1001,14 @@ def _main(args) -> int:
     if summary["exact_match_rate"] is not None and summary["exact_match_rate"] < 1.0:
         notes.append(f"Medusa output differed from the baseline on {summary['rows'] - summary['exact_matches']} "
                      "clip(s): see exact_match in results.json.")
+    spread, load = summary.get("timing_spread_median"), environment.get("load_average_at_start")
+    # 1-minute load average before this run started decoding, against the CPUs it may use.
+    busy = bool(load) and load[0] > (environment.get("cpus_usable") or environment.get("cpu_count") or 1) * 0.5
+    if (spread is not None and spread > 0.2) or (busy and not str(device).startswith("cuda")):
+        notes.append(f"Timings are noisy (median spread {_pct(spread)} between repeats; load average "
+                     f"{load} -> {environment.get('load_average_at_end')} on {environment.get('cpus_usable')} CPUs): "
+                     "other processes shared the CPU. Rerun on an idle machine, with more --repeats, "
+                     "or with --threads 1 before trusting the speed-ups.")
     if any(c["truncated_to_model_window"] for c in results["clips"]):
         notes.append(f"Some clips are longer than the model's {model.max_audio_seconds:.0f} s window; "
                      "their features were truncated.")

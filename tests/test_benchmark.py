@@ -1,0 +1,91 @@
+"""benchmark.py's core on a tiny random Whisper with zero-initialised heads: fields present, lossless."""
+
+import json
+
+import pytest
+
+from conftest import requires_transformers5
+from tiny_models import build_tiny_whisper, random_features
+
+import benchmark
+
+pytestmark = requires_transformers5
+
+CLIP_FIELDS = {"id", "duration_s", "feature_ms", "tokens", "tokens_excl_eos", "baseline", "medusa", "speedup",
+               "mean_accepted_per_round", "acceptance_rate", "exact_match"}
+METHOD_FIELDS = {"latency_ms_median", "latency_ms_all", "tokens", "tokens_excl_eos", "tokens_per_s",
+                 "tokens_per_s_excl_eos", "text", "wer"}
+SUMMARY_FIELDS = {"speedup_sum_latency", "speedup_median", "baseline_tokens_per_s", "medusa_tokens_per_s",
+                  "mean_accepted_per_round", "acceptance_rate", "exact_match_rate", "baseline_wer", "medusa_wer",
+                  "baseline_latency_ms_total", "medusa_latency_ms_total"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: on a busy 2-core machine two OpenMP threads make these tiny runs 10x slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_medusa(tmp_path_factory):
+    from modeling_medusa import MedusaForASR
+
+    root = tmp_path_factory.mktemp("bench")
+    base = build_tiny_whisper(root / "base", seed=5)
+    MedusaForASR.from_base(str(base), medusa_num_heads=3).save_pretrained(root / "heads")
+    return MedusaForASR.from_pretrained(str(root / "heads")), root
+
+
+def test_benchmark_core_writes_complete_lossless_results(tiny_medusa, tmp_path):
+    model, _ = tiny_medusa
+    clips = [(f"clip{i}", {"input_features": random_features(1, seed=i)}, None) for i in range(3)]
+    results = benchmark.run_benchmark(model, clips, repeats=2, warmup=1, max_new_tokens=24, batch_size=2,
+                                      progress=False)
+    results["memory"] = benchmark.memory_info(results.pop("cuda_peak_bytes"), model.device, None)
+    written = benchmark.write_outputs(results, tmp_path / "out", plot=True)
+
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert (tmp_path / "out" / "results.md").read_text().startswith("# Medusa vs baseline")
+    assert written["plot"].endswith(benchmark.PLOT_NAME) or written["plot"].startswith("skipped")
+    assert [c["id"] for c in saved["clips"]] == ["clip0", "clip1", "clip2"]
+    for clip in saved["clips"]:
+        assert CLIP_FIELDS <= set(clip)
+        assert METHOD_FIELDS <= set(clip["baseline"]) and METHOD_FIELDS <= set(clip["medusa"])
+        assert len(clip["baseline"]["latency_ms_all"]) == 2 and clip["speedup"] > 0
+        assert clip["exact_match"] is True
+        assert clip["medusa"]["stats"]["new_tokens"] == clip["medusa"]["tokens"] >= 1
+        assert not clip["medusa"]["fell_back_to_base"]
+    summary = saved["summary"]
+    assert SUMMARY_FIELDS <= set(summary)
+    assert summary["exact_match_rate"] == 1.0
+    assert summary["baseline_tokens"] == summary["medusa_tokens"] > 0
+    assert summary["mean_accepted_per_round"] >= 1.0 and 0.0 <= summary["acceptance_rate"] <= 1.0
+    assert saved["batched"]["summary"]["exact_match_rate"] == 1.0
+    assert [b["rows"] for b in saved["batched"]["batches"]] == [2, 1]
+    assert saved["draft_tree"]["depth"] == 3 and "method" in saved["memory"]
+
+
+def test_missing_manifest_and_audio_give_clear_errors(tmp_path, capsys):
+    assert benchmark.main(["--audio", str(tmp_path / "nope.jsonl"), "--model", str(tmp_path)]) == 2
+    assert "manifest not found" in capsys.readouterr().err
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "audio": "wavs/a.wav", "text": "hi"}) + "\n")
+    assert benchmark.main(["--audio", str(manifest), "--model", str(tmp_path)]) == 2
+    assert "audio files in" in capsys.readouterr().err
+
+
+def test_missing_model_gives_clear_error(tiny_medusa, tmp_path, capsys):
+    _, root = tiny_medusa
+    wav = tmp_path / "a.wav"
+    wav.write_bytes(b"")
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "audio": "a.wav"}) + "\n")
+    assert benchmark.main(["--audio", str(manifest), "--model", str(tmp_path / "no-heads")]) == 2
+    assert "model folder not found" in capsys.readouterr().err
+    assert benchmark.main(["--audio", str(manifest), "--model", str(root / "base")]) == 2
+    assert "not a Medusa heads artifact" in capsys.readouterr().err
