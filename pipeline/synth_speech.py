@@ -434,7 +434,11 @@ def run_job(job: Job, out: Path, synth: Synthesizer) -> dict:
     shard_dir.mkdir(parents=True, exist_ok=True)
     raw = shard_dir / f".{job.id}.raw-{os.getpid()}.wav"
     try:
-        synth.synthesize(job, raw, shard_dir)
+        try:
+            synth.synthesize(job, raw, shard_dir)
+        except (SynthError, subprocess.TimeoutExpired) as exc:  # one bad sentence must not stop a long run
+            return {"id": job.id, "text": job.text, "voice": job.voice, "rate": job.rate,
+                    "rejected": f"synthesis failed: {exc}"[:300]}
         final = shard_dir / f"{job.id}.wav"
         import soundfile as sf
 
@@ -574,8 +578,8 @@ def synthesize_corpus(args: argparse.Namespace) -> dict:
                     if "rejected" in row:
                         made["rejected"] += 1
                         if made["rejected"] > 50 and made["rejected"] > 5 * (made["utterances"] + 1):
-                            raise SynthError(f"{made['rejected']} clips rejected for length, "
-                                             f"{made['utterances']} kept: check the text and voices")
+                            raise SynthError(f"{made['rejected']} clips rejected (length or synthesis errors), "
+                                             f"{made['utterances']} kept: see {out}/shard_*/.rows.jsonl")
                     else:
                         kept += 1
                         made["utterances"] += 1

@@ -177,3 +177,13 @@ def test_plan_is_deterministic():
     assert a == b and a[4].shard == "shard_0001" and all(j.rate in ss.RATES for j in a)
     with pytest.raises(ss.SynthError):
         ss.parse_voices("slt:0")
+
+
+def test_failing_synthesizer_stops_with_a_clear_error(tmp_path, capsys):
+    fake = tmp_path / "flite"
+    fake.write_text('#!/bin/sh\nif [ "$1" = "-lv" ]; then echo "Voices available: slt rms awb kal16"; exit 0; fi\n'
+                    'echo "boom" >&2; exit 3\n')
+    fake.chmod(0o755)
+    code = _run(tmp_path, tmp_path / "out", 2, "--flite-bin", str(fake))
+    assert code == 1 and "rejected" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "manifest.jsonl").read_text()  # nothing kept, manifest still written
