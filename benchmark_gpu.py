@@ -210,40 +210,43 @@ def rank_profile(top1, extra_topk=None, ranks=4):
 
 
 class ReplayDrafter:
-    """Head logits built on the device from the known continuation: the true token is put at a
-    sampled rank (or missed), decoys fill the ranks above it. Capturable in a CUDA graph."""
+    """A ``project`` function whose head logits are built on the device from the known continuation:
+    the true token is put at a sampled rank (or missed), decoys fill the ranks above it. For a node at
+    depth d the heads draft the tokens after that node, as real heads would. Capturable in a CUDA graph."""
 
-    def __init__(self, continuation, profile, vocab, seed=0):
-        self.cont = continuation  # [B, L]
-        self.vocab = vocab
-        self.num_heads = len(profile)
-        self.ranks = len(profile[0])
+    def __init__(self, backbone, continuation, profile, depths, seed=0):
+        self.backbone, self.cont, self.depths = backbone, continuation, depths  # cont [B, L], depths [N]
+        self.vocab = backbone.vocab_size
+        self.num_heads, self.ranks = len(profile), len(profile[0])
         batch, length = continuation.shape
         gen = torch.Generator(device="cpu").manual_seed(seed)
         probs = torch.tensor([p + [max(1 - sum(p), 0.0)] for p in profile])  # [K, R+1]
         draws = torch.multinomial(probs.repeat(batch * length, 1), 1, generator=gen)
         self.rank_table = draws.view(batch, length, self.num_heads).to(continuation.device)
-        self.num_generated = None  # set to the runner's device counter
+        self.num_generated = torch.ones(batch, dtype=torch.long, device=continuation.device)
 
     def __call__(self, hidden):
-        batch = hidden.shape[0]
-        length = self.cont.shape[1]
-        pos = (self.num_generated[:, None] + torch.arange(self.num_heads, device=hidden.device)[None]).clamp(max=length - 1)
-        true = self.cont.gather(1, pos)  # [B, K]
-        rank = self.rank_table[torch.arange(batch, device=hidden.device)[:, None], pos, torch.arange(self.num_heads, device=hidden.device)[None]]
-        logits = torch.zeros(batch, self.num_heads, self.vocab, device=hidden.device, dtype=torch.float32)
+        batch, nodes = hidden.shape[:2]
+        device = hidden.device
+        # in a round: node at depth d -> its next round starts d + 1 tokens later; at the start: 0
+        offset = self.depths + 1 if nodes == self.depths.numel() else torch.zeros(nodes, dtype=torch.long, device=device)
+        heads = torch.arange(self.num_heads, device=device)
+        pos = (self.num_generated[:, None, None] + offset[None, :, None] + heads[None, None, :]).clamp(max=self.cont.shape[1] - 1)
+        true = self.cont.gather(1, pos.reshape(batch, -1)).view(batch, nodes, self.num_heads)
+        rank = self.rank_table[torch.arange(batch, device=device)[:, None, None], pos, heads[None, None, :]]
+        drafts = torch.zeros(batch, nodes, self.num_heads, self.vocab, device=device, dtype=hidden.dtype)
         for j in range(self.ranks):
             decoy = (true + 1 + j) % self.vocab
-            logits.scatter_(2, decoy[..., None], torch.where(j < rank, 10.0 - j, 0.0)[..., None].float())
+            drafts.scatter_(3, decoy[..., None], torch.where(j < rank, 10.0 - j, 0.0)[..., None].to(hidden.dtype))
         score = torch.where(rank < self.ranks, 10.0 - rank.float(), torch.zeros_like(rank, dtype=torch.float32))
-        logits.scatter_(2, true[..., None], score[..., None])
-        return logits
+        drafts.scatter_(3, true[..., None], score[..., None].to(hidden.dtype))
+        rows = torch.arange(batch, device=device)
+        return self.backbone.logits(hidden), lambda node: drafts[rows, node]
 
 
 def ours_decode(backbone, inputs, continuation, profile, tree, max_new, seed):
     state, process = prefill(backbone, inputs, max_new, 2 * tree.num_nodes, min_new=max_new)
-    drafter = ReplayDrafter(continuation, profile, backbone.vocab_size, seed)
-    drafter.num_generated = torch.ones(continuation.shape[0], dtype=torch.long, device=continuation.device)
+    drafter = ReplayDrafter(backbone, continuation, profile, tree.tensors(continuation.device).depths, seed)
     runner = StaticRoundRunner(backbone, drafter, process, state, tree, num_generated=drafter.num_generated)
     stats = MedusaStats()
     torch.cuda.synchronize()
@@ -256,7 +259,7 @@ def ours_decode(backbone, inputs, continuation, profile, tree, max_new, seed):
 
 def plain_continuation(backbone, inputs, max_new):
     state, process = prefill(backbone, inputs, max_new, 4, min_new=max_new)
-    runner = StaticRoundRunner(backbone, None, process, state, DraftTree(()))
+    runner = StaticRoundRunner(backbone, lambda h: (backbone.logits(h), None), process, state, DraftTree(()))
     out = runner.run(max_new, backbone.eos_token_ids)
     return torch.tensor(out, device=inputs["input_ids"].device)
 
@@ -270,11 +273,11 @@ def seed_style_chain(model, backbone, inputs, continuation, profile, max_new, se
     out = model.text_decoder(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
     length = embeds.shape[1]
     tokens = [int(out.logits[0, -1].argmax())]
-    drafter = ReplayDrafter(continuation[:1], profile, backbone.vocab_size, seed)
+    drafter = ReplayDrafter(backbone, continuation[:1], profile, torch.zeros(0, dtype=torch.long, device=embeds.device), seed)
     rounds = 0
     while len(tokens) < max_new:
         drafter.num_generated = torch.tensor([len(tokens)], device=embeds.device)
-        drafts = drafter(embeds[:, -1]).argmax(-1)[0].tolist()
+        drafts = drafter(embeds[:, -1:])[1](torch.zeros(1, dtype=torch.long, device=embeds.device)).argmax(-1)[0].tolist()
         chunk = torch.tensor([[tokens[-1]] + drafts], device=embeds.device)
         logits = model.text_decoder(input_ids=chunk, past_key_values=cache, use_cache=True).logits[0]
         predicted = logits.argmax(-1).tolist()

@@ -154,7 +154,19 @@ def load_model(model_path: str, device: str, dtype):
         raise FileNotFoundError(f"no such folder {model_path}; pass --model with a Hub repo id or a folder with heads")
     from modeling_medusa import MedusaForASR
 
-    return MedusaForASR.from_pretrained(model_path, torch_dtype=dtype, device_map=device)
+    return MedusaForASR.from_pretrained(model_path, torch_dtype=dtype, device_map=device,
+                                        base_model_name_or_path=_offline_base(model_path))
+
+
+def _offline_base(model_path: str) -> str | None:
+    """Without the Hub, a Whisper base named by id comes from the converted PyPI copy (pipeline.real_whisper)."""
+    config_file = Path(model_path).expanduser() / "config.json"
+    if not config_file.is_file():
+        return None
+    from pipeline.real_whisper import offline_base
+
+    config = json.loads(config_file.read_text())
+    return offline_base(config.get("base_model_name_or_path", ""), config.get("base_family", ""))
 
 
 def _looks_like_local_path(name: str) -> bool:

@@ -238,6 +238,7 @@ class DecodeState:
     hidden: torch.Tensor  # [B, H]
     next_token: torch.Tensor  # [B]
     extra: dict = field(default_factory=dict)  # family-specific (e.g. cross-attention K/V)
+    draft_logits: torch.Tensor | None = None  # [B, K, V] the heads' logits on ``hidden``
     static: bool = False  # fixed shapes (attend over the whole cache): no host sync, CUDA-graph safe
 
     def attend_upto(self, num_tokens: int) -> int:
@@ -255,6 +256,8 @@ class DecodeState:
         self.cache.select_rows(rows)
         self.lengths, self.first_slot = self.lengths[rows], self.first_slot[rows]
         self.hidden, self.next_token = self.hidden[rows], self.next_token[rows]
+        if self.draft_logits is not None:
+            self.draft_logits = self.draft_logits[rows]
         self.extra = {k: _select(v, rows) for k, v in self.extra.items()}
 
 
@@ -313,12 +316,15 @@ def accept(chunk: torch.Tensor, predicted: torch.Tensor, tree: TreeTensors):
     return best, tree.depths[best]
 
 
-def medusa_decode(backbone, draft_fn, process_logits, state: DecodeState, tree: DraftTree, max_new_tokens: int,
+def medusa_decode(backbone, project, process_logits, state: DecodeState, tree: DraftTree, max_new_tokens: int,
                   eos_token_ids, stats: MedusaStats | None = None, hidden_log: list | None = None):
     """Greedy Medusa decoding after prefill. Returns a list (per row) of emitted token lists.
 
     ``state.next_token`` is the first generated token (already chosen by prefill); every later
     token is the base's argmax on the verified prefix, so the output equals plain greedy decoding.
+    ``project(hidden[B, T, H]) -> (logits[B, T, V], drafts_at)`` gives the base's logits for every
+    verified node and ``drafts_at(node[B]) -> [B, K, V]``, the heads' logits at the chosen node (or
+    None when nothing is drafted). How they share the output projection is the caller's choice.
     With ``hidden_log`` (a list per row), the hidden state that produced each emitted token is kept.
     """
     stats = stats or MedusaStats()
@@ -332,15 +338,18 @@ def medusa_decode(backbone, draft_fn, process_logits, state: DecodeState, tree: 
     rows = torch.arange(batch, device=state.lengths.device)
     row_ids = list(range(batch))
     tt = tree.tensors(state.lengths.device)
+    if tree.num_nodes > 1 and state.draft_logits is None:
+        state.draft_logits = project(state.hidden[:, None])[1](torch.zeros_like(state.next_token))
     if not all(active):
         rows, row_ids = _keep_active(state, rows, row_ids, active)
     while row_ids:
         chunk = state.next_token[:, None]
         if tree.num_nodes > 1:
-            chunk = torch.cat([chunk, draft_tokens(draft_fn(state.hidden), tt, tree.max_rank)], dim=1)  # [b, N]
+            chunk = torch.cat([chunk, draft_tokens(state.draft_logits, tt, tree.max_rank)], dim=1)  # [b, N]
         num_generated = torch.tensor([len(outputs[r]) for r in row_ids], device=chunk.device)
         hidden = backbone.decode(state, chunk, tt.depths, tt.ancestors)
-        logits = process_logits(backbone.logits(hidden), num_generated[:, None] + tt.depths[None, :])
+        logits, drafts_at = project(hidden)
+        logits = process_logits(logits, num_generated[:, None] + tt.depths[None, :])
         predicted = logits.argmax(dim=-1)
         best, accepted = accept(chunk, predicted, tt)
         path = tt.path_nodes[best]  # [b, depth+1]
@@ -351,6 +360,8 @@ def medusa_decode(backbone, draft_fn, process_logits, state: DecodeState, tree: 
         state.lengths = state.lengths + accepted + 1
         path_hidden = hidden.gather(1, path[:, :, None].expand(-1, -1, hidden.shape[-1]))
         state.hidden = hidden[torch.arange(len(row_ids), device=hidden.device), best]
+        if drafts_at is not None:
+            state.draft_logits = drafts_at(best)
         state.next_token = predicted.gather(1, best[:, None])[:, 0]
         accepted_list, emitted_rows = accepted.tolist(), emitted.tolist()  # the round's one host sync
         stats.rounds += 1

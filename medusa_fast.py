@@ -19,10 +19,12 @@ except ImportError:
 
 
 class StaticRoundRunner:
-    def __init__(self, backbone, draft_fn, process_logits, state: DecodeState, tree: DraftTree,
+    def __init__(self, backbone, project, process_logits, state: DecodeState, tree: DraftTree,
                  use_graph: bool = True, compile: bool = False, num_generated: torch.Tensor | None = None):
         state.static = True
-        self.backbone, self.draft_fn, self.process_logits = backbone, draft_fn, process_logits
+        self.backbone, self.project, self.process_logits = backbone, project, process_logits
+        if tree.num_nodes > 1 and state.draft_logits is None:
+            state.draft_logits = project(state.hidden[:, None])[1](torch.zeros_like(state.next_token))
         self.state, self.tree = state, tree
         device = state.lengths.device
         self.tt = tree.tensors(device)
@@ -42,9 +44,10 @@ class StaticRoundRunner:
         st, tt = self.state, self.tt
         chunk = st.next_token[:, None]
         if self.tree.num_nodes > 1:
-            chunk = torch.cat([chunk, draft_tokens(self.draft_fn(st.hidden), tt, self.tree.max_rank)], dim=1)
+            chunk = torch.cat([chunk, draft_tokens(st.draft_logits, tt, self.tree.max_rank)], dim=1)
         hidden = self.backbone.decode(st, chunk, tt.depths, tt.ancestors)
-        logits = self.process_logits(self.backbone.logits(hidden), self.num_generated[:, None] + tt.depths[None, :])
+        logits, drafts_at = self.project(hidden)
+        logits = self.process_logits(logits, self.num_generated[:, None] + tt.depths[None, :])
         predicted = logits.argmax(dim=-1)
         best, accepted = accept(chunk, predicted, tt)
         path = tt.path_nodes[best]
@@ -60,14 +63,20 @@ class StaticRoundRunner:
         keep = self.active[:, None]
         st.hidden.copy_(torch.where(keep, hidden[rows, best], st.hidden))
         st.next_token.copy_(torch.where(self.active, predicted[rows, best], st.next_token))
+        if drafts_at is not None:
+            st.draft_logits.copy_(torch.where(keep[:, :, None], drafts_at(best), st.draft_logits))
 
     def _snapshot(self):
         st = self.state
-        return [t.clone() for t in (st.lengths, st.hidden, st.next_token, self.num_generated)]
+        return [t.clone() for t in self._mutable()]
+
+    def _mutable(self):
+        st = self.state
+        tensors = [st.lengths, st.hidden, st.next_token, self.num_generated]
+        return tensors + ([st.draft_logits] if st.draft_logits is not None else [])
 
     def _restore(self, saved):
-        st = self.state
-        for target, value in zip((st.lengths, st.hidden, st.next_token, self.num_generated), saved):
+        for target, value in zip(self._mutable(), saved):
             target.copy_(value)
 
     def _capture(self):

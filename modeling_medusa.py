@@ -192,6 +192,19 @@ class MedusaForASR(PreTrainedModel):
         """[..., H] -> [..., K, V]: each head, then the base's shared output projection."""
         return self.backbone.logits(self.medusa_heads(hidden))
 
+    def project_for_decoding(self, hidden: torch.Tensor):
+        """[B, T, H] -> (base logits [B, T, V], drafts_at: node [B] -> head logits [B, K, V]).
+
+        On a GPU the output projection is memory-bound, so the heads ride along in the same pass
+        over it for every node; on a CPU it is compute-bound, so the heads run on the chosen node
+        only. An instance-level ``head_logits`` override (e.g. a test's oracle drafter) is honoured.
+        """
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        if hidden.device.type == "cuda" and "head_logits" not in self.__dict__:
+            both = self.backbone.logits(torch.cat([hidden[..., None, :], self.medusa_heads(hidden)], dim=-2))
+            return both[..., 0, :], lambda node: both[rows, node, 1:]
+        return self.backbone.logits(hidden), lambda node: self.head_logits(hidden[rows, node])
+
     def draft_tree(self, draft: str | list | None = "auto") -> DraftTree:
         """``"chain"``, ``"tree"``/``"auto"`` (the config's measured tree when it has one), or explicit paths."""
         if isinstance(draft, (list, tuple)):
@@ -230,10 +243,10 @@ class MedusaForASR(PreTrainedModel):
         state, max_new, prompt = self.backbone.prefill(kwargs, max_new_tokens, 2 * tree.num_nodes, process)
         stats = MedusaStats()
         if cuda_graph if cuda_graph is not None else state.lengths.device.type == "cuda":
-            runner = StaticRoundRunner(self.backbone, self.head_logits, process, state, tree)
+            runner = StaticRoundRunner(self.backbone, self.project_for_decoding, process, state, tree)
             generated = runner.run(max_new, self.backbone.eos_token_ids, stats)
         else:
-            generated = medusa_decode(self.backbone, self.head_logits, process, state, tree, max_new,
+            generated = medusa_decode(self.backbone, self.project_for_decoding, process, state, tree, max_new,
                                       self.backbone.eos_token_ids, stats)
         sequences = self.backbone.format_output(generated, prompt)
         return (sequences, stats.as_dict()) if return_stats else sequences
@@ -248,7 +261,8 @@ class MedusaForASR(PreTrainedModel):
         process = self.backbone.make_logits_processor(None)
         state, max_new, _ = self.backbone.prefill(inputs, max_new_tokens, 1, process)
         hiddens = [[] for _ in range(state.hidden.shape[0])]
-        tokens = medusa_decode(self.backbone, None, process, state, DraftTree(()), max_new,
+        tokens = medusa_decode(self.backbone, _project_without_drafts(self.backbone), process,
+                               state, DraftTree(()), max_new,
                                self.backbone.eos_token_ids, hidden_log=hiddens)
         return [(torch.tensor(t), torch.stack(h)) for t, h in zip(tokens, hiddens)]
 
@@ -276,6 +290,10 @@ class MedusaForASR(PreTrainedModel):
 
 
 MERaLiON2MedusaForASR = MedusaForASR  # the name the seed's snippet uses
+
+
+def _project_without_drafts(backbone):
+    return lambda hidden: (backbone.logits(hidden), None)
 
 
 # --------------------------------------------------------------------------- base loading

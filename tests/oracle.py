@@ -29,11 +29,13 @@ class OracleDrafter:
         self.gen = torch.Generator().manual_seed(seed)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        nearest = torch.cdist(hidden.float(), self.keys).argmin(dim=1).tolist()
-        logits = torch.randn(hidden.shape[0], self.num_heads, self.vocab_size, generator=self.gen)
+        """[..., H] -> [..., K, V]"""
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        nearest = torch.cdist(flat.float(), self.keys).argmin(dim=1).tolist()
+        logits = torch.randn(flat.shape[0], self.num_heads, self.vocab_size, generator=self.gen)
         for row, key in enumerate(nearest):
             future = self.futures[key]
             for head in range(min(self.num_heads, len(future))):
                 if torch.rand((), generator=self.gen) >= self.error_rate:
                     logits[row, head, future[head]] = 1e4
-        return logits.to(hidden.dtype)
+        return logits.reshape(*hidden.shape[:-1], self.num_heads, self.vocab_size).to(hidden.dtype)
