@@ -181,11 +181,12 @@ def attention_mask(state: "DecodeState", depths: torch.Tensor, ancestors: torch.
     n = ancestors.shape[0]
     slots = torch.arange(upto, device=ancestors.device)[None, :]  # [1, L]
     lengths = state.lengths[:, None]  # [B, 1]
-    prefix = (slots >= state.first_slot[:, None]) & (slots < lengths)  # [B, L]
+    not_padding = slots >= state.first_slot[:, None]  # [B, L] (left padding is never attended)
+    prefix = slots < lengths
     offset = (slots - lengths).clamp(min=0, max=n - 1)  # chunk node held by each slot
     in_chunk = (slots >= lengths) & (slots < lengths + n)
     chunk_visible = ancestors[:, offset].permute(1, 0, 2) & in_chunk[:, None, :]  # [B, T, L]
-    mask = prefix[:, None, :] | chunk_visible
+    mask = (prefix[:, None, :] | chunk_visible) & not_padding[:, None, :]
     if window is not None:
         key_pos = torch.where(in_chunk, lengths + depths[offset], slots)  # [B, L]
         query_pos = lengths + depths[None, :]  # [B, T]

@@ -24,3 +24,10 @@ requires_transformers5 = pytest.mark.skipif(
     reason="The Whisper path targets transformers 5.x (what Whisper users run); 4.x's Whisper generate "
     "returns a different output layout.",
 )
+
+
+def transformers_below_452() -> bool:
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return (major, minor) < (4, 52)

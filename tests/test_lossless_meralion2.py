@@ -1,0 +1,103 @@
+"""MERaLiON-2 (tiny faithful stand-in, transformers 4.51): Medusa output == the base's own greedy
+generate over many random cases, including prompts far past the sliding window."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import transformers_below_452
+from oracle import OracleDrafter, randomize_heads
+
+pytestmark = pytest.mark.skipif(
+    not transformers_below_452(),
+    reason="MERaLiON-2's remote code runs on transformers ~4.51 only (5.x cannot import it); "
+    "this suite runs in CI's transformers 4.51.3 environment.",
+)
+
+CASES = 45
+
+
+@pytest.fixture(scope="module")
+def meralion_medusa(tmp_path_factory):
+    from modeling_medusa import MedusaForASR
+    from standin import build_meralion2_standin
+
+    folder = build_meralion2_standin(tmp_path_factory.mktemp("meralion2") / "standin", seed=0)
+    return MedusaForASR.from_base(str(folder), family="meralion2", medusa_num_heads=4)
+
+
+def make_inputs(model, rng: random.Random, batch: int):
+    from standin import make_meralion2_inputs
+
+    audios = []
+    for _ in range(batch):
+        seconds = rng.choice([0.7, 3.0, 11.0, 29.0, 31.0, 65.0])
+        gen = np.random.default_rng(rng.randint(0, 10_000))
+        audios.append((gen.standard_normal(int(seconds * 16000)) * 0.1).astype(np.float32))
+    return make_meralion2_inputs(model.processor, audios)
+
+
+def test_medusa_equals_base_greedy_on_random_cases(meralion_medusa):
+    model = meralion_medusa
+    rng = random.Random(7)
+    accepted_any = False
+    for index in range(CASES):
+        inputs = make_inputs(model, rng, rng.randint(1, 2))
+        kwargs = {"max_new_tokens": rng.choice([1, 2, 4, 7, 12, 20, 30])}
+        if rng.random() < 0.25:
+            kwargs["min_new_tokens"] = rng.choice([2, 5])
+        expected = model.generate(**inputs, use_medusa=False, **kwargs)
+        randomize_heads(model, index)
+        draft = rng.choice(["chain", "chain", [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]])
+        drafter = rng.choice(["random", "oracle", "noisy"])
+        original = model.head_logits
+        if drafter != "random":
+            rows = model.collect_hidden_states(**inputs, max_new_tokens=kwargs["max_new_tokens"] + 8)
+            model.head_logits = OracleDrafter(model, rows, model.backbone.vocab_size,
+                                              0.0 if drafter == "oracle" else 0.4, seed=index)
+        try:
+            got, stats = model.generate(**inputs, draft=draft, return_stats=True,
+                                        cuda_graph=rng.random() < 0.3, **kwargs)
+        finally:
+            model.head_logits = original
+        assert torch.equal(expected, got), f"case {index}: base {expected.tolist()} medusa {got.tolist()}"
+        accepted_any |= stats["accepted_tokens"] > 0
+    assert accepted_any
+
+
+def test_collected_tokens_are_the_base_greedy_output(meralion_medusa):
+    inputs = make_inputs(meralion_medusa, random.Random(3), 2)
+    expected = meralion_medusa.generate(**inputs, use_medusa=False, max_new_tokens=15)
+    rows = meralion_medusa.collect_hidden_states(**inputs, max_new_tokens=15)
+    prompt = inputs["input_ids"].shape[1]
+    for row, (tokens, hiddens) in enumerate(rows):
+        assert tokens.tolist() == expected[row, prompt:prompt + len(tokens)].tolist()
+        assert hiddens.shape == (len(tokens), meralion_medusa.config.hidden_size)
+
+
+def test_bfloat16_equals_the_base_bfloat16_greedy(meralion_medusa, tmp_path):
+    """bf16: every case equals the base's own bf16 greedy output, or differs only after a position
+    where the base's top-2 logits are within bf16 rounding (a numerical tie, reported)."""
+    from modeling_medusa import MedusaForASR
+
+    model = MedusaForASR.from_base(meralion_medusa.config.base_model_name_or_path, family="meralion2",
+                                   torch_dtype=torch.bfloat16)
+    rng = random.Random(11)
+    exact = 0
+    for index in range(12):
+        inputs = make_inputs(model, rng, 1)
+        inputs["input_features"] = inputs["input_features"].to(torch.bfloat16)
+        expected = model.generate(**inputs, use_medusa=False, max_new_tokens=16)
+        randomize_heads(model, index, std=0.05)
+        got = model.generate(**inputs, max_new_tokens=16)
+        exact += torch.equal(expected, got)
+    assert exact >= 11, f"only {exact}/12 bf16 cases identical"
+
+
+def test_missing_input_is_a_clear_error(meralion_medusa):
+    inputs = make_inputs(meralion_medusa, random.Random(1), 1)
+    del inputs["input_features"]
+    with pytest.raises(ValueError, match="input_features"):
+        meralion_medusa.generate(**inputs, max_new_tokens=3)
