@@ -1,0 +1,207 @@
+"""The repository root as a Hub artifact: AutoModel loading, save/load round trip, error messages,
+shared output projection, PEFT bases. Whisper parts run on transformers 5.x, MERaLiON-2 parts on 4.51."""
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, requires_transformers5, transformers_below_452
+from tiny_models import build_tiny_whisper, random_features
+
+CODE_FILES = ["configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.py", "medusa_fast.py",
+              "backbone_whisper.py", "backbone_meralion2.py"]
+
+
+def make_artifact(folder: Path, base_folder: Path, family: str) -> Path:
+    """A repo folder like the root, whose config points at a local base and holds trained-shape heads."""
+    from modeling_medusa import MedusaForASR
+
+    model = MedusaForASR.from_base(str(base_folder), family=family)
+    with torch.no_grad():
+        for p in model.medusa_heads.parameters():
+            p.normal_(0, 0.1)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def base_folder(tmp_path_factory):
+    if transformers_below_452():
+        from standin import build_meralion2_standin
+
+        return build_meralion2_standin(tmp_path_factory.mktemp("m2") / "standin", seed=1), "meralion2"
+    return build_tiny_whisper(tmp_path_factory.mktemp("whisper"), seed=4), "whisper"
+
+
+@pytest.fixture(scope="module")
+def artifact(base_folder, tmp_path_factory):
+    folder, family = base_folder
+    return make_artifact(tmp_path_factory.mktemp("artifact") / "repo", folder, family)
+
+
+def test_save_pretrained_writes_config_heads_and_code_only(artifact):
+    names = sorted(p.name for p in artifact.iterdir())
+    assert names == sorted(["config.json", "medusa_heads.safetensors", *CODE_FILES])
+    config = json.loads((artifact / "config.json").read_text())
+    assert config["auto_map"]["AutoModel"] == "modeling_medusa.MedusaForASR"
+    heads_bytes = (artifact / "medusa_heads.safetensors").stat().st_size
+    hidden = config["hidden_size"]
+    assert heads_bytes < 4 * (hidden * hidden + hidden) * 4 + 10_000  # heads only, no vocabulary matrix
+
+
+def test_automodel_loads_the_artifact_with_trust_remote_code(artifact, base_folder):
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.from_pretrained(str(artifact), trust_remote_code=True)
+    assert type(config).__name__ == "MedusaConfig" and config.base_family == base_folder[1]
+    model = AutoModel.from_pretrained(str(artifact), trust_remote_code=True)
+    assert type(model).__name__ == "MedusaForASR"
+    assert model.config.medusa_num_heads == 4
+    # the heads share the base output projection by reference: no copy of the vocabulary matrix
+    projection = model.backbone.output_projection.weight
+    assert all(p.shape[0] != projection.shape[0] for p in model.medusa_heads.parameters())
+    assert model.backbone.output_projection is (model.base.proj_out if base_folder[1] == "whisper"
+                                                else model.base.text_decoder.lm_head)
+
+
+def test_round_trip_keeps_the_heads(artifact, tmp_path):
+    from modeling_medusa import MedusaForASR
+
+    model = MedusaForASR.from_pretrained(str(artifact))
+    model.save_pretrained(tmp_path / "again")
+    again = MedusaForASR.from_pretrained(str(tmp_path / "again"))
+    for (name, a), (_, b) in zip(model.medusa_heads.state_dict().items(), again.medusa_heads.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_root_artifact_has_no_untrained_heads_and_says_how_to_train():
+    from configuration_medusa import MedusaConfig
+    from modeling_medusa import MedusaForASR
+
+    config = MedusaConfig.from_pretrained(str(ROOT))
+    assert config.base_model_name_or_path == "MERaLiON/MERaLiON-2-3B"
+    assert (config.hidden_size, config.vocab_size, config.medusa_num_heads, config.medusa_num_layers) == (2304, 256000, 4, 1)
+    assert not (ROOT / "medusa_heads.safetensors").exists()
+    with pytest.raises(FileNotFoundError, match="pipeline.collect"):
+        MedusaForASR.from_pretrained(str(ROOT))
+
+
+def test_missing_heads_file_is_a_clear_error(artifact, tmp_path):
+    from modeling_medusa import MedusaForASR
+
+    broken = tmp_path / "no_heads"
+    shutil.copytree(artifact, broken)
+    (broken / "medusa_heads.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="medusa_heads.safetensors"):
+        MedusaForASR.from_pretrained(str(broken))
+
+
+def test_heads_of_the_wrong_shape_are_a_clear_error(artifact, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from modeling_medusa import MedusaForASR
+
+    broken = tmp_path / "bad_shape"
+    shutil.copytree(artifact, broken)
+    heads = load_file(str(broken / "medusa_heads.safetensors"))
+    save_file({k: torch.zeros(v.shape[0] + 1, *v.shape[1:]) for k, v in heads.items()},
+              str(broken / "medusa_heads.safetensors"))
+    with pytest.raises(ValueError, match="trained for another base"):
+        MedusaForASR.from_pretrained(str(broken))
+
+
+def test_head_count_mismatch_is_a_clear_error(artifact, tmp_path):
+    from modeling_medusa import MedusaForASR
+
+    broken = tmp_path / "bad_count"
+    shutil.copytree(artifact, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["medusa_num_heads"] = 5
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="missing"):
+        MedusaForASR.from_pretrained(str(broken))
+
+
+def test_hidden_size_mismatch_is_a_clear_error(artifact, tmp_path):
+    from modeling_medusa import MedusaForASR
+
+    broken = tmp_path / "bad_hidden"
+    shutil.copytree(artifact, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["hidden_size"] += 8
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="hidden size"):
+        MedusaForASR.from_pretrained(str(broken))
+
+
+def test_unresolvable_base_is_a_clear_error(artifact, tmp_path):
+    from modeling_medusa import MedusaForASR
+
+    broken = tmp_path / "bad_base"
+    shutil.copytree(artifact, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["base_model_name_or_path"] = "nobody/not-a-model-anywhere"
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(OSError, match="nobody/not-a-model-anywhere"):
+        MedusaForASR.from_pretrained(str(broken))
+
+
+@requires_transformers5
+def test_speculation_off_and_sampling_fall_back_to_the_base(artifact):
+    from modeling_medusa import MedusaForASR
+
+    model = MedusaForASR.from_pretrained(str(artifact))
+    features = random_features(1, 3)
+    plain = model.base.generate(input_features=features, max_new_tokens=6)
+    assert torch.equal(model.generate(input_features=features, max_new_tokens=6, use_medusa=False), plain)
+    assert torch.equal(model.generate_medusa(input_features=features, max_new_tokens=6), plain)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.generate(input_features=features, max_new_tokens=4, do_sample=True, top_k=5)
+    assert any("sampling" in str(w.message) for w in caught)
+    _, stats = model.generate(input_features=features, max_new_tokens=6, return_stats=True)
+    assert set(stats) >= {"rounds", "drafted_tokens", "accepted_tokens", "mean_accepted_per_round"}
+    with pytest.raises(ValueError, match="input_features"):
+        model.generate(max_new_tokens=3)
+
+
+@requires_transformers5
+def test_peft_adapter_base_is_loaded_and_merged(base_folder, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import WhisperForConditionalGeneration
+
+    from modeling_medusa import MedusaForASR
+
+    folder, _ = base_folder
+    base = WhisperForConditionalGeneration.from_pretrained(str(folder))
+    lora = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    lora.save_pretrained(tmp_path / "adapter")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = str(folder)
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(config))
+    merged = lora.merge_and_unload()
+    model = MedusaForASR.from_base(str(tmp_path / "adapter"), family="whisper")
+    features = random_features(1, 8)
+    expected = merged.generate(input_features=features, max_new_tokens=8)
+    assert torch.equal(model.generate(input_features=features, max_new_tokens=8), expected)
+    assert not any("lora" in name for name, _ in model.base.named_parameters())
+
+
+def test_heads_add_under_one_percent_to_meralion2_3b():
+    """Counted on the meta device from MERaLiON-2-3B's text shapes (hidden 2304, 26 layers, vocab 256000)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from modeling_medusa import MedusaHeads
+
+    text = Gemma2Config(hidden_size=2304, num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+                        head_dim=256, intermediate_size=9216, vocab_size=256000)
+    with torch.device("meta"):
+        decoder = Gemma2ForCausalLM(text)
+        heads = MedusaHeads(4, 1, 2304)
+    base_params = sum(p.numel() for p in decoder.parameters())
+    head_params = sum(p.numel() for p in heads.parameters())
+    assert head_params / base_params < 0.01, (head_params, base_params)
