@@ -59,6 +59,12 @@ class DraftTree:
         return max((max(p) for p in self.paths), default=0)
 
     @property
+    def name(self) -> str:
+        if self.num_nodes == 1:
+            return "none (plain greedy)"
+        return f"chain of {self.depth}" if self.is_chain else f"tree of {self.num_nodes - 1} nodes"
+
+    @property
     def is_chain(self) -> bool:
         return all(p == (0,) * len(p) for p in self.paths)
 
@@ -107,6 +113,24 @@ def _path_nodes(parents: list[int], depths: list[int], max_depth: int) -> torch.
     return table
 
 
+def _rank_hit_rates(topk_accuracy) -> list[list[float]]:
+    """Per head, the probability that the right token sits exactly at rank r (from cumulative top-k)."""
+    return [[max(acc[r] - (acc[r - 1] if r else 0.0), 0.0) for r in range(len(acc))] for acc in topk_accuracy]
+
+
+def expected_tokens_per_round(tree: DraftTree, topk_accuracy) -> float:
+    """Tokens a round emits on average if heads are right independently with the measured rates:
+    1 (the base's own token) + the probability of reaching each draft node."""
+    hit = _rank_hit_rates(topk_accuracy)
+    total = 1.0
+    for path in tree.paths:
+        p = 1.0
+        for depth, rank in enumerate(path):
+            p *= hit[depth][rank] if depth < len(hit) and rank < len(hit[depth]) else 0.0
+        total += p
+    return total
+
+
 def build_tree_from_accuracy(topk_accuracy, num_nodes: int) -> list[list[int]]:
     """Choose the ``num_nodes`` draft nodes with the highest estimated acceptance probability.
 
@@ -114,9 +138,7 @@ def build_tree_from_accuracy(topk_accuracy, num_nodes: int) -> list[list[int]]:
     A node's probability is the product along its path of each head's rank-r hit rate
     (acc@r+1 - acc@r), so parents always outrank their children and the result is a tree.
     """
-    rank_hit = [
-        [max(acc[r] - (acc[r - 1] if r else 0.0), 0.0) for r in range(len(acc))] for acc in topk_accuracy
-    ]
+    rank_hit = _rank_hit_rates(topk_accuracy)
     chosen: list[tuple[int, ...]] = []
     frontier = [(-rank_hit[0][r], (r,)) for r in range(len(rank_hit[0]))]
     heapq.heapify(frontier)
@@ -271,6 +293,7 @@ def _select(value, rows):
 @dataclass
 class MedusaStats:
     rounds: int = 0
+    draft: str = ""
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     new_tokens: int = 0
@@ -287,6 +310,7 @@ class MedusaStats:
 
     def as_dict(self) -> dict:
         return {
+            "draft": self.draft,
             "rounds": self.rounds,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
@@ -361,7 +385,7 @@ def medusa_decode(backbone, project, process_logits, state: DecodeState, tree: D
         state.lengths = state.lengths + accepted + 1
         path_hidden = hidden.gather(1, path[:, :, None].expand(-1, -1, hidden.shape[-1]))
         state.hidden = hidden[torch.arange(len(row_ids), device=hidden.device), best]
-        if drafts_at is not None:
+        if drafts_at is not None and tree.num_nodes > 1:
             state.draft_logits = drafts_at(best)
         state.next_token = predicted.gather(1, best[:, None])[:, 0]
         accepted_list, emitted_rows = accepted.tolist(), emitted.tolist()  # the round's one host sync

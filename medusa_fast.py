@@ -63,7 +63,7 @@ class StaticRoundRunner:
         keep = self.active[:, None]
         st.hidden.copy_(torch.where(keep, hidden[rows, best], st.hidden))
         st.next_token.copy_(torch.where(self.active, predicted[rows, best], st.next_token))
-        if drafts_at is not None:
+        if drafts_at is not None and self.tree.num_nodes > 1:
             st.draft_logits.copy_(torch.where(keep[:, :, None], drafts_at(best), st.draft_logits))
 
     def _snapshot(self):

@@ -23,13 +23,13 @@ try:
     from .backbone_meralion2 import MERaLiON2Backbone
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
-    from .medusa_decoding import DraftTree, MedusaStats, medusa_decode
+    from .medusa_decoding import DraftTree, MedusaStats, expected_tokens_per_round, medusa_decode
     from .medusa_fast import StaticRoundRunner
 except ImportError:
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
-    from medusa_decoding import DraftTree, MedusaStats, medusa_decode
+    from medusa_decoding import DraftTree, MedusaStats, expected_tokens_per_round, medusa_decode
     from medusa_fast import StaticRoundRunner
 
 HEADS_FILE = "medusa_heads.safetensors"
@@ -215,6 +215,42 @@ class MedusaForASR(PreTrainedModel):
             raise ValueError(f"draft={draft!r}: use 'auto', 'chain', 'tree' or a list of paths.")
         return DraftTree.chain(self.config.medusa_num_heads)
 
+    def _draft_candidates(self, draft) -> list[DraftTree]:
+        """``draft="auto"`` with measured head accuracy: plain greedy, the chain and the tree compete."""
+        accuracy = (self.config.head_accuracy or {}).get("topk")
+        if draft != "auto" or not accuracy:
+            return [self.draft_tree(draft)]
+        options = [DraftTree(()), DraftTree.chain(self.config.medusa_num_heads)]
+        if self.config.tree:
+            options.append(DraftTree.from_paths(self.config.tree))
+        return options
+
+    def _fastest_draft(self, candidates: list[DraftTree], state) -> DraftTree:
+        """The draft with the most expected tokens per second of verify time on this device, dtype and
+        batch size; verify passes are timed once (then cached) on the real prefilled state."""
+        key = (state.lengths.device.type, str(self.dtype), state.next_token.shape[0])
+        cache = self.__dict__.setdefault("_draft_choice", {})
+        if key not in cache:
+            accuracy = self.config.head_accuracy["topk"]
+            rates = {t: expected_tokens_per_round(t, accuracy) / self._verify_seconds(t, state) for t in candidates}
+            cache[key] = max(candidates, key=lambda t: rates[t])
+        return cache[key]
+
+    def _verify_seconds(self, tree: DraftTree, state, repeats: int = 3) -> float:
+        import time
+
+        tt = tree.tensors(state.lengths.device)
+        tokens = state.next_token[:, None].expand(-1, tree.num_nodes)
+        times = []
+        for _ in range(repeats + 1):  # the first run warms up
+            _synchronize(state.lengths.device)
+            start = time.perf_counter()
+            hidden = self.backbone.decode(state, tokens, tt.depths, tt.ancestors)  # writes past the valid slots only
+            self.project_for_decoding(hidden)[1](torch.zeros_like(state.next_token))
+            _synchronize(state.lengths.device)
+            times.append(time.perf_counter() - start)
+        return sorted(times[1:])[repeats // 2]
+
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate(self, *args, use_medusa: bool = True, draft="auto", return_stats: bool = False,
@@ -238,10 +274,12 @@ class MedusaForASR(PreTrainedModel):
             out = self.base.generate(**_base_kwargs(kwargs, max_new_tokens, min_new_tokens))
             return (out, MedusaStats().as_dict()) if return_stats else out
         _check_inputs(kwargs, self.backbone.required_inputs)
-        tree = self.draft_tree(draft)
+        candidates = self._draft_candidates(draft)
         process = self.backbone.make_logits_processor(min_new_tokens)
-        state, max_new, prompt = self.backbone.prefill(kwargs, max_new_tokens, 2 * tree.num_nodes, process)
-        stats = MedusaStats()
+        slack = 2 * max(t.num_nodes for t in candidates)
+        state, max_new, prompt = self.backbone.prefill(kwargs, max_new_tokens, slack, process)
+        tree = candidates[0] if len(candidates) == 1 else self._fastest_draft(candidates, state)
+        stats = MedusaStats(draft=tree.name)
         if cuda_graph if cuda_graph is not None else state.lengths.device.type == "cuda":
             runner = StaticRoundRunner(self.backbone, self.project_for_decoding, process, state, tree)
             generated = runner.run(max_new, self.backbone.eos_token_ids, stats)
@@ -290,6 +328,11 @@ class MedusaForASR(PreTrainedModel):
 
 
 MERaLiON2MedusaForASR = MedusaForASR  # the name the seed's snippet uses
+
+
+def _synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _project_without_drafts(backbone):

@@ -205,3 +205,17 @@ def test_heads_add_under_one_percent_to_meralion2_3b():
     base_params = sum(p.numel() for p in decoder.parameters())
     head_params = sum(p.numel() for p in heads.parameters())
     assert head_params / base_params < 0.01, (head_params, base_params)
+
+
+@requires_transformers5
+def test_auto_draft_falls_back_to_plain_greedy_when_heads_cannot_pay(artifact):
+    """With measured accuracy 0 no draft can pay for its verify cost: auto picks plain greedy."""
+    from modeling_medusa import MedusaForASR
+
+    model = MedusaForASR.from_pretrained(str(artifact))
+    model.config.head_accuracy = {"topk": [[0.0] * 4 for _ in range(4)]}
+    model.config.tree = [[0], [1], [0, 0]]
+    features = random_features(2, 5)
+    got, stats = model.generate(input_features=features, max_new_tokens=10, return_stats=True)
+    assert stats["draft"] == "none (plain greedy)" and stats["drafted_tokens"] == 0
+    assert torch.equal(got, model.generate(input_features=features, max_new_tokens=10, use_medusa=False))
