@@ -385,18 +385,22 @@ def render_transcript(fmt: str, text: str, segments: list[Segment], record: dict
     raise ValueError(f"unknown output format {fmt!r}; choose one of {OUTPUT_FORMATS}")
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``.
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
 
-    Readers see either the old file or the complete new one, never a partial write;
-    the temporary file is removed if anything fails.
+    Readers see either the old file or the complete new one, never a partial write; the temporary
+    file is removed if anything fails. The file gets the usual umask permissions (mkstemp's 0600
+    would make results unreadable to others).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temp_name, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp_name, path)

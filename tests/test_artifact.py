@@ -16,6 +16,15 @@ CODE_FILES = ["configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.
               "backbone_whisper.py", "backbone_meralion2.py"]
 
 
+def edited_copy(artifact: Path, folder: Path, **config_changes) -> Path:
+    """A copy of the artifact with some config.json fields changed."""
+    shutil.copytree(artifact, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(config_changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
 def make_artifact(folder: Path, base_folder: Path, family: str) -> Path:
     """A repo folder like the root, whose config points at a local base and holds trained-shape heads."""
     from modeling_medusa import MedusaForASR
@@ -117,11 +126,7 @@ def test_heads_of_the_wrong_shape_are_a_clear_error(artifact, tmp_path):
 def test_head_count_mismatch_is_a_clear_error(artifact, tmp_path):
     from modeling_medusa import MedusaForASR
 
-    broken = tmp_path / "bad_count"
-    shutil.copytree(artifact, broken)
-    config = json.loads((broken / "config.json").read_text())
-    config["medusa_num_heads"] = 5
-    (broken / "config.json").write_text(json.dumps(config))
+    broken = edited_copy(artifact, tmp_path / "bad_count", medusa_num_heads=5)
     with pytest.raises(ValueError, match="missing"):
         MedusaForASR.from_pretrained(str(broken))
 
@@ -129,11 +134,8 @@ def test_head_count_mismatch_is_a_clear_error(artifact, tmp_path):
 def test_hidden_size_mismatch_is_a_clear_error(artifact, tmp_path):
     from modeling_medusa import MedusaForASR
 
-    broken = tmp_path / "bad_hidden"
-    shutil.copytree(artifact, broken)
-    config = json.loads((broken / "config.json").read_text())
-    config["hidden_size"] += 8
-    (broken / "config.json").write_text(json.dumps(config))
+    hidden = json.loads((artifact / "config.json").read_text())["hidden_size"]
+    broken = edited_copy(artifact, tmp_path / "bad_hidden", hidden_size=hidden + 8)
     with pytest.raises(ValueError, match="hidden size"):
         MedusaForASR.from_pretrained(str(broken))
 
@@ -141,11 +143,7 @@ def test_hidden_size_mismatch_is_a_clear_error(artifact, tmp_path):
 def test_unresolvable_base_is_a_clear_error(artifact, tmp_path):
     from modeling_medusa import MedusaForASR
 
-    broken = tmp_path / "bad_base"
-    shutil.copytree(artifact, broken)
-    config = json.loads((broken / "config.json").read_text())
-    config["base_model_name_or_path"] = "nobody/not-a-model-anywhere"
-    (broken / "config.json").write_text(json.dumps(config))
+    broken = edited_copy(artifact, tmp_path / "bad_base", base_model_name_or_path="nobody/not-a-model-anywhere")
     with pytest.raises(OSError, match="nobody/not-a-model-anywhere"):
         MedusaForASR.from_pretrained(str(broken))
 
