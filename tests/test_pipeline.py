@@ -480,7 +480,7 @@ def _run_pipeline_end_to_end(base: str, tmp_path, n_clips: int, max_new_tokens: 
         recorded = recorded[:-1] if recorded[-1] in model.backbone.eos_token_ids else recorded
         assert _contains(row, recorded), f"clip {i}: collected {recorded} is not in base greedy {row}"
     # lossless: Medusa decoding with the exported heads = the base's greedy output
-    fast, stats = model.generate(**inputs, max_new_tokens=max_new_tokens, return_stats=True)
+    fast, stats = model.generate(**inputs, max_new_tokens=max_new_tokens, return_stats=True, draft="tree")
     assert torch.equal(plain, fast) and stats["drafted_tokens"] > 0
     return cfg
 
