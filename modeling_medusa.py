@@ -227,16 +227,32 @@ class MedusaForASR(PreTrainedModel):
 
     def _fastest_draft(self, candidates: list[DraftTree], state) -> DraftTree:
         """The draft with the most expected tokens per second of verify time on this device, dtype and
-        batch size; verify passes are timed once (then cached) on the real prefilled state."""
+        batch size. Verify passes are timed once on the real prefilled state; expected tokens per round
+        come from the measured head accuracy, rescaled by the acceptance actually observed so far."""
         key = (state.lengths.device.type, str(self.dtype), state.next_token.shape[0])
-        cache = self.__dict__.setdefault("_draft_choice", {})
-        if key not in cache:
-            accuracy = self.config.head_accuracy["topk"]
-            rates = {t: expected_tokens_per_round(t, accuracy) / self._verify_seconds(t, state) for t in candidates}
-            cache[key] = max(candidates, key=lambda t: rates[t])
-        return cache[key]
+        costs = self.__dict__.setdefault("_verify_cost", {})
+        for tree in candidates:
+            if (key, tree) not in costs:
+                costs[key, tree] = self._verify_seconds(tree, state)
+        return max(candidates, key=lambda tree: self._expected_tokens(tree) / costs[key, tree])
 
-    def _verify_seconds(self, tree: DraftTree, state, repeats: int = 3) -> float:
+    def _expected_tokens(self, tree: DraftTree) -> float:
+        predicted = expected_tokens_per_round(tree, self.config.head_accuracy["topk"])
+        return 1.0 + (predicted - 1.0) * self.__dict__.get("_acceptance_scale", 1.0)
+
+    def _observe_acceptance(self, tree: DraftTree, stats: MedusaStats):
+        """Track observed / predicted extra tokens per round (an average over calls), so ``draft="auto"``
+        adapts when the audio is harder than the heads' held-out data."""
+        accuracy = (self.config.head_accuracy or {}).get("topk")
+        if not accuracy or tree.num_nodes == 1 or not stats.row_rounds:
+            return
+        predicted = expected_tokens_per_round(tree, accuracy) - 1.0
+        if predicted > 0:
+            ratio = (stats.mean_accepted_per_round - 1.0) / predicted
+            old = self.__dict__.get("_acceptance_scale", 1.0)
+            self.__dict__["_acceptance_scale"] = 0.7 * old + 0.3 * ratio
+
+    def _verify_seconds(self, tree: DraftTree, state, repeats: int = 5) -> float:
         import time
 
         tt = tree.tensors(state.lengths.device)
@@ -246,7 +262,9 @@ class MedusaForASR(PreTrainedModel):
             _synchronize(state.lengths.device)
             start = time.perf_counter()
             hidden = self.backbone.decode(state, tokens, tt.depths, tt.ancestors)  # writes past the valid slots only
-            self.project_for_decoding(hidden)[1](torch.zeros_like(state.next_token))
+            _, drafts_at = self.project_for_decoding(hidden)
+            if tree.num_nodes > 1:
+                drafts_at(torch.zeros_like(state.next_token))
             _synchronize(state.lengths.device)
             times.append(time.perf_counter() - start)
         return sorted(times[1:])[repeats // 2]
@@ -286,6 +304,8 @@ class MedusaForASR(PreTrainedModel):
         else:
             generated = medusa_decode(self.backbone, self.project_for_decoding, process, state, tree, max_new,
                                       self.backbone.eos_token_ids, stats)
+        if len(candidates) > 1:
+            self._observe_acceptance(tree, stats)
         sequences = self.backbone.format_output(generated, prompt)
         return (sequences, stats.as_dict()) if return_stats else sequences
 
