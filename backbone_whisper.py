@@ -62,19 +62,42 @@ class WhisperBackbone:
 
     # ------------------------------------------------------------------ prompt & logits rules
     def decoder_prompt(self, encoder_kv, batch: int, language=None, task=None) -> torch.Tensor:
+        """The decoder prompt the base's generate would build: start token, language (given, from the
+        legacy forced ids, or detected per row), task, and <|notimestamps|>."""
         gen = self.gen
-        device = self.base.device
+        language = language or getattr(gen, "language", None)
+        task = task or getattr(gen, "task", None)
         tokens = [gen.decoder_start_token_id]
-        if getattr(gen, "is_multilingual", False):
-            if language is None:
-                return self._detect_language(encoder_kv, batch, task)
-            tokens += [self._language_id(language), gen.task_to_id[task or "transcribe"]]
-            tokens += self._no_timestamps()
-        elif getattr(gen, "forced_decoder_ids", None):
-            tokens += [t for _, t in sorted(gen.forced_decoder_ids)]
-        else:
-            tokens += self._no_timestamps()
-        return torch.tensor(tokens, device=device).repeat(batch, 1)
+        if task is None and language is None:
+            tokens += self._legacy_forced_tokens()
+        languages = [None] * batch
+        if language is not None:
+            languages = [self._language_id(language)] * batch
+        elif getattr(gen, "lang_to_id", None) and (len(tokens) <= 1 or tokens[1] is None):
+            languages = self._detect_languages(encoder_kv, batch)
+        rows = []
+        for lang in languages:
+            row = list(tokens)
+            if lang is not None:
+                row[1:2] = [lang]
+            task_ids = set((getattr(gen, "task_to_id", None) or {}).values())
+            if task is not None:
+                row = [t for t in row if t not in task_ids] + [gen.task_to_id[task]]
+            elif language is not None and task_ids and not task_ids.intersection(row):
+                row.append(gen.task_to_id["transcribe"])
+            if self._no_timestamps() and row[-1] != self._no_timestamps()[0]:
+                row += self._no_timestamps()
+            rows.append(row)
+        return torch.tensor(rows, device=self.base.device)
+
+    def _legacy_forced_tokens(self) -> list:
+        forced = getattr(self.gen, "forced_decoder_ids", None) or getattr(self.config, "forced_decoder_ids", None)
+        tokens = []
+        for position, token in sorted(forced or []):
+            if position != len(tokens) + 1:
+                break
+            tokens.append(token)
+        return tokens
 
     def _no_timestamps(self) -> list[int]:
         token = getattr(self.gen, "no_timestamps_token_id", None)
@@ -90,16 +113,13 @@ class WhisperBackbone:
             raise ValueError(f"Unknown Whisper language {language!r}; use a code such as 'en'.")
         return self.gen.lang_to_id[token]
 
-    def _detect_language(self, encoder_kv, batch, task) -> torch.Tensor:
-        """Pick each row's language like the base's detect_language: argmax over language tokens."""
-        gen = self.gen
-        start = torch.full((batch, 1), gen.decoder_start_token_id, device=self.base.device)
+    def _detect_languages(self, encoder_kv, batch) -> list[int]:
+        """Each row's language like the base's detect_language: argmax over the language tokens."""
+        start = torch.full((batch, 1), self.gen.decoder_start_token_id, device=self.base.device)
         state = self._empty_state(encoder_kv, batch, capacity=1)
         logits = self.logits(self._forward(state, start))[:, -1]
-        lang_ids = torch.tensor(sorted(gen.lang_to_id.values()), device=logits.device)
-        langs = lang_ids[logits[:, lang_ids].argmax(-1)]
-        rest = torch.tensor([gen.task_to_id[task or "transcribe"]] + self._no_timestamps(), device=logits.device)
-        return torch.cat([start, langs[:, None], rest.repeat(batch, 1)], dim=1)
+        lang_ids = torch.tensor(sorted(self.gen.lang_to_id.values()), device=logits.device)
+        return lang_ids[logits[:, lang_ids].argmax(-1)].tolist()
 
     def make_logits_processor(self, min_new_tokens: int | None):
         return suppression_processor(

@@ -105,3 +105,18 @@ def test_collected_hidden_states_reproduce_the_tokens(whisper_medusa):
         process = whisper_medusa.backbone.make_logits_processor(None)
         steps = torch.arange(len(tokens))[None, :]
         assert torch.equal(process(logits[None], steps)[0].argmax(-1), tokens)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"language": "en"}, {"language": "fr", "task": "translate"},
+                                    {"task": "transcribe"}, {"language": "french"}])
+def test_multilingual_prompt_language_and_task_match_the_base(kwargs, tmp_path_factory):
+    """Language given, detected per row, or set by name; task given or defaulted: same prompt, same ids."""
+    from modeling_medusa import MedusaForASR
+
+    folder = build_tiny_whisper(tmp_path_factory.mktemp("multilingual"), seed=6, multilingual=True)
+    model = MedusaForASR.from_base(str(folder))
+    randomize_heads(model, 1)
+    for seed in range(3):
+        features = random_features(3, seed)
+        expected = model.generate(input_features=features, max_new_tokens=12, use_medusa=False, **kwargs)
+        assert torch.equal(model.generate(input_features=features, max_new_tokens=12, **kwargs), expected)

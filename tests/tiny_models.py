@@ -6,15 +6,17 @@ from pathlib import Path
 
 import torch
 
-WHISPER_VOCAB = 120  # ids: 0..111 text, 112 eot, 113 sot, 114 <|en|>, 115 transcribe, 116 notimestamps
+WHISPER_VOCAB = 120  # ids: 0..111 text, 112 eot, 113 sot, then English-only: 116 notimestamps;
+# multilingual: 114 <|en|>, 115 <|fr|>, 116 transcribe, 117 translate, 118 notimestamps
 
 
-def build_tiny_whisper(folder: Path, seed: int = 0, logit_scale: float = 4.0) -> Path:
-    """A 2-layer random Whisper (English-only layout) saved with its generation config."""
+def build_tiny_whisper(folder: Path, seed: int = 0, logit_scale: float = 4.0, multilingual: bool = False) -> Path:
+    """A 2-layer random Whisper saved with its generation config (English-only layout by default)."""
     from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     torch.manual_seed(seed)
-    eot, sot, notimestamps = 112, 113, 116
+    eot, sot = 112, 113
+    notimestamps = 118 if multilingual else 116
     config = WhisperConfig(
         vocab_size=WHISPER_VOCAB, d_model=32, encoder_layers=1, decoder_layers=2,
         encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
@@ -30,10 +32,12 @@ def build_tiny_whisper(folder: Path, seed: int = 0, logit_scale: float = 4.0) ->
         model.model.decoder.embed_tokens.weight.normal_(0.0, 1.0)
         model.proj_out.weight.normal_(0.0, logit_scale / config.d_model**0.5)
         model.proj_out.weight[eot] *= 1.15  # EOS now and then, so stopping inside drafts is exercised
+    languages = {"lang_to_id": {"<|en|>": 114, "<|fr|>": 115}, "task_to_id": {"transcribe": 116, "translate": 117},
+                 "forced_decoder_ids": None} if multilingual else {"forced_decoder_ids": [[1, notimestamps]]}
     model.generation_config = GenerationConfig(
         decoder_start_token_id=sot, eos_token_id=eot, pad_token_id=eot, bos_token_id=eot,
-        forced_decoder_ids=[[1, notimestamps]], no_timestamps_token_id=notimestamps, max_length=64,
-        suppress_tokens=[3, 5], begin_suppress_tokens=[eot, 7], is_multilingual=False,
+        no_timestamps_token_id=notimestamps, max_length=64, suppress_tokens=[3, 5],
+        begin_suppress_tokens=[eot, 7], is_multilingual=multilingual, **languages,
     )
     model.save_pretrained(folder)
     WhisperFeatureExtractor(feature_size=80).save_pretrained(folder)
