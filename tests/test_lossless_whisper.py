@@ -120,3 +120,19 @@ def test_multilingual_prompt_language_and_task_match_the_base(kwargs, tmp_path_f
         features = random_features(3, seed)
         expected = model.generate(input_features=features, max_new_tokens=12, use_medusa=False, **kwargs)
         assert torch.equal(model.generate(input_features=features, max_new_tokens=12, **kwargs), expected)
+
+
+def test_bfloat16_equals_the_base_bfloat16_greedy(tmp_path_factory):
+    """bf16: Medusa equals the base's own bf16 greedy output (at most one bf16 near-tie allowed)."""
+    from modeling_medusa import MedusaForASR
+
+    folder = build_tiny_whisper(tmp_path_factory.mktemp("bf16"), seed=2)
+    model = MedusaForASR.from_base(str(folder), torch_dtype=torch.bfloat16)
+    identical = 0
+    for seed in range(10):
+        features = random_features(2, seed).to(torch.bfloat16)
+        expected = model.generate(input_features=features, max_new_tokens=16, use_medusa=False)
+        randomize_heads(model, seed, std=0.05)
+        identical += torch.equal(model.generate(input_features=features, max_new_tokens=16, draft="chain"), expected)
+    print(f"bf16 identical: {identical}/10")
+    assert identical >= 9, f"only {identical}/10 bf16 cases identical"
