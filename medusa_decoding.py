@@ -341,6 +341,38 @@ def accept(chunk: torch.Tensor, predicted: torch.Tensor, tree: TreeTensors):
     return best, tree.depths[best]
 
 
+@dataclass
+class VerifiedRound:
+    hidden: torch.Tensor  # [B, N, H] for every verified node
+    best: torch.Tensor  # [B] deepest node on the accepted path
+    accepted: torch.Tensor  # [B] accepted drafts (depth of ``best``)
+    path: torch.Tensor  # [B, depth+1] nodes from the root to ``best`` (padded with ``best``)
+    emitted: torch.Tensor  # [B, depth+1] accepted drafts, then the base's own next token last
+    next_token: torch.Tensor  # [B] the base's argmax after ``best``
+    drafts_at: object  # node [B] -> head logits [B, K, V], or None
+
+
+def verify_round(backbone, project, process_logits, state: DecodeState, tree: DraftTree, tt: TreeTensors,
+                 num_generated: torch.Tensor) -> VerifiedRound:
+    """Draft from ``state.draft_logits``, run ONE decoder pass over [last token + drafts], accept the
+    longest prefix equal to the base's argmax and compact its K/V in the cache. Host-sync free."""
+    chunk = state.next_token[:, None]
+    if tree.num_nodes > 1:
+        chunk = torch.cat([chunk, draft_tokens(state.draft_logits, tt, tree.max_rank)], dim=1)  # [B, N]
+    hidden = backbone.decode(state, chunk, tt.depths, tt.ancestors)
+    logits, drafts_at = project(hidden)
+    predicted = process_logits(logits, num_generated[:, None] + tt.depths[None, :]).argmax(dim=-1)
+    best, accepted = accept(chunk, predicted, tt)
+    path = tt.path_nodes[best]
+    if not tree.is_chain:
+        offsets = torch.arange(path.shape[1], device=path.device)[None, :]
+        state.cache.move(state.lengths[:, None] + path, state.lengths[:, None] + offsets)
+    next_token = predicted.gather(1, best[:, None])[:, 0]
+    emitted = torch.cat([chunk.gather(1, path[:, 1:]), next_token[:, None]], dim=1)
+    return VerifiedRound(hidden, best, accepted, path, emitted, next_token,
+                         drafts_at if tree.num_nodes > 1 else None)
+
+
 def medusa_decode(backbone, project, process_logits, state: DecodeState, tree: DraftTree, max_new_tokens: int,
                   eos_token_ids, stats: MedusaStats | None = None, hidden_log: list | None = None):
     """Greedy Medusa decoding after prefill. Returns a list (per row) of emitted token lists.
@@ -350,54 +382,34 @@ def medusa_decode(backbone, project, process_logits, state: DecodeState, tree: D
     ``project(hidden[B, T, H]) -> (logits[B, T, V], drafts_at)`` gives the base's logits for every
     verified node and ``drafts_at(node[B]) -> [B, K, V]``, the heads' logits at the chosen node (or
     None when nothing is drafted). How they share the output projection is the caller's choice.
-    With ``hidden_log`` (a list per row), the hidden state that produced each emitted token is kept.
+    Finished rows leave the batch. With ``hidden_log`` (a list per row), the hidden state that
+    produced each emitted token is kept.
     """
     stats = stats or MedusaStats()
     eos = set(int(e) for e in eos_token_ids)
-    batch = state.next_token.shape[0]
     outputs = [[int(t)] for t in state.next_token.tolist()]
     if hidden_log is not None:
         for row, h in enumerate(state.hidden):
             hidden_log[row].append(h)
-    active = [not finished(o, eos, max_new_tokens) for o in outputs]
-    rows = torch.arange(batch, device=state.lengths.device)
-    row_ids = list(range(batch))
     tt = tree.tensors(state.lengths.device)
     if tree.num_nodes > 1 and state.draft_logits is None:
         state.draft_logits = project(state.hidden[:, None])[1](torch.zeros_like(state.next_token))
-    if not all(active):
-        rows, row_ids = _keep_active(state, rows, row_ids, active)
+    row_ids = _keep_active(state, list(range(len(outputs))), outputs, eos, max_new_tokens)
     while row_ids:
-        chunk = state.next_token[:, None]
-        if tree.num_nodes > 1:
-            chunk = torch.cat([chunk, draft_tokens(state.draft_logits, tt, tree.max_rank)], dim=1)  # [b, N]
-        num_generated = torch.tensor([len(outputs[r]) for r in row_ids], device=chunk.device)
-        hidden = backbone.decode(state, chunk, tt.depths, tt.ancestors)
-        logits, drafts_at = project(hidden)
-        logits = process_logits(logits, num_generated[:, None] + tt.depths[None, :])
-        predicted = logits.argmax(dim=-1)
-        best, accepted = accept(chunk, predicted, tt)
-        path = tt.path_nodes[best]  # [b, depth+1]
-        if not tree.is_chain:
-            offsets = torch.arange(path.shape[1], device=path.device)[None, :]
-            state.cache.move(state.lengths[:, None] + path, state.lengths[:, None] + offsets)
-        emitted = torch.cat([chunk.gather(1, path[:, 1:]), predicted.gather(1, best[:, None])], dim=1)
-        state.lengths = state.lengths + accepted + 1
-        path_hidden = hidden.gather(1, path[:, :, None].expand(-1, -1, hidden.shape[-1]))
-        state.hidden = hidden[torch.arange(len(row_ids), device=hidden.device), best]
-        if drafts_at is not None and tree.num_nodes > 1:
-            state.draft_logits = drafts_at(best)
-        state.next_token = predicted.gather(1, best[:, None])[:, 0]
-        accepted_list, emitted_rows = accepted.tolist(), emitted.tolist()  # the round's one host sync
+        num_generated = torch.tensor([len(outputs[r]) for r in row_ids], device=state.lengths.device)
+        step = verify_round(backbone, project, process_logits, state, tree, tt, num_generated)
+        state.lengths = state.lengths + step.accepted + 1
+        state.hidden = step.hidden[torch.arange(len(row_ids), device=step.hidden.device), step.best]
+        state.next_token = step.next_token
+        if step.drafts_at is not None:
+            state.draft_logits = step.drafts_at(step.best)
+        accepted, emitted = step.accepted.tolist(), step.emitted.tolist()  # the round's one host sync
         stats.rounds += 1
         for i, r in enumerate(row_ids):
-            added = record_round(outputs[r], accepted_list[i], emitted_rows[i], eos, max_new_tokens, stats, tree.depth)
+            added = record_round(outputs[r], accepted[i], emitted[i], eos, max_new_tokens, stats, tree.depth)
             if hidden_log is not None:
-                hidden_log[r].extend(path_hidden[i, :added])
-            active[i] = not finished(outputs[r], eos, max_new_tokens)
-        if not all(active):
-            rows, row_ids = _keep_active(state, rows, row_ids, active)
-            active = [True] * len(row_ids)
+                hidden_log[r].extend(step.hidden[i, step.path[i, :added]])
+        row_ids = _keep_active(state, row_ids, outputs, eos, max_new_tokens)
     stats.new_tokens += sum(len(o) for o in outputs)
     return outputs
 
@@ -422,11 +434,9 @@ def finished(tokens, eos, max_new_tokens) -> bool:
     return len(tokens) >= max_new_tokens or (bool(tokens) and tokens[-1] in eos)
 
 
-def _keep_active(state: DecodeState, rows, row_ids, active):
-    """Drop finished rows so they cost nothing in later rounds."""
-    keep = [i for i, a in enumerate(active) if a]
-    if len(keep) == len(row_ids):
-        return rows, row_ids
-    index = torch.tensor(keep, device=state.lengths.device, dtype=torch.long)
-    state.select_rows(index)
-    return rows[index], [row_ids[i] for i in keep]
+def _keep_active(state: DecodeState, row_ids: list, outputs, eos, max_new_tokens) -> list:
+    """Drop finished rows from the state so they cost nothing in later rounds."""
+    keep = [i for i, r in enumerate(row_ids) if not finished(outputs[r], eos, max_new_tokens)]
+    if len(keep) < len(row_ids):
+        state.select_rows(torch.tensor(keep, device=state.lengths.device, dtype=torch.long))
+    return [row_ids[i] for i in keep]

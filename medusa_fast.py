@@ -13,9 +13,9 @@ import gc
 import torch
 
 try:
-    from .medusa_decoding import DecodeState, DraftTree, MedusaStats, accept, draft_tokens, finished, record_round
+    from .medusa_decoding import DecodeState, DraftTree, MedusaStats, finished, record_round, verify_round
 except ImportError:
-    from medusa_decoding import DecodeState, DraftTree, MedusaStats, accept, draft_tokens, finished, record_round
+    from medusa_decoding import DecodeState, DraftTree, MedusaStats, finished, record_round, verify_round
 
 
 class StaticRoundRunner:
@@ -41,30 +41,20 @@ class StaticRoundRunner:
         self.graph = self._capture() if use_graph and device.type == "cuda" else None
 
     def _round(self):
-        st, tt = self.state, self.tt
-        chunk = st.next_token[:, None]
-        if self.tree.num_nodes > 1:
-            chunk = torch.cat([chunk, draft_tokens(st.draft_logits, tt, self.tree.max_rank)], dim=1)
-        hidden = self.backbone.decode(st, chunk, tt.depths, tt.ancestors)
-        logits, drafts_at = self.project(hidden)
-        logits = self.process_logits(logits, self.num_generated[:, None] + tt.depths[None, :])
-        predicted = logits.argmax(dim=-1)
-        best, accepted = accept(chunk, predicted, tt)
-        path = tt.path_nodes[best]
-        if not self.tree.is_chain:
-            offsets = torch.arange(path.shape[1], device=path.device)[None, :]
-            st.cache.move(st.lengths[:, None] + path, st.lengths[:, None] + offsets)
-        self.emitted.copy_(torch.cat([chunk.gather(1, path[:, 1:]), predicted.gather(1, best[:, None])], dim=1))
-        self.accepted.copy_(accepted)
-        step = (accepted + 1) * self.active
-        st.lengths.add_(step)
-        self.num_generated.add_(step)
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        st = self.state
+        step = verify_round(self.backbone, self.project, self.process_logits, st, self.tree, self.tt,
+                            self.num_generated)
+        self.emitted.copy_(step.emitted)
+        self.accepted.copy_(step.accepted)
+        advance = (step.accepted + 1) * self.active  # finished rows stay frozen in the fixed batch
+        st.lengths.add_(advance)
+        self.num_generated.add_(advance)
+        rows = torch.arange(step.hidden.shape[0], device=step.hidden.device)
         keep = self.active[:, None]
-        st.hidden.copy_(torch.where(keep, hidden[rows, best], st.hidden))
-        st.next_token.copy_(torch.where(self.active, predicted[rows, best], st.next_token))
-        if drafts_at is not None and self.tree.num_nodes > 1:
-            st.draft_logits.copy_(torch.where(keep[:, :, None], drafts_at(best), st.draft_logits))
+        st.hidden.copy_(torch.where(keep, step.hidden[rows, step.best], st.hidden))
+        st.next_token.copy_(torch.where(self.active, step.next_token, st.next_token))
+        if step.drafts_at is not None:
+            st.draft_logits.copy_(torch.where(keep[:, :, None], step.drafts_at(step.best), st.draft_logits))
 
     def _snapshot(self):
         st = self.state
