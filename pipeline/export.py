@@ -159,6 +159,23 @@ def install_folder(staged: str, out: str) -> None:
     shutil.rmtree(staged, ignore_errors=True)
 
 
+BENCHMARK_FIELDS = ("speedup_sum_latency", "baseline_tokens_per_s", "medusa_tokens_per_s", "mean_accepted_per_round",
+                    "acceptance_rate", "exact_match_rate", "baseline_wer", "medusa_wer", "clips", "audio_seconds_total")
+
+
+def compact_benchmark(path: str) -> tuple[str, dict]:
+    """One row of headline figures from a benchmark.py results.json (the raw per-clip data stays in
+    that file), labelled by device and draft."""
+    results = _read_json(path)
+    env, settings, summary = results.get("environment", {}), results.get("settings", {}), results.get("summary", {})
+    device = env.get("device_name") or env.get("device", "?")
+    label = f"{device}, {env.get('dtype', '?')}, draft={settings.get('draft', '?')}"
+    row = {k: summary[k] for k in BENCHMARK_FIELDS if k in summary}
+    row.update({"torch": env.get("torch_version"), "transformers": env.get("transformers_version"),
+                "date": str(env.get("date", ""))[:10], "source": path if not os.path.isabs(path) else os.path.basename(path)})
+    return label, row
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline.export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -172,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree", choices=("auto", "chain"), default="auto",
                    help="auto: sparse tree from measured top-k accuracy; chain: top-1 of every head")
     p.add_argument("--tree-nodes", type=int, default=15, help="draft nodes in an auto tree (root excluded)")
-    p.add_argument("--benchmark", default=None, help="benchmark JSON to record in config + model card")
+    p.add_argument("--benchmark", action="append", default=[],
+                   help="benchmark.py results.json to summarise in config + model card; repeatable")
     p.add_argument("--data-info", action="append", default=[],
                    help="extra provenance: a collect folder, a manifest.jsonl, or a JSON dict of "
                         "training_data fields (e.g. {\"licence\": ..., \"description\": ...}); repeatable. "
@@ -206,7 +224,7 @@ def main(argv=None, model=None) -> str:
     infos += [_load_data_info(spec) for spec in args.data_info]
     training_data = build_training_data(metrics, infos)
     head_accuracy = build_head_accuracy(metrics)
-    benchmark = _read_json(args.benchmark) if args.benchmark else {}
+    benchmark = dict(compact_benchmark(path) for path in args.benchmark)
     tree = choose_tree(args.tree, head_accuracy, args.tree_nodes, num_heads)
 
     dtype = parse_dtype(args.dtype, args.device)

@@ -68,7 +68,11 @@ def _dicts_table(rows: list[tuple[str, dict]]) -> str:
 
 
 def benchmark_section(bench: dict) -> str:
-    """Generic rendering: scalars as a setup list, dicts of dicts / lists of dicts as tables."""
+    """Generic rendering: scalars as a setup list, dicts of dicts / lists of dicts as tables; a dict of
+    flat rows (one per benchmark run, as export records them) becomes one table."""
+    if bench and all(isinstance(v, dict) and not any(isinstance(x, (dict, list)) for x in v.values())
+                     for v in bench.values()):
+        return _dicts_table(list(bench.items()))
     setup, tables = [], []
     for key, value in bench.items():
         if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):

@@ -337,8 +337,11 @@ def test_export_artifact_and_model_card(shards, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     train.main(["--data", shards, "--out", ckpt] + TRAIN_ARGS, model=FakeMedusa())
     bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps({"device": "cpu", "clips": 4, "results": {
-        "baseline": {"tok_per_s": 40.0, "wer": 0.05}, "medusa": {"tok_per_s": 61.0, "wer": 0.05}}}))
+    bench.write_text(json.dumps({  # the shape benchmark.py writes (per-clip data left out of the config)
+        "environment": {"device_name": "cpu", "dtype": "float32", "date": "2026-12-01T00:00:00"},
+        "settings": {"draft": "chain"}, "clips": [{"id": "a"}],
+        "summary": {"speedup_sum_latency": 1.5, "baseline_tokens_per_s": 40.0, "medusa_tokens_per_s": 61.0,
+                    "baseline_wer": 0.05, "medusa_wer": 0.05, "clips": 4}}))
     extra = tmp_path / "extra.json"
     extra.write_text(json.dumps({"description": "synthetic test clips"}))
     art = str(tmp_path / "artifact")
@@ -354,7 +357,7 @@ def test_export_artifact_and_model_card(shards, tmp_path):
     assert not any(str(v).startswith("/") for v in td.values())  # no local paths leak
     metrics = json.load(open(os.path.join(ckpt, "metrics.json")))
     assert cfg["head_accuracy"]["topk"] == metrics["head_accuracy"]["topk"]
-    assert cfg["benchmark"]["results"]["medusa"]["tok_per_s"] == 61.0
+    assert cfg["benchmark"]["cpu, float32, draft=chain"]["medusa_tokens_per_s"] == 61.0
     assert isinstance(cfg["tree"], list) and len(cfg["tree"]) == 6
     best = load_file(os.path.join(ckpt, "best.safetensors"))
     shipped = load_file(os.path.join(art, "medusa_heads.safetensors"))
@@ -368,7 +371,7 @@ def test_export_artifact_and_model_card(shards, tmp_path):
     assert front["pipeline_tag"] == "automatic-speech-recognition" and front["license"] == "mit"
     assert {"medusa", "speculative-decoding"} <= set(front["tags"])
     assert "trust_remote_code=True" in card and "model.generate" in card
-    assert "| medusa | 61 | 0.05 |" in card and "token +4" in card
+    assert "| cpu, float32, draft=chain | 1.5 | 40 | 61 | 0.05 | 0.05 | 4 |" in card and "token +4" in card
 
     # re-export as a chain replaces the folder atomically; stray temp folders are gone
     export.main(args + ["--tree", "chain"], model=FakeMedusa())
