@@ -494,8 +494,12 @@ def run_demo(transcriber: Transcriber, model_name: str) -> int:
     mean.add(stats)
     print(f"Transcript: {_joined_text(transcriber, medusa_ids, inputs)}")
     print(f"Time (Medusa): {medusa_seconds:.3f} s")
-    print(f"Time (plain greedy): {plain_seconds:.3f} s")
+    print(f"Time (the base model's own greedy generate): {plain_seconds:.3f} s")
     print(f"Speed-up: {plain_seconds / medusa_seconds:.2f}x" if medusa_seconds > 0 else "Speed-up: n/a")
+    draft = stats.get("draft") if isinstance(stats, dict) else None
+    if draft:
+        print(f"Draft: {draft} (draft='auto' picks what pays on this device; without drafts the gain is our "
+              "cache-owning decode loop alone)")
     accepted = mean.mean_accepted_per_round
     print(f"Mean accepted tokens per round: {accepted:.2f}" if accepted is not None else "Mean accepted tokens per round: n/a")
     identical = same_token_ids(plain_ids, medusa_ids, padding_token_ids(transcriber.model))
