@@ -82,15 +82,16 @@ class MERaLiON2Backbone:
         return suppression_processor(self.vocab_size, self.base.device, self.eos_token_ids, min_new_tokens)
 
     # ------------------------------------------------------------------ prefill & decode
-    def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits):
+    def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits, cache_pool=None):
         input_ids = inputs["input_ids"].to(self.base.device)
         batch, prompt_len = input_ids.shape
         mask = inputs.get("attention_mask")
         mask = torch.ones_like(input_ids) if mask is None else mask.to(input_ids.device)
         embeds = self._prompt_embeddings(input_ids, inputs["input_features"], inputs.get("feature_attention_mask"))
         max_new = self._max_new_tokens(max_new_tokens, prompt_len)
-        cache = StaticKVCache(len(self.model.layers), batch, self.num_kv_heads, prompt_len + max_new + extra_slots,
-                              self.head_dim, embeds.dtype, embeds.device)
+        make = cache_pool.get if cache_pool is not None else StaticKVCache
+        cache = make(len(self.model.layers), batch, self.num_kv_heads, prompt_len + max_new + extra_slots,
+                     self.head_dim, embeds.dtype, embeds.device)
         first_slot = (mask == 0).long().cumprod(dim=1).sum(dim=1)  # count of left-padding tokens
         state = DecodeState(cache, torch.zeros_like(first_slot), first_slot, hidden=None, next_token=None)
         depths = torch.arange(prompt_len, device=embeds.device)

@@ -129,7 +129,7 @@ class WhisperBackbone:
         )
 
     # ------------------------------------------------------------------ prefill & decode
-    def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits):
+    def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits, cache_pool=None):
         features = inputs["input_features"].to(self.base.device, self.base.dtype)
         batch = features.shape[0]
         encoder_out = self.base.model.encoder(features).last_hidden_state
@@ -137,7 +137,7 @@ class WhisperBackbone:
         prompt = self.decoder_prompt(encoder_kv, batch, inputs.get("language"), inputs.get("task"))
         prompt_len = prompt.shape[1]
         max_new = self._max_new_tokens(max_new_tokens, prompt_len)
-        state = self._empty_state(encoder_kv, batch, capacity=prompt_len + max_new + extra_slots)
+        state = self._empty_state(encoder_kv, batch, prompt_len + max_new + extra_slots, cache_pool)
         hidden = self._forward(state, prompt)
         state.lengths = state.lengths + prompt_len
         logits = process_logits(self.logits(hidden[:, -1:]), torch.zeros(batch, 1, dtype=torch.long, device=features.device))
@@ -164,9 +164,10 @@ class WhisperBackbone:
             values.append(self._heads(attn.v_proj(encoder_out)))
         return torch.stack(keys), torch.stack(values)
 
-    def _empty_state(self, encoder_kv, batch, capacity) -> DecodeState:
+    def _empty_state(self, encoder_kv, batch, capacity, cache_pool=None) -> DecodeState:
         device, dtype = self.base.device, self.base.dtype
-        cache = StaticKVCache(len(self.decoder.layers), batch, self.num_heads, capacity, self.head_dim, dtype, device)
+        make = cache_pool.get if cache_pool is not None else StaticKVCache
+        cache = make(len(self.decoder.layers), batch, self.num_heads, capacity, self.head_dim, dtype, device)
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
         return DecodeState(cache, zeros, zeros.clone(), hidden=None, next_token=None,
                            extra={"cross_keys": encoder_kv[0], "cross_values": encoder_kv[1]})

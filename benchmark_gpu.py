@@ -358,6 +358,35 @@ def decode_table(model, backbone, profiles, max_new, batches, tree_nodes, repeat
     return rows
 
 
+def check_graph_reuse(device) -> dict:
+    """Correctness and cost of reusing captured rounds across generate calls (tiny random Whisper):
+    every call must equal the base's own generate; the first call captures, later ones replay."""
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).parent / "tests"))
+    from modeling_medusa import MedusaForASR
+    from oracle import randomize_heads
+    from tiny_models import build_tiny_whisper, random_features
+
+    folder = build_tiny_whisper(Path(tempfile.mkdtemp()) / "whisper", seed=2)
+    model = MedusaForASR.from_base(str(folder), device_map=str(device))
+    randomize_heads(model, 0)
+    rows = []
+    for call in range(6):
+        features = random_features(2, call).to(device)
+        expected = model.generate(input_features=features, max_new_tokens=20, use_medusa=False)
+        for draft in ("chain", [[0], [1], [0, 0], [0, 1], [0, 0, 0]]):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            got = model.generate(input_features=features, max_new_tokens=20, draft=draft)
+            torch.cuda.synchronize()
+            rows.append({"call": call, "draft": "chain" if draft == "chain" else "tree", "exact": torch.equal(expected, got),
+                         "ms": (time.perf_counter() - start) * 1000, "runners": len(model._runners)})
+            print(rows[-1], flush=True)
+    return {"calls": rows, "all_exact": all(r["exact"] for r in rows)}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/gpu")
@@ -370,12 +399,19 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--whisper-topk", default=None, help="artifact config.json whose head_accuracy.topk to replay too")
     parser.add_argument("--skip-verify", action="store_true")
+    parser.add_argument("--check-reuse-only", action="store_true", help="only check captured-round reuse")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmark_gpu.py needs a CUDA GPU; benchmark.py measures the CPU.")
     import transformers
 
     device = torch.device("cuda")
+    if args.check_reuse_only:
+        result = check_graph_reuse(device)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "reuse_check.json").write_text(json.dumps(result, indent=2))
+        print("all exact:", result["all_exact"])
+        return
     model = build_model(device, torch.bfloat16, args.text_layers)
     backbone = MERaLiON2Backbone(model)
     bandwidth = measure_copy_bandwidth(device)

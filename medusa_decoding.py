@@ -193,6 +193,27 @@ class StaticKVCache:
         self.values = self.values[:, rows]
 
 
+class CachePool:
+    """Keeps one preallocated cache per shape and hands it out again (capacity rounded up), so a
+    fixed-shape runner and its captured CUDA graph can serve later calls without re-capture."""
+
+    def __init__(self, granularity: int = 128):
+        self.granularity = granularity
+        self.caches: dict = {}
+
+    def get(self, num_layers, batch_size, num_kv_heads, capacity, head_dim, dtype, device) -> StaticKVCache:
+        key = (num_layers, batch_size, num_kv_heads, head_dim, dtype, str(device))
+        cache = self.caches.get(key)
+        if cache is None or cache.capacity < capacity:
+            rounded = -(-capacity // self.granularity) * self.granularity
+            cache = StaticKVCache(num_layers, batch_size, num_kv_heads, rounded, head_dim, dtype, device)
+            self.caches[key] = cache
+        return cache
+
+    def holds(self, cache: StaticKVCache) -> bool:
+        return any(cache is c for c in self.caches.values())
+
+
 def attention_mask(state: "DecodeState", depths: torch.Tensor, ancestors: torch.Tensor, upto: int,
                    window: int | None = None):
     """Boolean mask [B, 1, T, upto]: the valid prefix plus each chunk node's ancestors.

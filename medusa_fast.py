@@ -56,6 +56,20 @@ class StaticRoundRunner:
         if step.drafts_at is not None:
             st.draft_logits.copy_(torch.where(keep[:, :, None], step.drafts_at(step.best), st.draft_logits))
 
+    def load(self, state: DecodeState):
+        """Start a new call on the same captured graph: ``state`` was prefilled into this runner's
+        cache (see CachePool); its small per-row tensors are copied into the runner's own, in place."""
+        if state.cache is not self.state.cache:
+            raise ValueError("load() needs a state prefilled into this runner's cache")
+        st = self.state
+        for name in ("lengths", "first_slot", "hidden", "next_token"):
+            getattr(st, name).copy_(getattr(state, name))
+        for name, value in state.extra.items():
+            st.extra[name].copy_(value)
+        self.num_generated.fill_(1)
+        if self.tree.num_nodes > 1:
+            st.draft_logits.copy_(self.project(st.hidden[:, None])[1](torch.zeros_like(st.next_token)))
+
     def _snapshot(self):
         st = self.state
         return [t.clone() for t in self._mutable()]

@@ -23,13 +23,13 @@ try:
     from .backbone_meralion2 import MERaLiON2Backbone
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
-    from .medusa_decoding import DraftTree, MedusaStats, expected_tokens_per_round, medusa_decode
+    from .medusa_decoding import CachePool, DraftTree, MedusaStats, expected_tokens_per_round, medusa_decode
     from .medusa_fast import StaticRoundRunner
 except ImportError:
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
-    from medusa_decoding import DraftTree, MedusaStats, expected_tokens_per_round, medusa_decode
+    from medusa_decoding import CachePool, DraftTree, MedusaStats, expected_tokens_per_round, medusa_decode
     from medusa_fast import StaticRoundRunner
 
 HEADS_FILE = "medusa_heads.safetensors"
@@ -295,11 +295,13 @@ class MedusaForASR(PreTrainedModel):
         candidates = self._draft_candidates(draft)
         process = self.backbone.make_logits_processor(min_new_tokens)
         slack = 2 * max(t.num_nodes for t in candidates)
-        state, max_new, prompt = self.backbone.prefill(kwargs, max_new_tokens, slack, process)
+        use_graph = cuda_graph if cuda_graph is not None else self.backbone.base.device.type == "cuda"
+        pool = self.__dict__.setdefault("_cache_pool", CachePool()) if use_graph else None
+        state, max_new, prompt = self.backbone.prefill(kwargs, max_new_tokens, slack, process, cache_pool=pool)
         tree = candidates[0] if len(candidates) == 1 else self._fastest_draft(candidates, state)
         stats = MedusaStats(draft=tree.name)
-        if cuda_graph if cuda_graph is not None else state.lengths.device.type == "cuda":
-            runner = StaticRoundRunner(self.backbone, self.project_for_decoding, process, state, tree)
+        if use_graph:
+            runner = self._static_runner(state, tree, process, min_new_tokens)
             generated = runner.run(max_new, self.backbone.eos_token_ids, stats)
         else:
             generated = medusa_decode(self.backbone, self.project_for_decoding, process, state, tree, max_new,
@@ -310,6 +312,21 @@ class MedusaForASR(PreTrainedModel):
         return (sequences, stats.as_dict()) if return_stats else sequences
 
     generate_medusa = generate
+
+    def _static_runner(self, state, tree: DraftTree, process, min_new_tokens) -> StaticRoundRunner:
+        """A captured runner for this cache, draft and logits rules: built (and its graph captured) on
+        first use, then reused by later calls of the same shapes."""
+        runners = self.__dict__.setdefault("_runners", {})
+        key = (id(state.cache), tree, min_new_tokens, id(self.__dict__.get("head_logits")))
+        runner = runners.get(key)
+        if runner is None:
+            pool = self.__dict__["_cache_pool"]
+            for stale in [k for k, r in runners.items() if not pool.holds(r.state.cache)]:
+                del runners[stale]
+            runner = runners[key] = StaticRoundRunner(self.backbone, self.project_for_decoding, process, state, tree)
+        else:
+            runner.load(state)
+        return runner
 
     @torch.no_grad()
     def collect_hidden_states(self, max_new_tokens: int | None = None, **inputs):

@@ -43,6 +43,7 @@ def draw_case(rng: random.Random, num_heads: int) -> dict:
         "drafter": rng.choice(["random", "oracle", "oracle", "noisy_oracle"]),
         "draft": rng.choice(["chain", "chain", random_tree(rng, num_heads)]),
         "head_seed": rng.randint(0, 10_000),
+        "cuda_graph": rng.random() < 0.3,  # the fixed-shape runner path (no graph on CPU, same buffers)
     }
 
 
@@ -62,7 +63,8 @@ def run_case(model, case):
     if drafter is not None:
         model.head_logits = drafter
     try:
-        got, stats = model.generate(input_features=features, draft=case["draft"], return_stats=True, **gen_kwargs)
+        got, stats = model.generate(input_features=features, draft=case["draft"], return_stats=True,
+                                    cuda_graph=case["cuda_graph"], **gen_kwargs)
     finally:
         model.head_logits = original
     return expected, got, stats
@@ -136,3 +138,23 @@ def test_bfloat16_equals_the_base_bfloat16_greedy(tmp_path_factory):
         identical += torch.equal(model.generate(input_features=features, max_new_tokens=16, draft="chain"), expected)
     print(f"bf16 identical: {identical}/10")
     assert identical >= 9, f"only {identical}/10 bf16 cases identical"
+
+
+def test_fixed_shape_runner_is_reused_across_calls_and_stays_exact(whisper_medusa):
+    """Later calls of the same shapes reuse one runner (so a captured CUDA graph is not re-captured);
+    its buffers are refilled in place, never replaced, and the output stays the base's greedy output."""
+    randomize_heads(whisper_medusa, 3)
+    whisper_medusa.__dict__.pop("_runners", None)
+    runners, pointers = set(), set()
+    for seed in range(6):
+        features = random_features(2, 100 + seed)
+        max_new = 10 + seed
+        expected = whisper_medusa.generate(input_features=features, max_new_tokens=max_new, use_medusa=False)
+        got = whisper_medusa.generate(input_features=features, max_new_tokens=max_new, draft="chain", cuda_graph=True)
+        assert torch.equal(expected, got), seed
+        (runner,) = whisper_medusa._runners.values()
+        runners.add(id(runner))
+        state = runner.state
+        pointers.add(tuple(t.data_ptr() for t in (state.lengths, state.hidden, state.next_token, state.draft_logits,
+                                                  state.cache.keys, state.extra["cross_keys"])))
+    assert len(runners) == 1 and len(pointers) == 1
