@@ -95,7 +95,10 @@ class MedusaForASR(PreTrainedModel):
                         base_model_name_or_path=None, processor=None, **kwargs):
         """Load the artifact: its config, the base model it names, and the trained heads."""
         folder = _resolve_artifact(pretrained_model_name_or_path, kwargs)
-        config = config if isinstance(config, MedusaConfig) else MedusaConfig.from_pretrained(folder)
+        if getattr(config, "model_type", None) == MedusaConfig.model_type:  # e.g. from AutoConfig, kwargs applied
+            config = config if isinstance(config, MedusaConfig) else MedusaConfig.from_dict(config.to_dict())
+        else:
+            config = MedusaConfig.from_pretrained(folder)
         heads_path = Path(folder) / HEADS_FILE
         if not heads_path.is_file():
             raise FileNotFoundError(

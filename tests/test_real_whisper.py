@@ -241,3 +241,23 @@ def test_converted_folder_is_cached_and_reloads():
     ids = processor.tokenizer(" Hello world.", add_special_tokens=False).input_ids
     assert processor.decode(ids) == " Hello world."
     assert processor.feature_extractor.sampling_rate == 16000
+
+
+# ----------------------------------------------------------------------------- the committed real heads
+
+
+def test_committed_tiny_en_heads_load_through_automodel_and_are_lossless(flite_speech):
+    """heads/whisper-tiny.en + the real converted tiny.en, loaded the way users load it: the transcript
+    of real-model speech decoding equals the base's own greedy output, and drafts get accepted."""
+    base, _ = _converted("openai/whisper-tiny.en")
+    folder = Path(__file__).resolve().parents[1] / "heads" / "whisper-tiny.en"
+    model = transformers.AutoModel.from_pretrained(str(folder), trust_remote_code=True,
+                                                   base_model_name_or_path=str(base))
+    assert type(model).__name__ == "MedusaForASR" and model.config.base_model_name_or_path == str(base)
+    inputs = model.prepare_audio_inputs(flite_speech)
+    expected = model.generate(**inputs, max_new_tokens=64, use_medusa=False)
+    for draft in ("chain", "tree"):
+        got, stats = model.generate(**inputs, max_new_tokens=64, draft=draft, return_stats=True)
+        assert torch.equal(got, expected), draft
+        assert stats["accepted_tokens"] > 0, f"{draft}: trained heads never accepted on real-model speech"
+    assert all(text.strip() for text in model.decode_text(expected, inputs))
