@@ -13,20 +13,19 @@ from __future__ import annotations
 import torch
 
 try:
-    from .medusa_decoding import DecodeState, StaticKVCache, attention_mask, suppression_processor
+    from .medusa_decoding import Backbone, DecodeState, StaticKVCache, attention_mask, suppression_processor
 except ImportError:
-    from medusa_decoding import DecodeState, StaticKVCache, attention_mask, suppression_processor
+    from medusa_decoding import Backbone, DecodeState, StaticKVCache, attention_mask, suppression_processor
 
-DEFAULT_EOS = [1, 107]  # <eos>, <end_of_turn> (used only when the base's generation config has none)
-
-
-class MERaLiON2Backbone:
+class MERaLiON2Backbone(Backbone):
     family = "meralion2"
     required_inputs = ("input_ids", "input_features", "feature_attention_mask")
     max_audio_seconds = 300.0
+    default_eos_token_ids = (1, 107)  # <eos>, <end_of_turn> (only when the base's generation config has none)
 
     def __init__(self, base):
         self.base = base
+        self.generation_config = base.generation_config
         self.lm = base.text_decoder
         self.model = base.text_decoder.model
         self.text_config = getattr(base.config, "text_config", None) or self.lm.config
@@ -52,19 +51,8 @@ class MERaLiON2Backbone:
         return self.text_config.hidden_size
 
     @property
-    def vocab_size(self) -> int:
-        return self.lm.lm_head.weight.shape[0]
-
-    @property
     def output_projection(self) -> torch.nn.Module:
         return self.lm.lm_head
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        eos = getattr(self.base.generation_config, "eos_token_id", None)
-        if eos is None:
-            return DEFAULT_EOS
-        return list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm.lm_head(hidden)
@@ -173,13 +161,7 @@ class MERaLiON2Backbone:
     # ------------------------------------------------------------------ output format
     def format_output(self, generated: list[list[int]], prompt: torch.Tensor) -> torch.Tensor:
         """Like a decoder-only generate: prompt + new tokens, finished rows padded after EOS."""
-        gen = self.base.generation_config
-        pad = gen.pad_token_id if gen.pad_token_id is not None else self.eos_token_ids[0]
-        width = max(len(g) for g in generated)
-        new = torch.full((len(generated), width), pad, dtype=prompt.dtype, device=prompt.device)
-        for i, row in enumerate(generated):
-            new[i, : len(row)] = torch.tensor(row, dtype=prompt.dtype)
-        return torch.cat([prompt, new], dim=1)
+        return torch.cat([prompt, self.padded(generated, prompt).to(prompt.dtype)], dim=1)
 
 
 def _rotate(x, cos, sin):

@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from .medusa_decoding import DecodeState, StaticKVCache, attention_mask, suppression_processor
+    from .medusa_decoding import Backbone, DecodeState, StaticKVCache, attention_mask, suppression_processor
 except ImportError:
-    from medusa_decoding import DecodeState, StaticKVCache, attention_mask, suppression_processor
+    from medusa_decoding import Backbone, DecodeState, StaticKVCache, attention_mask, suppression_processor
 
 
-class WhisperBackbone:
+class WhisperBackbone(Backbone):
     family = "whisper"
     required_inputs = ("input_features",)
     max_audio_seconds = 30.0
@@ -24,7 +24,7 @@ class WhisperBackbone:
         self.base = base
         self.decoder = base.model.decoder
         self.config = base.config
-        self.gen = base.generation_config
+        self.gen = self.generation_config = base.generation_config
         self.num_heads = self.config.decoder_attention_heads
         self.head_dim = self.config.d_model // self.num_heads
         self.scaling = self.head_dim**-0.5
@@ -35,17 +35,8 @@ class WhisperBackbone:
         return self.config.d_model
 
     @property
-    def vocab_size(self) -> int:
-        return self.base.proj_out.weight.shape[0]
-
-    @property
     def output_projection(self) -> torch.nn.Module:
         return self.base.proj_out
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        eos = self.gen.eos_token_id
-        return list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.base.proj_out(hidden)
@@ -211,11 +202,5 @@ class WhisperBackbone:
     def format_output(self, generated: list[list[int]], prompt: torch.Tensor) -> torch.Tensor:
         """Like Whisper's short-form generate: the new tokens without the final EOS, right-padded."""
         eos = set(self.eos_token_ids)
-        rows = [g[:-1] if g and g[-1] in eos else g for g in generated]
-        width = max((len(r) for r in rows), default=0)
-        pad = self.gen.pad_token_id if self.gen.pad_token_id is not None else self.eos_token_ids[0]
-        out = torch.full((len(rows), width), pad, dtype=torch.long, device=prompt.device)
-        for i, row in enumerate(rows):
-            out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        return out
+        return self.padded([g[:-1] if g and g[-1] in eos else g for g in generated], prompt)
 

@@ -237,6 +237,40 @@ def attention_mask(state: "DecodeState", depths: torch.Tensor, ancestors: torch.
     return mask[:, None]
 
 
+# --------------------------------------------------------------------------- what adapters share
+
+
+class Backbone:
+    """The part every family adapter has in common. Subclasses provide ``base`` (the loaded model),
+    ``generation_config``, ``output_projection``, ``prefill``, ``decode``, ``logits`` and ``format_output``."""
+
+    default_eos_token_ids: tuple = ()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.output_projection.weight.shape[0]
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        eos = getattr(self.generation_config, "eos_token_id", None)
+        if eos is None:
+            return list(self.default_eos_token_ids)
+        return list(eos) if isinstance(eos, (list, tuple)) else [eos]
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = getattr(self.generation_config, "pad_token_id", None)
+        return pad if pad is not None else self.eos_token_ids[0]
+
+    def padded(self, rows: list[list[int]], like: torch.Tensor) -> torch.Tensor:
+        """Token rows right-padded with the pad id into one [B, max_len] tensor."""
+        out = torch.full((len(rows), max((len(r) for r in rows), default=0)), self.pad_token_id,
+                         dtype=torch.long, device=like.device)
+        for i, row in enumerate(rows):
+            out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        return out
+
+
 # --------------------------------------------------------------------------- logits rules
 
 

@@ -188,8 +188,8 @@ class MedusaForASR(PreTrainedModel):
         return self.backbone.max_audio_seconds
 
     @property
-    def pad_token_id(self) -> int | None:
-        return self.base.generation_config.pad_token_id
+    def pad_token_id(self) -> int:
+        return self.backbone.pad_token_id
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., K, V]: each head, then the base's shared output projection."""
@@ -232,6 +232,9 @@ class MedusaForASR(PreTrainedModel):
         """The draft with the most expected tokens per second of verify time on this device, dtype and
         batch size. Verify passes are timed once on the real prefilled state; expected tokens per round
         come from the measured head accuracy, rescaled by the acceptance actually observed so far."""
+        candidates = [t for t in candidates if t.num_nodes == 1 or self._expected_tokens(t) > 1.0 + 1e-6]
+        if len(candidates) == 1:
+            return candidates[0]  # no draft is expected to add a token: nothing to time
         key = (state.lengths.device.type, str(self.dtype), state.next_token.shape[0])
         costs = self.__dict__.setdefault("_verify_cost", {})
         for tree in candidates:
