@@ -334,6 +334,7 @@ def decode_table(model, backbone, profiles, max_new, batches, tree_nodes, repeat
             for batch in batches:
                 inputs = {k: v.expand(batch, *v.shape[1:]).contiguous() for k, v in inputs1.items()}
                 cont = continuation.expand(batch, -1).contiguous()
+                torch.cuda.reset_peak_memory_stats()
                 try:
                     seconds, (out, stats) = timed(lambda: ours_decode(backbone, inputs, cont, profile, tree, max_new, 1), repeats)
                 except torch.OutOfMemoryError as err:
@@ -346,7 +347,7 @@ def decode_table(model, backbone, profiles, max_new, batches, tree_nodes, repeat
                     {"mean_accepted_per_round": stats.mean_accepted_per_round, "exact": exact,
                      "decode_loop_seconds": stats.loop_seconds,
                      "decode_loop_tokens_per_s": batch * max_new / stats.loop_seconds,
-                     "memory_allocated_GB": torch.cuda.max_memory_allocated() / 1e9})
+                     "peak_memory_allocated_GB": torch.cuda.max_memory_allocated() / 1e9})
                 torch.cuda.empty_cache()
     # Last: the library's static-cache generate compiles and captures graphs of its own.
     for cache_impl, name in ((None, "hf_generate_dynamic"), ("static", "hf_generate_static")):
