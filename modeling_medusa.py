@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -259,8 +260,6 @@ class MedusaForASR(PreTrainedModel):
             self.__dict__["_acceptance_scale"] = 0.7 * old + 0.3 * ratio
 
     def _verify_seconds(self, tree: DraftTree, state, repeats: int = 5) -> float:
-        import time
-
         tt = tree.tensors(state.lengths.device)
         tokens = state.next_token[:, None].expand(-1, tree.num_nodes)
         times = []
