@@ -26,6 +26,7 @@ sys.path.insert(0, ROOT)
 torch.set_num_threads(1)
 
 from configuration_medusa import MedusaConfig  # noqa: E402
+from modeling_medusa import MedusaHeads  # noqa: E402
 from pipeline import collect, export, train  # noqa: E402
 from pipeline.model_card import render_model_card  # noqa: E402
 
@@ -39,29 +40,6 @@ except ImportError:  # the transformers-4.51 venv has no soxr; clips are then wr
 
 
 # --------------------------------------------------------------------------- fake model
-class _Block(nn.Module):
-    def __init__(self, layers: int, hidden: int):
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(layers))
-        for layer in self.layers:
-            nn.init.zeros_(layer.weight)
-            nn.init.zeros_(layer.bias)
-
-    def forward(self, h):
-        for layer in self.layers:
-            h = h + F.silu(layer(h))
-        return h
-
-
-class FakeHeads(nn.Module):
-    def __init__(self, heads: int, layers: int, hidden: int):
-        super().__init__()
-        self.blocks = nn.ModuleList(_Block(layers, hidden) for _ in range(heads))
-
-    def forward(self, h):
-        return torch.stack([b(h) for b in self.blocks], dim=-2)
-
-
 class FakeMedusa(nn.Module):
     """Stands in for MedusaForASR: hiddens are noisy embeddings of the produced token, the
     'transcript' follows t -> 3t+1 mod 39 with probability 0.85, so heads can learn something."""
@@ -75,7 +53,7 @@ class FakeMedusa(nn.Module):
         self.embed = F.normalize(torch.randn(V, H, generator=g), dim=-1)
         self.proj_out = nn.Linear(H, V, bias=False)
         self.proj_out.weight.data.copy_(self.embed * 4.0)
-        self.medusa_heads = FakeHeads(heads, layers, H)
+        self.medusa_heads = MedusaHeads(heads, layers, H)  # the real heads; only the base is faked
 
     def head_logits(self, h):
         return self.proj_out(self.medusa_heads(h))
