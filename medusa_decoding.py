@@ -315,7 +315,7 @@ class DecodeState:
     first_slot: torch.Tensor  # [B] first non-padding slot; position = slot - first_slot
     hidden: torch.Tensor  # [B, H]
     next_token: torch.Tensor  # [B]
-    extra: dict = field(default_factory=dict)  # family-specific (e.g. cross-attention K/V)
+    extra: dict = field(default_factory=dict)  # family-specific per-layer tensors [layers, B, ...] (cross-attn K/V)
     draft_logits: torch.Tensor | None = None  # [B, K, V] the heads' logits on ``hidden``
     static: bool = False  # fixed shapes (attend over the whole cache): no host sync, CUDA-graph safe
 
@@ -336,13 +336,7 @@ class DecodeState:
         self.hidden, self.next_token = self.hidden[rows], self.next_token[rows]
         if self.draft_logits is not None:
             self.draft_logits = self.draft_logits[rows]
-        self.extra = {k: _select(v, rows) for k, v in self.extra.items()}
-
-
-def _select(value, rows):
-    if isinstance(value, torch.Tensor):
-        return value[:, rows] if value.dim() == 5 else value[rows]
-    return value
+        self.extra = {k: v[:, rows] for k, v in self.extra.items()}
 
 
 @dataclass

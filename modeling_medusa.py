@@ -83,6 +83,13 @@ class MedusaForASR(PreTrainedModel):
         self.medusa_heads = MedusaHeads(config.medusa_num_heads, config.medusa_num_layers, config.hidden_size)
         self.base = base
         self.processor = processor
+        # Optional replacement for the trained heads when drafting: hidden [..., H] -> logits [..., K, V]
+        # (an oracle in tests, a replayed acceptance profile in benchmarks). None = the heads.
+        self.drafter = None
+        self._verify_cost: dict = {}  # (device, dtype, batch, draft) -> seconds of one verify pass
+        self._acceptance_scale = 1.0  # observed / predicted extra tokens per round, averaged over calls
+        self._cache_pool = CachePool()  # fixed-shape caches reused by the CUDA-graph runners
+        self._runners: dict = {}
         self.backbone = BACKBONES[config.base_family](base) if base is not None else None
         if base is not None:
             _check_fits(config, self.backbone)
@@ -201,13 +208,14 @@ class MedusaForASR(PreTrainedModel):
 
         On a GPU the output projection is memory-bound, so the heads ride along in the same pass
         over it for every node; on a CPU it is compute-bound, so the heads run on the chosen node
-        only. An instance-level ``head_logits`` override (e.g. a test's oracle drafter) is honoured.
+        only. A ``drafter`` set on the model replaces the heads.
         """
         rows = torch.arange(hidden.shape[0], device=hidden.device)
-        if hidden.device.type == "cuda" and "head_logits" not in self.__dict__:
+        if hidden.device.type == "cuda" and self.drafter is None:
             both = self.backbone.logits(torch.cat([hidden[..., None, :], self.medusa_heads(hidden)], dim=-2))
             return both[..., 0, :], lambda node: both[rows, node, 1:]
-        return self.backbone.logits(hidden), lambda node: self.head_logits(hidden[rows, node])
+        draft = self.drafter or self.head_logits
+        return self.backbone.logits(hidden), lambda node: draft(hidden[rows, node])
 
     def draft_tree(self, draft: str | list | None = "auto") -> DraftTree:
         """``"chain"``, ``"tree"``/``"auto"`` (the config's measured tree when it has one), or explicit paths."""
@@ -237,15 +245,14 @@ class MedusaForASR(PreTrainedModel):
         if len(candidates) == 1:
             return candidates[0]  # no draft is expected to add a token: nothing to time
         key = (state.lengths.device.type, str(self.dtype), state.next_token.shape[0])
-        costs = self.__dict__.setdefault("_verify_cost", {})
         for tree in candidates:
-            if (key, tree) not in costs:
-                costs[key, tree] = self._verify_seconds(tree, state)
-        return max(candidates, key=lambda tree: self._expected_tokens(tree) / costs[key, tree])
+            if (key, tree) not in self._verify_cost:
+                self._verify_cost[key, tree] = self._verify_seconds(tree, state)
+        return max(candidates, key=lambda tree: self._expected_tokens(tree) / self._verify_cost[key, tree])
 
     def _expected_tokens(self, tree: DraftTree) -> float:
         predicted = expected_tokens_per_round(tree, self.config.head_accuracy["topk"])
-        return 1.0 + (predicted - 1.0) * self.__dict__.get("_acceptance_scale", 1.0)
+        return 1.0 + (predicted - 1.0) * self._acceptance_scale
 
     def _observe_acceptance(self, tree: DraftTree, stats: MedusaStats):
         """Track observed / predicted extra tokens per round (an average over calls), so ``draft="auto"``
@@ -256,8 +263,7 @@ class MedusaForASR(PreTrainedModel):
         predicted = expected_tokens_per_round(tree, accuracy) - 1.0
         if predicted > 0:
             ratio = (stats.mean_accepted_per_round - 1.0) / predicted
-            old = self.__dict__.get("_acceptance_scale", 1.0)
-            self.__dict__["_acceptance_scale"] = 0.7 * old + 0.3 * ratio
+            self._acceptance_scale = 0.7 * self._acceptance_scale + 0.3 * ratio
 
     def _verify_seconds(self, tree: DraftTree, state, repeats: int = 5) -> float:
         tt = tree.tensors(state.lengths.device)
@@ -301,7 +307,7 @@ class MedusaForASR(PreTrainedModel):
         process = self.backbone.make_logits_processor(min_new_tokens)
         slack = 2 * max(t.num_nodes for t in candidates)
         use_graph = cuda_graph if cuda_graph is not None else self.backbone.base.device.type == "cuda"
-        pool = self.__dict__.setdefault("_cache_pool", CachePool()) if use_graph else None
+        pool = self._cache_pool if use_graph else None
         state, max_new, prompt = self.backbone.prefill(kwargs, max_new_tokens, slack, process, cache_pool=pool)
         tree = candidates[0] if len(candidates) == 1 else self._fastest_draft(candidates, state)
         stats = MedusaStats(draft=tree.name)
@@ -321,12 +327,11 @@ class MedusaForASR(PreTrainedModel):
     def _static_runner(self, state, tree: DraftTree, process, min_new_tokens) -> StaticRoundRunner:
         """A captured runner for this cache, draft and logits rules: built (and its graph captured) on
         first use, then reused by later calls of the same shapes."""
-        runners = self.__dict__.setdefault("_runners", {})
-        key = (id(state.cache), tree, min_new_tokens, id(self.__dict__.get("head_logits")))
+        runners = self._runners
+        key = (id(state.cache), tree, min_new_tokens, id(self.drafter))
         runner = runners.get(key)
         if runner is None:
-            pool = self.__dict__["_cache_pool"]
-            for stale in [k for k, r in runners.items() if not pool.holds(r.state.cache)]:
+            for stale in [k for k, r in runners.items() if not self._cache_pool.holds(r.state.cache)]:
                 del runners[stale]
             runner = runners[key] = StaticRoundRunner(self.backbone, self.project_for_decoding, process, state, tree)
         else:

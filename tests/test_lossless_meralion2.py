@@ -52,16 +52,15 @@ def test_medusa_equals_base_greedy_on_random_cases(meralion_medusa):
         randomize_heads(model, index)
         draft = rng.choice(["chain", "chain", [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]])
         drafter = rng.choice(["random", "oracle", "noisy"])
-        original = model.head_logits
         if drafter != "random":
             rows = model.collect_hidden_states(**inputs, max_new_tokens=kwargs["max_new_tokens"] + 8)
-            model.head_logits = OracleDrafter(model, rows, model.backbone.vocab_size,
+            model.drafter = OracleDrafter(model, rows, model.backbone.vocab_size,
                                               0.0 if drafter == "oracle" else 0.4, seed=index)
         try:
             got, stats = model.generate(**inputs, draft=draft, return_stats=True,
                                         cuda_graph=rng.random() < 0.3, **kwargs)
         finally:
-            model.head_logits = original
+            model.drafter = None
         assert torch.equal(expected, got), f"case {index}: base {expected.tolist()} medusa {got.tolist()}"
         accepted_any |= stats["accepted_tokens"] > 0
     assert accepted_any

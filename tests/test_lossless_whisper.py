@@ -59,14 +59,12 @@ def run_case(model, case):
         rows = model.collect_hidden_states(input_features=features, max_new_tokens=case["max_new_tokens"] + 8)
         error = 0.0 if case["drafter"] == "oracle" else 0.4
         drafter = OracleDrafter(model, rows, model.backbone.vocab_size, error, seed=case["head_seed"])
-    original = model.head_logits
-    if drafter is not None:
-        model.head_logits = drafter
+    model.drafter = drafter
     try:
         got, stats = model.generate(input_features=features, draft=case["draft"], return_stats=True,
                                     cuda_graph=case["cuda_graph"], **gen_kwargs)
     finally:
-        model.head_logits = original
+        model.drafter = None
     return expected, got, stats
 
 
@@ -85,12 +83,11 @@ def test_oracle_heads_accept_long_runs_and_the_bonus_token(whisper_medusa):
     features = random_features(2, 99)
     rows = whisper_medusa.collect_hidden_states(input_features=features, max_new_tokens=40)
     drafter = OracleDrafter(whisper_medusa, rows, whisper_medusa.backbone.vocab_size)
-    original = whisper_medusa.head_logits
-    whisper_medusa.head_logits = drafter
+    whisper_medusa.drafter = drafter
     try:
         got, stats = whisper_medusa.generate(input_features=features, max_new_tokens=30, return_stats=True)
     finally:
-        whisper_medusa.head_logits = original
+        whisper_medusa.drafter = None
     expected = whisper_medusa.generate(input_features=features, max_new_tokens=30, use_medusa=False)
     assert torch.equal(expected, got)
     if stats["new_tokens"] > 2 * stats["rounds"]:
@@ -144,7 +141,7 @@ def test_fixed_shape_runner_is_reused_across_calls_and_stays_exact(whisper_medus
     """Later calls of the same shapes reuse one runner (so a captured CUDA graph is not re-captured);
     its buffers are refilled in place, never replaced, and the output stays the base's greedy output."""
     randomize_heads(whisper_medusa, 3)
-    whisper_medusa.__dict__.pop("_runners", None)
+    whisper_medusa._runners.clear()
     runners, pointers = set(), set()
     for seed in range(6):
         features = random_features(2, 100 + seed)
