@@ -318,11 +318,13 @@ class DecodeState:
     extra: dict = field(default_factory=dict)  # family-specific per-layer tensors [layers, B, ...] (cross-attn K/V)
     draft_logits: torch.Tensor | None = None  # [B, K, V] the heads' logits on ``hidden``
     static: bool = False  # fixed shapes (attend over the whole cache): no host sync, CUDA-graph safe
+    longest: int | None = None  # max(lengths) when the host already knows it (saves a sync)
 
     def attend_upto(self, num_tokens: int) -> int:
         if self.static:
             return self.cache.capacity
-        return min(int(self.lengths.max()) + num_tokens, self.cache.capacity)
+        longest = self.longest if self.longest is not None else int(self.lengths.max())
+        return min(longest + num_tokens, self.cache.capacity)
 
     def positions(self, depths: torch.Tensor) -> torch.Tensor:
         return (self.lengths - self.first_slot)[:, None] + depths[None, :]
@@ -422,6 +424,11 @@ def verify_round(backbone, project, process_logits, state: DecodeState, tree: Dr
                          drafts_at if tree.num_nodes > 1 else None)
 
 
+def first_draft_logits(project, state: DecodeState) -> torch.Tensor:
+    """The heads' logits on the prefill's last hidden state (the first round's drafts)."""
+    return project(state.hidden[:, None])[1](torch.zeros_like(state.next_token))
+
+
 def medusa_decode(backbone, project, process_logits, state: DecodeState, tree: DraftTree, max_new_tokens: int,
                   eos_token_ids, stats: MedusaStats | None = None, hidden_log: list | None = None):
     """Greedy Medusa decoding after prefill. Returns a list (per row) of emitted token lists.
@@ -442,12 +449,17 @@ def medusa_decode(backbone, project, process_logits, state: DecodeState, tree: D
             hidden_log[row].append(h)
     tt = tree.tensors(state.lengths.device)
     if tree.num_nodes > 1 and state.draft_logits is None:
-        state.draft_logits = project(state.hidden[:, None])[1](torch.zeros_like(state.next_token))
+        state.draft_logits = first_draft_logits(project, state)
+    # While a row is active its cache holds the prompt and all but its last emitted token, so the
+    # host knows every length from the token counts: one host sync per round (reading the tokens).
+    prompt_length = int(state.lengths.max())
     row_ids = _keep_active(state, list(range(len(outputs))), outputs, eos, max_new_tokens)
     while row_ids:
-        num_generated = torch.tensor([len(outputs[r]) for r in row_ids], device=state.lengths.device)
+        state.longest = prompt_length + max(len(outputs[r]) for r in row_ids) - 1
+        num_generated = state.lengths - prompt_length + 1  # the same invariant, on the device
         step = verify_round(backbone, project, process_logits, state, tree, tt, num_generated)
         state.lengths = state.lengths + step.accepted + 1
+        state.longest = None
         state.hidden = step.hidden[torch.arange(len(row_ids), device=step.hidden.device), step.best]
         state.next_token = step.next_token
         if step.drafts_at is not None:

@@ -13,9 +13,9 @@ import gc
 import torch
 
 try:
-    from .medusa_decoding import DecodeState, DraftTree, MedusaStats, finished, record_round, verify_round
+    from .medusa_decoding import DecodeState, DraftTree, MedusaStats, finished, first_draft_logits, record_round, verify_round
 except ImportError:
-    from medusa_decoding import DecodeState, DraftTree, MedusaStats, finished, record_round, verify_round
+    from medusa_decoding import DecodeState, DraftTree, MedusaStats, finished, first_draft_logits, record_round, verify_round
 
 
 class StaticRoundRunner:
@@ -24,7 +24,7 @@ class StaticRoundRunner:
         state.static = True
         self.backbone, self.project, self.process_logits = backbone, project, process_logits
         if tree.num_nodes > 1 and state.draft_logits is None:
-            state.draft_logits = project(state.hidden[:, None])[1](torch.zeros_like(state.next_token))
+            state.draft_logits = first_draft_logits(project, state)
         self.state, self.tree = state, tree
         device = state.lengths.device
         self.tt = tree.tensors(device)
@@ -68,7 +68,7 @@ class StaticRoundRunner:
             st.extra[name].copy_(value)
         self.num_generated.fill_(1)
         if self.tree.num_nodes > 1:
-            st.draft_logits.copy_(self.project(st.hidden[:, None])[1](torch.zeros_like(st.next_token)))
+            st.draft_logits.copy_(first_draft_logits(self.project, st))
 
     def _snapshot(self):
         st = self.state
