@@ -11,6 +11,7 @@ MLP and rotary embedding, so it is correct on every transformers version.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 try:
     from .medusa_decoding import Backbone, DecodeState, StaticKVCache, attention_mask, suppression_processor
@@ -38,6 +39,7 @@ class MERaLiON2Backbone(Backbone):
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None)
         self.sliding = [self._is_sliding(i) for i in range(cfg.num_hidden_layers)]
         self.speech_token_index = getattr(base.config, "speech_token_index", 255999)
+        self.fused: list | None = None  # per layer (qkv weight, gate_up weight) once fuse_projections() ran
 
     def _is_sliding(self, layer: int) -> bool:
         layer_types = getattr(self.text_config, "layer_types", None)
@@ -69,8 +71,33 @@ class MERaLiON2Backbone(Backbone):
     def make_logits_processor(self, min_new_tokens: int | None):
         return suppression_processor(self.vocab_size, self.base.device, self.eos_token_ids, min_new_tokens)
 
+    def fuse_projections(self) -> bool:
+        """Give every layer one q/k/v weight and one gate/up weight, so a verify pass runs two GEMMs
+        where it ran five. The base's own layers keep working: their weights become views of the
+        fused tensors (no extra memory). Returns False (and changes nothing) when the layers cannot
+        share a tensor, e.g. quantised or offloaded weights."""
+        fused = []
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            groups = ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj])
+            if not all(_fusable(linears) for linears in groups):
+                return False
+            fused.append(groups)
+        self.fused = [tuple(_fuse(linears) for linears in groups) for groups in fused]
+        return True
+
+    def _drop_stale_fusion(self):
+        """A later ``.to()`` or weight reload gives the layers new tensors: then use them, unfused.
+        (Checked once per call, outside the traced decode: ``data_ptr`` cannot be compiled.)"""
+        if self.fused is not None and not all(
+            _backs(qkv, layer.self_attn.q_proj) and _backs(gate_up, layer.mlp.gate_proj)
+            for (qkv, gate_up), layer in zip(self.fused, self.model.layers)
+        ):
+            self.fused = None
+
     # ------------------------------------------------------------------ prefill & decode
     def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits, cache_pool=None):
+        self._drop_stale_fusion()
         input_ids = inputs["input_ids"].to(self.base.device)
         batch, prompt_len = input_ids.shape
         mask = inputs.get("attention_mask")
@@ -130,20 +157,33 @@ class MERaLiON2Backbone(Backbone):
         slots = state.slots(n)
         for i, layer in enumerate(self.model.layers):
             mask = sliding_mask if self.sliding[i] else full_mask
+            fused = self.fused[i] if self.fused is not None else None
             residual = hidden
             x = layer.input_layernorm(hidden)
-            x = self._self_attention(layer.self_attn, x, cos, sin, state, i, slots, upto, mask)
+            x = self._self_attention(layer.self_attn, x, cos, sin, state, i, slots, upto, mask, fused)
             hidden = residual + layer.post_attention_layernorm(x)
             residual = hidden
-            x = layer.mlp(layer.pre_feedforward_layernorm(hidden))
+            x = self._mlp(layer.mlp, layer.pre_feedforward_layernorm(hidden), fused)
             hidden = residual + layer.post_feedforward_layernorm(x)
         return self.model.norm(hidden)
 
-    def _self_attention(self, attn, x, cos, sin, state, layer_idx, slots, upto, mask):
+    @staticmethod
+    def _mlp(mlp, x, fused):
+        if fused is None:
+            return mlp(x)
+        gate, up = F.linear(x, fused[1]).chunk(2, dim=-1)
+        return mlp.down_proj(mlp.act_fn(gate) * up)
+
+    def _self_attention(self, attn, x, cos, sin, state, layer_idx, slots, upto, mask, fused=None):
         batch, n, _ = x.shape
-        query = attn.q_proj(x).view(batch, n, self.num_heads, self.head_dim).transpose(1, 2)
-        key = attn.k_proj(x).view(batch, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        value = attn.v_proj(x).view(batch, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if fused is None:
+            query, key, value = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        else:
+            kv_width = self.num_kv_heads * self.head_dim
+            query, key, value = F.linear(x, fused[0]).split([self.num_heads * self.head_dim, kv_width, kv_width], dim=-1)
+        query = query.view(batch, n, self.num_heads, self.head_dim).transpose(1, 2)
+        key = key.view(batch, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        value = value.reshape(batch, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
         query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
         state.cache.write(layer_idx, slots, key, value)
         keys, values = state.cache.layer(layer_idx, upto)
@@ -162,6 +202,27 @@ class MERaLiON2Backbone(Backbone):
     def format_output(self, generated: list[list[int]], prompt: torch.Tensor) -> torch.Tensor:
         """Like a decoder-only generate: prompt + new tokens, finished rows padded after EOS."""
         return torch.cat([prompt, self.padded(generated, prompt).to(prompt.dtype)], dim=1)
+
+
+def _fusable(linears) -> bool:
+    weights = [linear.weight for linear in linears]
+    return (all(type(linear) is torch.nn.Linear and linear.bias is None for linear in linears)
+            and len({(w.dtype, w.device, w.shape[1]) for w in weights}) == 1 and weights[0].device.type != "meta")
+
+
+def _fuse(linears) -> torch.Tensor:
+    """Concatenate the layers' weights row-wise and make each weight a view of its block."""
+    fused = torch.cat([linear.weight.detach() for linear in linears])
+    start = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        linear.weight.data = fused[start:start + rows]
+        start += rows
+    return fused
+
+
+def _backs(fused: torch.Tensor, first: torch.nn.Linear) -> bool:
+    return first.weight.data_ptr() == fused.data_ptr() and first.weight.dtype == fused.dtype
 
 
 def _rotate(x, cos, sin):

@@ -192,7 +192,15 @@ class WhisperBackbone(Backbone):
 
     def _attend(self, attn, x, keys, values, mask):
         query = self._heads(attn.q_proj(x) * self.scaling)
-        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=1.0)
+        if query.dtype == torch.float32:
+            # A verify chunk has a handful of queries, and SDPA's fused fp32 GPU kernel runs one block
+            # per head for them (measured: half of a tiny.en round on an H200); matmuls fill the GPU.
+            scores = torch.matmul(query, keys.transpose(-1, -2))
+            if mask is not None:
+                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            out = torch.matmul(torch.softmax(scores, dim=-1), values)
+        else:  # half precision: SDPA accumulates in fp32, as the base's own attention does
+            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=1.0)
         return attn.out_proj(out.transpose(1, 2).flatten(2))
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:

@@ -925,13 +925,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per decoder per clip (median reported)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per decoder per clip")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--draft", default="auto", choices=["auto", "chain", "tree"],
-                        help="auto: the artifact's measured tree if it has one, else a chain")
+    parser.add_argument("--draft", default="auto", choices=["auto", "chain", "tree", "none"],
+                        help="auto: the fastest of plain / chain / tree on this device (timed); "
+                             "none: our decode loop without drafts (isolates the loop's own speed)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="also run a batched section, N clips per batch (N > 1)")
     parser.add_argument("--cuda-graph", default="auto", choices=["auto", "on", "off"],
                         help="Medusa's CUDA-graph rounds (auto: the model's default, on for CUDA devices)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile Medusa's fixed-shape rounds")
     parser.add_argument("--limit", type=int, default=None, help="only the first N clips of the manifest")
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder")
     parser.add_argument("--no-plot", action="store_true", help=f"do not write {PLOT_NAME}")
@@ -981,9 +983,11 @@ def _main(args) -> int:
     clips = load_clips(model, rows, progress=not args.quiet)
 
     medusa_kwargs = {} if args.cuda_graph == "auto" else {"cuda_graph": args.cuda_graph == "on"}
+    if args.compile:
+        medusa_kwargs["compile"] = True
     try:
         results = run_benchmark(model, clips, repeats=args.repeats, warmup=args.warmup,
-                                max_new_tokens=args.max_new_tokens, draft=args.draft,
+                                max_new_tokens=args.max_new_tokens, draft=[] if args.draft == "none" else args.draft,
                                 batch_size=args.batch_size, progress=not args.quiet,
                                 medusa_kwargs=medusa_kwargs)
     except ValueError as err:  # e.g. max_new_tokens beyond the model's limit
@@ -999,7 +1003,8 @@ def _main(args) -> int:
             "medusa_num_layers": model.config.medusa_num_layers, "manifest": str(args.audio),
             "clips": len(clips), "repeats": args.repeats, "warmup": args.warmup,
             "max_new_tokens": args.max_new_tokens, "draft": args.draft, "batch_size": args.batch_size,
-            "threads": args.threads, "cuda_graph": args.cuda_graph, "model_load_s": load_seconds,
+            "threads": args.threads, "cuda_graph": args.cuda_graph, "compile": args.compile,
+            "model_load_s": load_seconds,
             "timing": "median of the timed repeats of generate(); features prepared once per clip outside the "
                       "timing; decoders interleaved, order flipped each repeat; device synchronised around each call",
         },

@@ -11,6 +11,7 @@ rows measure speed at a realistic acceptance, not draft quality. Prints a table,
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import statistics
@@ -21,10 +22,11 @@ import torch
 import torch.nn as nn
 
 from backbone_meralion2 import MERaLiON2Backbone
-from medusa_decoding import DraftTree, MedusaStats, build_tree_from_accuracy, suppression_processor
+from medusa_decoding import CachePool, DraftTree, MedusaStats, build_tree_from_accuracy
 from medusa_fast import StaticRoundRunner
 
 SEED_TOP1 = [0.76, 0.47, 0.35, 0.27]  # the seed model card's held-out per-head accuracy (MERaLiON-2-3B)
+SEED_PROFILE = "seed_76_47_35_27"
 PROMPT_TEXT_TOKENS = 37  # ~137-token prompt: 100 speech tokens + chat template and instruction
 
 
@@ -81,7 +83,7 @@ class MERaLiON2Shaped(nn.Module):
 def build_model(device, dtype, text_layers=26):
     torch.manual_seed(0)
     with torch.device(device):
-        model = MERaLiON2Shaped(text_layers).to(dtype).eval()
+        model = MERaLiON2Shaped(text_layers).to(dtype).eval().requires_grad_(False)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.02)
@@ -150,13 +152,21 @@ def prefill(backbone, inputs, max_new, extra, min_new=None):
 # --------------------------------------------------------------------------- verify-pass cost
 
 
-def verify_cost_table(model, backbone, sizes, compile_sizes):
+def verify_cost_table(model, backbone, sizes, compile_sizes, report):
+    """Cost of one verify pass vs tokens verified: HF eager, ours eager / captured / compiled+captured,
+    then the same with q/k/v and gate/up fused (``fuse_projections``)."""
     device = model.device
     rows = []
     inputs = make_prompt(model, 1, device)
     embeds = backbone._prompt_embeddings(inputs["input_ids"], inputs["input_features"], None)
-    cache_len = embeds.shape[1]
     from transformers import DynamicCache
+
+    def ours_pass(n):
+        ids = torch.randint(2, 200000, (1, n), device=device)
+        state, _ = prefill(backbone, inputs, 8, 2 * n)
+        state.static = True
+        tt = (DraftTree.chain(n - 1) if n > 1 else DraftTree(())).tensors(device)
+        return lambda: backbone.logits(backbone.decode(state, ids, tt.depths, tt.ancestors))
 
     for n in sizes:
         row = {"tokens": n}
@@ -169,28 +179,39 @@ def verify_cost_table(model, backbone, sizes, compile_sizes):
             cache.crop(-n)
 
         row["hf_eager_ms"] = time_cuda(hf_eager, repeats=15)
-        state, _ = prefill(backbone, inputs, 8, 2 * n)
-        state.static = True
-        tree = DraftTree.chain(n - 1) if n > 1 else DraftTree(())
-        tt = tree.tensors(device)
-        ours = lambda: backbone.logits(backbone.decode(state, ids, tt.depths, tt.ancestors)[:, -1:])
+        ours = ours_pass(n)
         row["ours_eager_ms"] = time_cuda(ours, repeats=15)
-        graph = capture(ours)
-        row["ours_graph_ms"] = time_cuda(graph.replay)
-        if n not in compile_sizes:
-            rows.append(row)
-            print(row, flush=True)
-            continue
-        try:
-            compiled = torch.compile(ours, dynamic=False)
-            graph_c = capture(compiled)
-            row["ours_compiled_graph_ms"] = time_cuda(graph_c.replay)
-        except Exception as err:  # compile support varies by torch build
-            row["ours_compiled_graph_ms"] = None
-            row["compile_error"] = f"{type(err).__name__}: {str(err)[:200]}"
+        row["ours_graph_ms"] = graph_ms(ours)
+        if n in compile_sizes:
+            row.update(compiled_graph_ms(ours, "ours_compiled_graph_ms"))
         rows.append(row)
-        print(row, flush=True)
+        report(rows)
+    if backbone.fuse_projections():
+        for row in rows:
+            ours = ours_pass(row["tokens"])
+            row["fused_graph_ms"] = graph_ms(ours)
+            if row["tokens"] in compile_sizes:
+                row.update(compiled_graph_ms(ours, "fused_compiled_graph_ms"))
+            report(rows)
     return rows
+
+
+def graph_ms(fn) -> float:
+    graph = capture(fn)
+    ms = time_cuda(graph.replay)
+    del graph
+    return ms
+
+
+def compiled_graph_ms(fn, name) -> dict:
+    try:
+        start = time.perf_counter()
+        compiled = torch.compile(fn, dynamic=False)
+        graph = capture(compiled)
+        compile_s = time.perf_counter() - start
+        return {name: time_cuda(graph.replay), name.replace("_ms", "_compile_s"): compile_s}
+    except Exception as err:  # compile support varies by torch build
+        return {name: None, name.replace("_ms", "_error"): f"{type(err).__name__}: {str(err)[:200]}"}
 
 
 # --------------------------------------------------------------------------- replayed acceptance
@@ -244,17 +265,42 @@ class ReplayDrafter:
         return self.backbone.logits(hidden), lambda node: drafts[rows, node]
 
 
-def ours_decode(backbone, inputs, continuation, profile, tree, max_new, seed):
-    state, process = prefill(backbone, inputs, max_new, 2 * tree.num_nodes, min_new=max_new)
-    drafter = ReplayDrafter(backbone, continuation, profile, tree.tensors(continuation.device).depths, seed)
-    runner = StaticRoundRunner(backbone, drafter, process, state, tree, num_generated=drafter.num_generated)
-    stats = MedusaStats()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = runner.run(max_new, backbone.eos_token_ids, stats)
-    torch.cuda.synchronize()
-    stats.loop_seconds = time.perf_counter() - start  # decode rounds only: no prefill, no graph capture
-    return out, stats
+class ReplayedRunner:
+    """One captured (optionally compiled) round for a draft tree and batch size, reused by every
+    timed call as ``generate`` reuses it: a call = prefill into the runner's cache + the rounds."""
+
+    def __init__(self, backbone, inputs, continuation, profile, tree, max_new, compile):
+        self.backbone, self.max_new = backbone, max_new
+        self.pool = CachePool()
+        state, self.process = self._prefill(inputs, tree)
+        self.drafter = ReplayDrafter(backbone, continuation, profile, tree.tensors(continuation.device).depths, seed=1)
+        project = self.drafter if tree.num_nodes > 1 else (lambda hidden: (backbone.logits(hidden), None))
+        start = time.perf_counter()
+        self.runner = StaticRoundRunner(backbone, project, self.process, state, tree, compile=compile,
+                                        num_generated=self.drafter.num_generated)
+        torch.cuda.synchronize()
+        self.setup_seconds = time.perf_counter() - start  # compile + capture, paid once per shape
+
+    def _prefill(self, inputs, tree):
+        process = self.backbone.make_logits_processor(self.max_new)
+        state, _, _ = self.backbone.prefill(inputs, self.max_new, 2 * tree.num_nodes, process, cache_pool=self.pool)
+        return state, process
+
+    def __call__(self, inputs):
+        """One call: prefill, then the decode rounds; returns (outputs, stats with loop_seconds)."""
+        state, _ = self._prefill(inputs, self.runner.tree)
+        self.runner.load(state)
+        stats = MedusaStats()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = self.runner.run(self.max_new, self.backbone.eos_token_ids, stats)
+        torch.cuda.synchronize()
+        stats.loop_seconds = time.perf_counter() - start
+        return out, stats
+
+    def release(self):
+        self.runner.release()
+        self.pool.caches.clear()
 
 
 def plain_continuation(backbone, inputs, max_new):
@@ -286,7 +332,9 @@ def seed_style_chain(model, backbone, inputs, continuation, profile, max_new, se
             accepted += 1
         tokens += drafts[:accepted] + [predicted[accepted]]
         length += accepted + 1
-        cache.crop(length)
+        excess = cache.get_seq_length() - length
+        if excess:
+            cache.crop(-excess)  # (a negative crop removes tokens on every transformers version)
         rounds += 1
     return tokens[:max_new], rounds
 
@@ -311,44 +359,39 @@ def timed(fn, repeats=3):
     return statistics.median(times), result
 
 
-def decode_table(model, backbone, profiles, max_new, batches, tree_nodes, repeats):
+def decode_table(model, backbone, profiles, max_new, batches, compile_batches, tree_nodes, repeats, report):
     device = model.device
     rows = []
     inputs1 = make_prompt(model, 1, device)
     continuation = plain_continuation(backbone, inputs1, max_new)
 
     def add(name, profile_name, batch, seconds, tokens, extra=None):
-        row = {"method": name, "profile": profile_name, "batch": batch, "seconds": seconds,
-               "tokens_per_s": tokens / seconds, **(extra or {})}
-        rows.append(row)
-        print(row, flush=True)
+        rows.append({"method": name, "profile": profile_name, "batch": batch, "seconds": seconds,
+                     "tokens_per_s": tokens / seconds, **(extra or {})})
+        report(rows)
 
-    seconds, _ = timed(lambda: plain_continuation(backbone, inputs1, max_new), repeats)
-    add("ours_greedy_graph", "none", 1, seconds, max_new)
+    def add_replayed(draft_name, profile_name, profile, tree, batch, compile):
+        row = replayed_row(backbone, inputs1, continuation, profile, tree, max_new, batch, compile, repeats)
+        name = f"ours_{draft_name}_{'compiled_graph' if compile else 'graph'}"
+        if "error" in row:
+            rows.append({"method": name, "profile": profile_name, "batch": batch, **row})
+            report(rows)
+        else:
+            add(name, profile_name, batch, row.pop("seconds"), batch * max_new, row)
+
+    for compile in (False, True):
+        add_replayed("greedy", "none", [[1.0]], DraftTree(()), 1, compile)
     for profile_name, profile in profiles.items():
         seconds, (tokens, rounds) = timed(lambda: seed_style_chain(model, backbone, inputs1, continuation, profile, max_new, 1), repeats=1)
         add("seed_style_eager_chain", profile_name, 1, seconds, max_new, {"rounds": rounds, "exact": tokens == continuation[0].tolist()})
         topk = [[sum(p[: r + 1]) for r in range(len(p))] for p in profile]
-        for draft_name, tree in (("chain", DraftTree.chain(len(profile))),
-                                 (f"tree{tree_nodes}", DraftTree.from_paths(build_tree_from_accuracy(topk, tree_nodes)))):
-            for batch in batches:
-                inputs = {k: v.expand(batch, *v.shape[1:]).contiguous() for k, v in inputs1.items()}
-                cont = continuation.expand(batch, -1).contiguous()
-                torch.cuda.reset_peak_memory_stats()
-                try:
-                    seconds, (out, stats) = timed(lambda: ours_decode(backbone, inputs, cont, profile, tree, max_new, 1), repeats)
-                except torch.OutOfMemoryError as err:
-                    rows.append({"method": f"ours_{draft_name}_graph", "profile": profile_name, "batch": batch,
-                                 "error": f"OutOfMemoryError: {str(err)[:200]}"})
-                    torch.cuda.empty_cache()
-                    continue
-                exact = all(o == continuation[0].tolist() for o in out)
-                add(f"ours_{draft_name}_graph", profile_name, batch, seconds, batch * max_new,
-                    {"mean_accepted_per_round": stats.mean_accepted_per_round, "exact": exact,
-                     "decode_loop_seconds": stats.loop_seconds,
-                     "decode_loop_tokens_per_s": batch * max_new / stats.loop_seconds,
-                     "peak_memory_allocated_GB": torch.cuda.max_memory_allocated() / 1e9})
-                torch.cuda.empty_cache()
+        trees = (("chain", DraftTree.chain(len(profile))),
+                 (f"tree{tree_nodes}", DraftTree.from_paths(build_tree_from_accuracy(topk, tree_nodes))))
+        main_profile = profile_name == SEED_PROFILE
+        for batch in batches if main_profile else [1]:  # batch 1 first: a run cut short keeps the headline rows
+            for draft_name, tree in trees:
+                for compile in (False, True) if batch in compile_batches else (False,):
+                    add_replayed(draft_name, profile_name, profile, tree, batch, compile)
     # Last: the library's static-cache generate compiles and captures graphs of its own.
     for cache_impl, name in ((None, "hf_generate_dynamic"), ("static", "hf_generate_static")):
         try:
@@ -357,6 +400,38 @@ def decode_table(model, backbone, profiles, max_new, batches, tree_nodes, repeat
         except Exception as err:
             rows.append({"method": name, "error": f"{type(err).__name__}: {str(err)[:300]}"})
     return rows
+
+
+def replayed_row(backbone, inputs1, continuation, profile, tree, max_new, batch, compile, repeats) -> dict:
+    """Median end-to-end call (prefill + rounds) and decode-loop speed of one reused runner."""
+    inputs = {k: v.expand(batch, *v.shape[1:]).contiguous() for k, v in inputs1.items()}
+    cont = continuation.expand(batch, -1).contiguous()
+    torch.cuda.reset_peak_memory_stats()
+    replay = None
+    try:
+        replay = ReplayedRunner(backbone, inputs, cont, profile, tree, max_new, compile)
+        replay(inputs)  # warm-up call
+        calls, loops, stats = [], [], None
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            out, stats = replay(inputs)
+            calls.append(time.perf_counter() - start)
+            loops.append(stats.loop_seconds)
+        exact = all(o == continuation[0].tolist() for o in out)
+        return {"seconds": statistics.median(calls), "mean_accepted_per_round": stats.mean_accepted_per_round,
+                "exact": exact, "decode_loop_seconds": statistics.median(loops),
+                "decode_loop_tokens_per_s": batch * max_new / statistics.median(loops),
+                "setup_seconds": replay.setup_seconds,
+                "peak_memory_allocated_GB": torch.cuda.max_memory_allocated() / 1e9}
+    except torch.OutOfMemoryError as err:
+        return {"error": f"OutOfMemoryError: {str(err)[:200]}"}
+    finally:
+        if replay is not None:
+            replay.release()
+        del replay
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def check_graph_reuse(device) -> dict:
@@ -393,13 +468,15 @@ def main():
     parser.add_argument("--out", default="benchmarks/gpu")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--sizes", default="1,2,3,5,8,16,32,64")
-    parser.add_argument("--compile-sizes", default="1,5,64")
+    parser.add_argument("--compile-sizes", default="5,64")
     parser.add_argument("--text-layers", type=int, default=26, help="fewer for a smoke test")
     parser.add_argument("--batches", default="1,4,16")
+    parser.add_argument("--compile-batches", default="1,4,16", help="batch sizes also run with compiled rounds")
     parser.add_argument("--tree-nodes", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--whisper-topk", default=None, help="artifact config.json whose head_accuracy.topk to replay too")
     parser.add_argument("--skip-verify", action="store_true")
+    parser.add_argument("--skip-decode", action="store_true")
     parser.add_argument("--check-reuse-only", action="store_true", help="only check captured-round reuse")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -422,23 +499,71 @@ def main():
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
         "python": platform.python_version(), "dtype": "bfloat16", "date": time.strftime("%Y-%m-%d"),
         "copy_bandwidth_GBps": bandwidth / 1e9, "decoder_weight_GB": weight_bytes / 1e9, "floor_ms": floor_ms,
-        "floor_tokens_per_s": 1000 / floor_ms,
+        "floor_tokens_per_s": 1000 / floor_ms, "max_new_tokens": args.max_new_tokens,
     }
     print(result, flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def report(section):
+        def write(rows):
+            print(rows[-1], flush=True)
+            result[section] = rows
+            write_json_atomic(out / "results.json", result)  # a run cut short keeps every finished row
+        return write
+
     if not args.skip_verify:
-        result["verify_pass"] = verify_cost_table(model, backbone, [int(s) for s in args.sizes.split(",")],
-                                                  {int(s) for s in args.compile_sizes.split(",")})
-    profiles = {"seed_76_47_35_27": rank_profile(SEED_TOP1)}
+        verify_cost_table(model, backbone, [int(s) for s in args.sizes.split(",")],
+                          {int(s) for s in args.compile_sizes.split(",")}, report("verify_pass"))
+    profiles = {SEED_PROFILE: rank_profile(SEED_TOP1)}
     if args.whisper_topk:
         acc = json.loads(Path(args.whisper_topk).read_text())["head_accuracy"]
         profiles["whisper_tiny_en_measured"] = rank_profile([a[0] for a in acc["topk"]], acc["topk"])
-    result["decode"] = decode_table(model, backbone, profiles, args.max_new_tokens,
-                                    [int(b) for b in args.batches.split(",")], args.tree_nodes, args.repeats)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+    result["fused_projections"] = backbone.fuse_projections()  # as generate() does on a GPU
+    if not args.skip_decode:
+            decode_table(model, backbone, profiles, args.max_new_tokens, [int(b) for b in args.batches.split(",")],
+                     [int(b) for b in args.compile_batches.split(",") if b], args.tree_nodes, args.repeats,
+                     report("decode"))
+    table = render_markdown(result)
+    (out / "results.md").write_text(table)
+    print(table)
+
+
+def render_markdown(result: dict) -> str:
+    floor = result["floor_ms"]
+    lines = [f"# GPU benchmark: MERaLiON-2-3B shape, random weights, bf16",
+             "",
+             f"{result['device']}, torch {result['torch']}, transformers {result['transformers']}, {result['date']}. "
+             f"Floor (one read of the decoder's {result['decoder_weight_GB']:.2f} GB at the measured "
+             f"{result['copy_bandwidth_GBps']:.0f} GB/s copy bandwidth): {floor:.2f} ms = {1000 / floor:.0f} tok/s.",
+             "", "## One verify pass (ms; x floor)", "",
+             "| tokens | HF eager | ours eager | ours graph | ours compiled+graph | fused graph | fused compiled+graph |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    cell = lambda v: "" if v is None else f"{v:.2f} ({v / floor:.2f}x)"
+    for r in result.get("verify_pass", []):
+        lines.append(f"| {r['tokens']} | " + " | ".join(cell(r.get(k)) for k in (
+            "hf_eager_ms", "ours_eager_ms", "ours_graph_ms", "ours_compiled_graph_ms", "fused_graph_ms",
+            "fused_compiled_graph_ms")) + " |")
+    lines += ["", f"## Decode, {result.get('max_new_tokens', '')} tokens; replayed acceptance rows marked by profile", "",
+              "| method | profile | batch | call tok/s | loop tok/s | tokens/round | exact | setup s | peak GB |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    num = lambda v, f: "" if v is None else format(v, f)
+    for r in result.get("decode", []):
+        if "error" in r:
+            lines.append(f"| {r['method']} | {r.get('profile', '')} | {r.get('batch', '')} | {r['error'][:60]} |||||")
+            continue
+        lines.append(f"| {r['method']} | {r['profile']} | {r['batch']} | {r['tokens_per_s']:.0f} | "
+                     f"{num(r.get('decode_loop_tokens_per_s'), '.0f')} | {num(r.get('mean_accepted_per_round'), '.2f')} | "
+                     f"{r.get('exact', '')} | {num(r.get('setup_seconds'), '.1f')} | {num(r.get('peak_memory_allocated_GB'), '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_json_atomic(path: Path, data):
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
 
 
 if __name__ == "__main__":
-    main()
+    with torch.no_grad():
+        main()

@@ -52,11 +52,11 @@ class DraftTree:
 
     @property
     def depth(self) -> int:
-        return max((len(p) for p in self.paths), default=0)
+        return max([len(p) for p in self.paths] or [0])  # (no default=: torch.compile traces this)
 
     @property
     def max_rank(self) -> int:
-        return max((max(p) for p in self.paths), default=0)
+        return max([max(p) for p in self.paths] or [0])
 
     @property
     def name(self) -> str:
@@ -261,6 +261,10 @@ class Backbone:
     def pad_token_id(self) -> int:
         pad = getattr(self.generation_config, "pad_token_id", None)
         return pad if pad is not None else self.eos_token_ids[0]
+
+    def fuse_projections(self) -> bool:
+        """Optionally merge projections into fewer, larger GEMMs for the GPU rounds; True if done."""
+        return False
 
     def padded(self, rows: list[list[int]], like: torch.Tensor) -> torch.Tensor:
         """Token rows right-padded with the pad id into one [B, max_len] tensor."""

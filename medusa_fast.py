@@ -18,6 +18,18 @@ except ImportError:
     from medusa_decoding import DecodeState, DraftTree, MedusaStats, finished, first_draft_logits, record_round, verify_round
 
 
+def _compiled_round(round_fn):
+    """``torch.compile`` of a round. Every runner (batch size, draft tree, cache capacity) is one
+    more specialisation of the same code, so the recompile limit must allow many of them."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), 64))
+    return torch.compile(round_fn, dynamic=False)
+
+
 class StaticRoundRunner:
     def __init__(self, backbone, project, process_logits, state: DecodeState, tree: DraftTree,
                  use_graph: bool = True, compile: bool = False, num_generated: torch.Tensor | None = None):
@@ -37,9 +49,10 @@ class StaticRoundRunner:
         self.emitted_hidden = None
         # no bound method stored on self: a runner<->method cycle would be freed by the cyclic GC at a
         # random moment, possibly while another runner is capturing (which invalidates that capture)
-        self._compiled = torch.compile(type(self)._round, dynamic=False) if compile else type(self)._round
+        self._compiled = _compiled_round(type(self)._round) if compile else type(self)._round
         self.graph = self._capture() if use_graph and device.type == "cuda" else None
 
+    @torch.no_grad()  # a round never needs autograd (and compiling one with it traces a backward)
     def _round(self):
         st = self.state
         step = verify_round(self.backbone, self.project, self.process_logits, st, self.tree, self.tt,
@@ -98,6 +111,10 @@ class StaticRoundRunner:
             self._compiled(self)
         self._restore(saved)
         return graph
+
+    def release(self):
+        """Free the captured graph (its private memory pool goes back to the allocator)."""
+        self.graph = None
 
     def step(self):
         if self.graph is not None:

@@ -90,6 +90,7 @@ class MedusaForASR(PreTrainedModel):
         self._acceptance_scale = 1.0  # observed / predicted extra tokens per round, averaged over calls
         self._cache_pool = CachePool()  # fixed-shape caches reused by the CUDA-graph runners
         self._runners: dict = {}
+        self._fusion_tried = False
         self.backbone = BACKBONES[config.base_family](base) if base is not None else None
         if base is not None:
             _check_fits(config, self.backbone)
@@ -237,17 +238,18 @@ class MedusaForASR(PreTrainedModel):
             options.append(DraftTree.from_paths(self.config.tree))
         return options
 
-    def _fastest_draft(self, candidates: list[DraftTree], state) -> DraftTree:
+    def _fastest_draft(self, candidates: list[DraftTree], state, use_graph: bool = False) -> DraftTree:
         """The draft with the most expected tokens per second of verify time on this device, dtype and
-        batch size. Verify passes are timed once on the real prefilled state; expected tokens per round
-        come from the measured head accuracy, rescaled by the acceptance actually observed so far."""
+        batch size. Verify passes are timed once on the real prefilled state (as a captured CUDA graph
+        when rounds will be captured); expected tokens per round come from the measured head
+        accuracy, rescaled by the acceptance actually observed so far."""
         candidates = [t for t in candidates if t.num_nodes == 1 or self._expected_tokens(t) > 1.0 + 1e-6]
         if len(candidates) == 1:
             return candidates[0]  # no draft is expected to add a token: nothing to time
-        key = (state.lengths.device.type, str(self.dtype), state.next_token.shape[0])
+        key = (state.lengths.device.type, str(self.dtype), state.next_token.shape[0], use_graph)
         for tree in candidates:
             if (key, tree) not in self._verify_cost:
-                self._verify_cost[key, tree] = self._verify_seconds(tree, state)
+                self._verify_cost[key, tree] = self._verify_seconds(tree, state, use_graph)
         return max(candidates, key=lambda tree: self._expected_tokens(tree) / self._verify_cost[key, tree])
 
     def _expected_tokens(self, tree: DraftTree) -> float:
@@ -265,17 +267,29 @@ class MedusaForASR(PreTrainedModel):
             ratio = (stats.mean_accepted_per_round - 1.0) / predicted
             self._acceptance_scale = 0.7 * self._acceptance_scale + 0.3 * ratio
 
-    def _verify_seconds(self, tree: DraftTree, state, repeats: int = 5) -> float:
+    def _verify_seconds(self, tree: DraftTree, state, use_graph: bool = False, repeats: int = 5) -> float:
+        """Median seconds of one verify pass (decoder + projection + heads) of ``tree`` on ``state``;
+        it writes past the valid cache slots only, so the state is unchanged."""
         tt = tree.tensors(state.lengths.device)
         tokens = state.next_token[:, None].expand(-1, tree.num_nodes)
+
+        def verify_pass():
+            hidden = self.backbone.decode(state, tokens, tt.depths, tt.ancestors)
+            _, drafts_at = self.project_for_decoding(hidden)
+            if tree.num_nodes > 1:
+                drafts_at(torch.zeros_like(state.next_token))
+
+        if use_graph:
+            static_before, state.static = state.static, True  # captured rounds attend over the whole cache
+            try:
+                return _graph_seconds(verify_pass, repeats)
+            finally:
+                state.static = static_before
         times = []
         for _ in range(repeats + 1):  # the first run warms up
             _synchronize(state.lengths.device)
             start = time.perf_counter()
-            hidden = self.backbone.decode(state, tokens, tt.depths, tt.ancestors)  # writes past the valid slots only
-            _, drafts_at = self.project_for_decoding(hidden)
-            if tree.num_nodes > 1:
-                drafts_at(torch.zeros_like(state.next_token))
+            verify_pass()
             _synchronize(state.lengths.device)
             times.append(time.perf_counter() - start)
         return sorted(times[1:])[repeats // 2]
@@ -284,14 +298,17 @@ class MedusaForASR(PreTrainedModel):
     @torch.no_grad()
     def generate(self, *args, use_medusa: bool = True, draft="auto", return_stats: bool = False,
                  max_new_tokens: int | None = None, min_new_tokens: int | None = None,
-                 cuda_graph: bool | None = None, **kwargs):
+                 cuda_graph: bool | None = None, compile: bool = False, **kwargs):
         """The base's greedy ``generate``, accelerated: same inputs, same token ids.
 
         ``use_medusa=False`` runs the base's own generate. Sampling, beam search and options the
         Medusa loop does not implement fall back to it with a warning. ``return_stats=True``
         returns ``(sequences, stats)`` with rounds, drafted/accepted tokens and the mean tokens
         accepted per round. ``cuda_graph`` (default: on for CUDA devices) runs each round as one
-        captured CUDA graph over a fixed-shape cache.
+        captured CUDA graph over a fixed-shape cache; ``compile=True`` also compiles that round with
+        ``torch.compile`` (fused kernels: faster rounds, but the first call of each batch size and
+        draft compiles for a while). Captured rounds are kept for later calls; ``release_caches()``
+        frees them.
         """
         if args:
             kwargs.setdefault(self.backbone.required_inputs[0], args[0])
@@ -306,13 +323,17 @@ class MedusaForASR(PreTrainedModel):
         candidates = self._draft_candidates(draft)
         process = self.backbone.make_logits_processor(min_new_tokens)
         slack = 2 * max(t.num_nodes for t in candidates)
-        use_graph = cuda_graph if cuda_graph is not None else self.backbone.base.device.type == "cuda"
-        pool = self._cache_pool if use_graph else None
+        on_cuda = self.backbone.base.device.type == "cuda"
+        use_graph = on_cuda if cuda_graph is None else bool(cuda_graph)  # off CUDA: fixed shapes, no capture
+        fixed_shape = use_graph or compile
+        if fixed_shape and on_cuda:
+            self._fuse_projections_once()
+        pool = self._cache_pool if fixed_shape else None
         state, max_new, prompt = self.backbone.prefill(kwargs, max_new_tokens, slack, process, cache_pool=pool)
-        tree = candidates[0] if len(candidates) == 1 else self._fastest_draft(candidates, state)
+        tree = candidates[0] if len(candidates) == 1 else self._fastest_draft(candidates, state, use_graph and on_cuda)
         stats = MedusaStats(draft=tree.name)
-        if use_graph:
-            runner = self._static_runner(state, tree, process, min_new_tokens)
+        if fixed_shape:
+            runner = self._static_runner(state, tree, process, min_new_tokens, compile, use_graph)
             generated = runner.run(max_new, self.backbone.eos_token_ids, stats)
         else:
             generated = medusa_decode(self.backbone, self.project_for_decoding, process, state, tree, max_new,
@@ -324,19 +345,37 @@ class MedusaForASR(PreTrainedModel):
 
     generate_medusa = generate
 
-    def _static_runner(self, state, tree: DraftTree, process, min_new_tokens) -> StaticRoundRunner:
+    def _static_runner(self, state, tree: DraftTree, process, min_new_tokens, compile: bool,
+                       use_graph: bool) -> StaticRoundRunner:
         """A captured runner for this cache, draft and logits rules: built (and its graph captured) on
         first use, then reused by later calls of the same shapes."""
         runners = self._runners
-        key = (id(state.cache), tree, min_new_tokens, id(self.drafter))
+        key = (id(state.cache), tree, min_new_tokens, id(self.drafter), compile, use_graph)
         runner = runners.get(key)
         if runner is None:
             for stale in [k for k, r in runners.items() if not self._cache_pool.holds(r.state.cache)]:
-                del runners[stale]
-            runner = runners[key] = StaticRoundRunner(self.backbone, self.project_for_decoding, process, state, tree)
+                runners.pop(stale).release()
+            runner = runners[key] = StaticRoundRunner(self.backbone, self.project_for_decoding, process, state, tree,
+                                                      use_graph=use_graph, compile=compile)
         else:
             runner.load(state)
         return runner
+
+    def _fuse_projections_once(self):
+        """Fused q/k/v and gate/up weights for the fixed-shape GPU rounds (views: no extra memory)."""
+        if not self._fusion_tried:
+            self._fusion_tried = True
+            self.backbone.fuse_projections()
+
+    def release_caches(self):
+        """Free the captured rounds and their preallocated KV caches (GPU memory); later calls
+        capture again."""
+        for runner in self._runners.values():
+            runner.release()
+        self._runners.clear()
+        self._cache_pool.caches.clear()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     @torch.no_grad()
     def collect_hidden_states(self, max_new_tokens: int | None = None, **inputs):
@@ -380,6 +419,28 @@ MERaLiON2MedusaForASR = MedusaForASR  # the name the seed's snippet uses
 def _synchronize(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _graph_seconds(fn, repeats: int) -> float:
+    """Median seconds of ``fn`` replayed as a CUDA graph (captured after a warm-up on a side stream)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(repeats + 1):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    del graph
+    return sorted(times[1:])[repeats // 2]
 
 
 def _project_without_drafts(backbone):

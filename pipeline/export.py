@@ -170,6 +170,10 @@ def compact_benchmark(path: str) -> tuple[str, dict]:
     env, settings, summary = results.get("environment", {}), results.get("settings", {}), results.get("summary", {})
     device = env.get("device_name") or env.get("device", "?")
     label = f"{device}, {env.get('dtype', '?')}, draft={settings.get('draft', '?')}"
+    if settings.get("compile"):
+        label += ", compiled rounds"
+    elif settings.get("cuda_graph") == "off":
+        label += ", eager loop"
     row = {k: summary[k] for k in BENCHMARK_FIELDS if k in summary}
     row.update({"torch": env.get("torch_version"), "transformers": env.get("transformers_version"),
                 "date": str(env.get("date", ""))[:10], "source": path if not os.path.isabs(path) else os.path.basename(path)})

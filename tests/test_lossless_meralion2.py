@@ -101,3 +101,33 @@ def test_missing_input_is_a_clear_error(meralion_medusa):
     del inputs["input_features"]
     with pytest.raises(ValueError, match="input_features"):
         meralion_medusa.generate(**inputs, max_new_tokens=3)
+
+
+def test_fused_projections_share_memory_and_keep_the_output(meralion_medusa):
+    """q/k/v and gate/up fused into one weight each: the base's layers become views of it (no extra
+    memory), the base's own generate is unchanged, and Medusa still equals it; new weight tensors
+    (what ``.to()`` makes) drop the fusion instead of using stale weights."""
+    from modeling_medusa import MedusaForASR
+
+    model = MedusaForASR.from_base(meralion_medusa.config.base_model_name_or_path, family="meralion2")
+    backbone = model.backbone
+    rng = random.Random(21)
+    cases = [(make_inputs(model, rng, rng.randint(1, 2)), rng.choice(["chain", [[0], [1], [0, 0], [0, 0, 0]]]))
+             for _ in range(6)]
+    expected = [model.generate(**inputs, use_medusa=False, max_new_tokens=12) for inputs, _ in cases]
+    bytes_before = sum(p.numel() * p.element_size() for p in model.base.parameters())
+    assert backbone.fuse_projections()
+    layer = backbone.model.layers[1]
+    qkv, gate_up = backbone.fused[1]
+    assert layer.self_attn.k_proj.weight.data_ptr() == qkv[layer.self_attn.q_proj.out_features].data_ptr()
+    assert layer.mlp.up_proj.weight.data_ptr() == gate_up[layer.mlp.gate_proj.out_features].data_ptr()
+    assert sum(p.numel() * p.element_size() for p in model.base.parameters()) == bytes_before
+    for index, ((inputs, draft), want) in enumerate(zip(cases, expected)):
+        assert torch.equal(model.generate(**inputs, use_medusa=False, max_new_tokens=12), want)
+        randomize_heads(model, index)
+        assert torch.equal(model.generate(**inputs, draft=draft, max_new_tokens=12, cuda_graph=index % 2 == 0), want)
+    for param in model.base.parameters():  # what .to(device/dtype) does: every parameter gets a new tensor
+        param.data = param.data.clone()
+    inputs, _ = cases[0]
+    assert torch.equal(model.generate(**inputs, draft="chain", max_new_tokens=12), expected[0])
+    assert backbone.fused is None

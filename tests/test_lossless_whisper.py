@@ -155,3 +155,31 @@ def test_fixed_shape_runner_is_reused_across_calls_and_stays_exact(whisper_medus
         pointers.add(tuple(t.data_ptr() for t in (state.lengths, state.hidden, state.next_token, state.draft_logits,
                                                   state.cache.keys, state.extra["cross_keys"])))
     assert len(runners) == 1 and len(pointers) == 1
+
+
+def test_compiled_rounds_equal_the_base_greedy(tmp_path_factory):
+    """``compile=True`` (torch.compile of the fixed-shape round; on CPU without a CUDA graph): same ids
+    as the base for chain and tree drafts, oracle and random heads, across reused calls."""
+    from modeling_medusa import MedusaForASR
+
+    folder = build_tiny_whisper(tmp_path_factory.mktemp("compiled"), seed=4)
+    model = MedusaForASR.from_base(str(folder), medusa_num_heads=4)
+    accepted = 0
+    for index, draft in enumerate(["chain", [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]] * 2):
+        features = random_features(2, 300 + index)
+        expected = model.generate(input_features=features, max_new_tokens=24, use_medusa=False)
+        randomize_heads(model, index)
+        if index % 2 == 0:
+            rows = model.collect_hidden_states(input_features=features, max_new_tokens=32)
+            model.drafter = OracleDrafter(model, rows, model.backbone.vocab_size, 0.2, seed=index)
+        try:
+            got, stats = model.generate(input_features=features, max_new_tokens=24, draft=draft, compile=True,
+                                        cuda_graph=False, return_stats=True)
+        finally:
+            model.drafter = None
+        assert torch.equal(expected, got), f"call {index}: base {expected.tolist()} compiled {got.tolist()}"
+        accepted += stats["accepted_tokens"]
+    assert accepted > 0
+    assert all(runner.graph is None for runner in model._runners.values())
+    model.release_caches()
+    assert not model._runners and not model._cache_pool.caches
