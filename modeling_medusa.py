@@ -24,13 +24,15 @@ try:
     from .backbone_meralion2 import MERaLiON2Backbone
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
-    from .medusa_decoding import CachePool, DraftTree, MedusaStats, expected_tokens_per_round, medusa_decode
+    from .medusa_decoding import (CachePool, DraftTree, MedusaStats, build_tree_from_accuracy,
+                                  expected_tokens_per_round, medusa_decode)
     from .medusa_fast import StaticRoundRunner
 except ImportError:
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
-    from medusa_decoding import CachePool, DraftTree, MedusaStats, expected_tokens_per_round, medusa_decode
+    from medusa_decoding import (CachePool, DraftTree, MedusaStats, build_tree_from_accuracy,
+                                 expected_tokens_per_round, medusa_decode)
     from medusa_fast import StaticRoundRunner
 
 HEADS_FILE = "medusa_heads.safetensors"
@@ -39,6 +41,7 @@ CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.
 BACKBONES = {"whisper": WhisperBackbone, "meralion2": MERaLiON2Backbone}
 BASE_LOAD_KWARGS = ("torch_dtype", "dtype", "device_map", "attn_implementation", "quantization_config",
                     "revision", "token", "cache_dir", "local_files_only", "low_cpu_mem_usage")
+AUTO_TREE_SIZES = (8, 32, 64)  # draft nodes of the extra trees draft="auto" times
 TRAIN_HINT = ("Train heads for this base with: python -m pipeline.collect --base BASE --audio AUDIO && "
               "python -m pipeline.train ... && python -m pipeline.export ... (see README.md).")
 
@@ -229,14 +232,17 @@ class MedusaForASR(PreTrainedModel):
         return DraftTree.chain(self.config.medusa_num_heads)
 
     def _draft_candidates(self, draft) -> list[DraftTree]:
-        """``draft="auto"`` with measured head accuracy: plain greedy, the chain and the tree compete."""
+        """``draft="auto"`` with measured head accuracy: plain greedy, the chain, the config's tree and
+        trees of other sizes built from the same accuracy compete (the size that pays depends on the
+        device, dtype and batch: a bigger tree accepts more but costs more to verify)."""
         accuracy = (self.config.head_accuracy or {}).get("topk")
         if draft != "auto" or not accuracy:
             return [self.draft_tree(draft)]
         options = [DraftTree(()), DraftTree.chain(self.config.medusa_num_heads)]
         if self.config.tree:
             options.append(DraftTree.from_paths(self.config.tree))
-        return options
+        options += [DraftTree.from_paths(build_tree_from_accuracy(accuracy, nodes)) for nodes in AUTO_TREE_SIZES]
+        return list(dict.fromkeys(options))  # unique, in order
 
     def _fastest_draft(self, candidates: list[DraftTree], state, use_graph: bool = False) -> DraftTree:
         """The draft with the most expected tokens per second of verify time on this device, dtype and

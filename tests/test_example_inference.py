@@ -40,8 +40,10 @@ class FakeModel:
         assert all(a.dtype == np.float32 and a.ndim == 1 for a in arrays)
         return {"input_features": torch.zeros(len(arrays), 2), "lengths": torch.tensor([len(a) for a in arrays])}
 
-    def generate(self, input_features, lengths, max_new_tokens, use_medusa, return_stats):
+    def generate(self, input_features, lengths, max_new_tokens, use_medusa, return_stats, compile=False):
         assert return_stats and max_new_tokens > 0
+        assert use_medusa or not compile, "compile is a Medusa option"
+        self.compiled_calls = getattr(self, "compiled_calls", 0) + compile
         if max_new_tokens > example_inference.WARMUP_NEW_TOKENS:
             self.batches.append(lengths.tolist())
         if self.fail_on_samples in lengths.tolist():
@@ -95,6 +97,14 @@ def test_long_file_is_transcribed_whole_by_windows(tmp_path, capsys):
     assert all(n <= 30 * SR for n in lengths)
     assert out.strip() == " ".join(f"{n} samples" for n in lengths)
     assert "1 done, 0 failed, 0 skipped" in err and "mean accepted tokens/round 2.50" in err
+
+
+def test_compile_flag_reaches_medusa_generate(tmp_path, capsys):
+    audio = write_wav(tmp_path / "a.wav", seconds=40.0)
+    code, model, _, _ = run([audio, "--compile"], capsys=capsys)
+    assert code == 0 and model.compiled_calls == len(model.batches) == 2
+    code, model, _, _ = run([audio], capsys=capsys)
+    assert code == 0 and model.compiled_calls == 0
 
 
 def test_windows_of_several_files_are_batched(tmp_path, capsys):
