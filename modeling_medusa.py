@@ -93,7 +93,7 @@ class MedusaForASR(PreTrainedModel):
         self._acceptance_scale = 1.0  # observed / predicted extra tokens per round, averaged over calls
         self._cache_pool = CachePool()  # fixed-shape caches reused by the CUDA-graph runners
         self._runners: dict = {}
-        self._fusion_tried = False
+        self._rounds_signature = None  # the weights the kept rounds were captured with
         self.backbone = BACKBONES[config.base_family](base) if base is not None else None
         if base is not None:
             _check_fits(config, self.backbone)
@@ -332,8 +332,8 @@ class MedusaForASR(PreTrainedModel):
         on_cuda = self.backbone.base.device.type == "cuda"
         use_graph = on_cuda if cuda_graph is None else bool(cuda_graph)  # off CUDA: fixed shapes, no capture
         fixed_shape = use_graph or compile
-        if fixed_shape and on_cuda:
-            self._fuse_projections_once()
+        if fixed_shape:
+            self._prepare_fixed_shape_rounds(fuse=on_cuda)
         pool = self._cache_pool if fixed_shape else None
         state, max_new, prompt = self.backbone.prefill(kwargs, max_new_tokens, slack, process, cache_pool=pool)
         tree = candidates[0] if len(candidates) == 1 else self._fastest_draft(candidates, state, use_graph and on_cuda)
@@ -367,11 +367,19 @@ class MedusaForASR(PreTrainedModel):
             runner.load(state)
         return runner
 
-    def _fuse_projections_once(self):
-        """Fused q/k/v and gate/up weights for the fixed-shape GPU rounds (views: no extra memory)."""
-        if not self._fusion_tried:
-            self._fusion_tried = True
+    def _prepare_fixed_shape_rounds(self, fuse: bool):
+        """Captured rounds hold raw pointers to the weights, so when any weight tensor was replaced
+        since they were captured (``.to()``, ``.half()``, a reload) they are dropped, not replayed over
+        freed memory. Then (GPU) q/k/v and gate/up are fused for the rounds (views: no extra memory)."""
+        if self._weights_signature() == self._rounds_signature:
+            return
+        self.release_caches()
+        if fuse:
             self.backbone.fuse_projections()
+        self._rounds_signature = self._weights_signature()
+
+    def _weights_signature(self) -> tuple:
+        return tuple((p.data_ptr(), p.dtype, p.device) for p in self.parameters())
 
     def release_caches(self):
         """Free the captured rounds and their preallocated KV caches (GPU memory); later calls

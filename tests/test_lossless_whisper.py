@@ -183,3 +183,23 @@ def test_compiled_rounds_equal_the_base_greedy(tmp_path_factory):
     assert all(runner.graph is None for runner in model._runners.values())
     model.release_caches()
     assert not model._runners and not model._cache_pool.caches
+
+
+def test_kept_rounds_are_dropped_when_weights_are_replaced(whisper_medusa):
+    """A captured round holds raw pointers to the weights: after ``.to()``-style replacement of the
+    weight tensors the kept runners must be dropped (a stale CUDA graph would read freed memory)."""
+    randomize_heads(whisper_medusa, 5)
+    features = random_features(2, 400)
+    expected = whisper_medusa.generate(input_features=features, max_new_tokens=12, use_medusa=False)
+    assert torch.equal(whisper_medusa.generate(input_features=features, max_new_tokens=12, draft="chain",
+                                               cuda_graph=True), expected)
+    (before,) = whisper_medusa._runners.values()
+    assert torch.equal(whisper_medusa.generate(input_features=features, max_new_tokens=12, draft="chain",
+                                               cuda_graph=True), expected)
+    assert list(whisper_medusa._runners.values()) == [before]  # same weights: reused
+    for param in whisper_medusa.parameters():  # what .to(device/dtype) does: new tensors
+        param.data = param.data.clone()
+    assert torch.equal(whisper_medusa.generate(input_features=features, max_new_tokens=12, draft="chain",
+                                               cuda_graph=True), expected)
+    (after,) = whisper_medusa._runners.values()
+    assert after is not before and before.graph is None
