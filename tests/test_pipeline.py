@@ -496,3 +496,17 @@ def test_end_to_end_meralion2_standin(tmp_path):
     base = str(build_meralion2_standin(tmp_path / "base", seed=0))
     cfg = _run_pipeline_end_to_end(base, tmp_path, n_clips=8, max_new_tokens=12)
     assert cfg.base_family == "meralion2"
+
+
+def test_base_folder_resolves_known_whisper_ids_offline(tmp_path, monkeypatch):
+    """``--base openai/whisper-tiny.en`` loads the offline copy (as benchmark.py does); folders and other
+    names pass through unchanged."""
+    from pipeline import real_whisper
+
+    calls = []
+    monkeypatch.setattr(real_whisper, "resolve_whisper", lambda name: calls.append(name) or str(tmp_path / "converted"))
+    assert collect.base_folder("openai/whisper-tiny.en") == str(tmp_path / "converted")
+    assert collect.base_folder("tiny.en") == str(tmp_path / "converted")  # alias
+    assert collect.base_folder(str(tmp_path)) == str(tmp_path)
+    assert collect.base_folder("MERaLiON/MERaLiON-2-3B") == "MERaLiON/MERaLiON-2-3B"
+    assert calls == ["openai/whisper-tiny.en", "tiny.en"]
