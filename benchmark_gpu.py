@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from backbone_meralion2 import MERaLiON2Backbone
 from medusa_decoding import CachePool, DraftTree, MedusaStats, build_tree_from_accuracy
-from medusa_fast import StaticRoundRunner
+from medusa_fast import StaticRoundRunner, capture_cuda_graph
 
 SEED_TOP1 = [0.76, 0.47, 0.35, 0.27]  # the seed model card's held-out per-head accuracy (MERaLiON-2-3B)
 SEED_PROFILE = "seed_76_47_35_27"
@@ -120,19 +120,6 @@ def time_cuda(fn, repeats=30, warmup=5) -> float:
     return statistics.median(times)
 
 
-def capture(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 # --------------------------------------------------------------------------- prompt & prefill
 
 
@@ -197,7 +184,7 @@ def verify_cost_table(model, backbone, sizes, compile_sizes, report):
 
 
 def graph_ms(fn) -> float:
-    graph = capture(fn)
+    graph = capture_cuda_graph(fn, warmups=3)
     ms = time_cuda(graph.replay)
     del graph
     return ms
@@ -207,7 +194,7 @@ def compiled_graph_ms(fn, name) -> dict:
     try:
         start = time.perf_counter()
         compiled = torch.compile(fn, dynamic=False)
-        graph = capture(compiled)
+        graph = capture_cuda_graph(compiled, warmups=3)
         compile_s = time.perf_counter() - start
         return {name: time_cuda(graph.replay), name.replace("_ms", "_compile_s"): compile_s}
     except Exception as err:  # compile support varies by torch build

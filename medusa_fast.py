@@ -18,6 +18,25 @@ except ImportError:
     from medusa_decoding import DecodeState, DraftTree, MedusaStats, finished, first_draft_logits, record_round, verify_round
 
 
+def capture_cuda_graph(fn, warmups: int = 1, reset=None) -> torch.cuda.CUDAGraph:
+    """Run ``fn`` ``warmups`` times on a side stream (compiling, allocating), then capture one call of
+    it as a CUDA graph. ``reset`` runs after every call, to undo what ``fn`` changed in place."""
+    reset = reset or (lambda: None)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn()
+            reset()
+    torch.cuda.current_stream().wait_stream(side)
+    gc.collect()  # a cyclic-GC pass freeing another graph's memory during capture would invalidate it
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    reset()
+    return graph
+
+
 def _compiled_round(round_fn):
     """``torch.compile`` of a round. Every runner (batch size, draft tree, cache capacity) is one
     more specialisation of the same code, so the recompile limit must allow many of them."""
@@ -98,19 +117,7 @@ class StaticRoundRunner:
 
     def _capture(self):
         saved = self._snapshot()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                self._compiled(self)
-                self._restore(saved)
-        torch.cuda.current_stream().wait_stream(side)
-        gc.collect()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._compiled(self)
-        self._restore(saved)
-        return graph
+        return capture_cuda_graph(lambda: self._compiled(self), warmups=3, reset=lambda: self._restore(saved))
 
     def release(self):
         """Free the captured graph (its private memory pool goes back to the allocator)."""

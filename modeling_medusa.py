@@ -26,14 +26,14 @@ try:
     from .configuration_medusa import MedusaConfig
     from .medusa_decoding import (CachePool, DraftTree, MedusaStats, build_tree_from_accuracy,
                                   expected_tokens_per_round, medusa_decode)
-    from .medusa_fast import StaticRoundRunner
+    from .medusa_fast import StaticRoundRunner, capture_cuda_graph
 except ImportError:
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
     from medusa_decoding import (CachePool, DraftTree, MedusaStats, build_tree_from_accuracy,
                                  expected_tokens_per_round, medusa_decode)
-    from medusa_fast import StaticRoundRunner
+    from medusa_fast import StaticRoundRunner, capture_cuda_graph
 
 HEADS_FILE = "medusa_heads.safetensors"
 CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.py", "medusa_fast.py",
@@ -437,14 +437,7 @@ def _synchronize(device):
 
 def _graph_seconds(fn, repeats: int) -> float:
     """Median seconds of ``fn`` replayed as a CUDA graph (captured after a warm-up on a side stream)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture_cuda_graph(fn)
     times = []
     for _ in range(repeats + 1):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
