@@ -130,9 +130,9 @@ def make_prompt(model, batch, device):
     return {"input_ids": ids, "input_features": features, "feature_attention_mask": torch.ones(batch, 3000, device=device)}
 
 
-def prefill(backbone, inputs, max_new, extra, min_new=None):
+def prefill(backbone, inputs, max_new, extra, min_new=None, cache_pool=None):
     process = backbone.make_logits_processor(min_new)
-    state, max_new, prompt = backbone.prefill(inputs, max_new, extra, process)
+    state, _, _ = backbone.prefill(inputs, max_new, extra, process, cache_pool=cache_pool)
     return state, process
 
 
@@ -269,9 +269,7 @@ class ReplayedRunner:
         self.setup_seconds = time.perf_counter() - start  # compile + capture, paid once per shape
 
     def _prefill(self, inputs, tree):
-        process = self.backbone.make_logits_processor(self.max_new)
-        state, _, _ = self.backbone.prefill(inputs, self.max_new, 2 * tree.num_nodes, process, cache_pool=self.pool)
-        return state, process
+        return prefill(self.backbone, inputs, self.max_new, 2 * tree.num_nodes, min_new=self.max_new, cache_pool=self.pool)
 
     def __call__(self, inputs):
         """One call: prefill, then the decode rounds; returns (outputs, stats with loop_seconds)."""

@@ -175,6 +175,13 @@ def _norm(out: dict, hf: str, ct2: dict, prefix: str) -> None:
     out[f"{hf}.bias"] = ct2[f"{prefix}/beta"]
 
 
+def _self_attention(sd, hf: str, ct2, c: str, d: int) -> None:
+    """A layer's self-attention: CT2 keeps q/k/v as one fused linear."""
+    _split_fused(sd, [f"{hf}.self_attn.{p}_proj" for p in "qkv"], ct2, f"{c}/self_attention/linear_0", d)
+    _linear(sd, f"{hf}.self_attn.out_proj", ct2, f"{c}/self_attention/linear_1")
+    _norm(sd, f"{hf}.self_attn_layer_norm", ct2, f"{c}/self_attention/layer_norm")
+
+
 def _split_fused(out: dict, hf_names: list[str | None], ct2: dict, prefix: str, d: int) -> None:
     """Split a fused projection (rows stacked) into separate HF projections. k_proj has no bias."""
     weight, bias = ct2[f"{prefix}/weight"], ct2[f"{prefix}/bias"]
@@ -206,18 +213,14 @@ def map_state_dict(ct2: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     _norm(sd, "model.encoder.layer_norm", ct2, "encoder/layer_norm")
     for i in range(_num_layers(ct2, "encoder")):
         hf, c = f"model.encoder.layers.{i}", f"encoder/layer_{i}"
-        _split_fused(sd, [f"{hf}.self_attn.{p}_proj" for p in "qkv"], ct2, f"{c}/self_attention/linear_0", d)
-        _linear(sd, f"{hf}.self_attn.out_proj", ct2, f"{c}/self_attention/linear_1")
-        _norm(sd, f"{hf}.self_attn_layer_norm", ct2, f"{c}/self_attention/layer_norm")
+        _self_attention(sd, hf, ct2, c, d)
         _ffn(sd, hf, ct2, c)
     sd["model.decoder.embed_tokens.weight"] = ct2["decoder/embeddings/weight"]
     sd["model.decoder.embed_positions.weight"] = ct2["decoder/position_encodings/encodings"]
     _norm(sd, "model.decoder.layer_norm", ct2, "decoder/layer_norm")
     for i in range(_num_layers(ct2, "decoder")):
         hf, c = f"model.decoder.layers.{i}", f"decoder/layer_{i}"
-        _split_fused(sd, [f"{hf}.self_attn.{p}_proj" for p in "qkv"], ct2, f"{c}/self_attention/linear_0", d)
-        _linear(sd, f"{hf}.self_attn.out_proj", ct2, f"{c}/self_attention/linear_1")
-        _norm(sd, f"{hf}.self_attn_layer_norm", ct2, f"{c}/self_attention/layer_norm")
+        _self_attention(sd, hf, ct2, c, d)
         _linear(sd, f"{hf}.encoder_attn.q_proj", ct2, f"{c}/attention/linear_0")
         _split_fused(sd, [f"{hf}.encoder_attn.{p}_proj" for p in "kv"], ct2, f"{c}/attention/linear_1", d)
         _linear(sd, f"{hf}.encoder_attn.out_proj", ct2, f"{c}/attention/linear_2")
