@@ -75,6 +75,9 @@ ALIASES = {
 }
 
 MARKER = "conversion.json"  # written last into a finished folder
+# Bumped when the converted output changes; folders written by another version are converted again.
+# 2: multilingual generation config forces <|transcribe|> after the detected language, as the Hub's does.
+CONVERTER_VERSION = 2
 
 
 class ConversionError(RuntimeError):
@@ -302,6 +305,9 @@ def build_generation_config(config, ct2_config: dict, tokens: dict[str, int], mu
         id_to_token = {v: k for k, v in tokens.items()}
         gen.lang_to_id = {id_to_token[i]: i for i in ct2_config.get("lang_ids", []) if i in id_to_token}
         gen.task_to_id = {"translate": tokens["<|translate|>"], "transcribe": tokens["<|transcribe|>"]}
+        # The Hub's legacy prompt: language detected (None), then transcribe. Without it generate() detects
+        # the language but adds no task token, and whisper-base falls into repetition loops on English.
+        gen.forced_decoder_ids = [[1, None], [2, tokens["<|transcribe|>"]]]
     else:
         gen.forced_decoder_ids = [[1, tokens["<|notimestamps|>"]]]
     return gen
@@ -443,7 +449,7 @@ def convert(files: dict[str, Path], known: KnownModel, out_dir: Path, hub_id: st
 
     model.save_pretrained(out_dir)
     build_processor(files["tokenizer.json"]).save_pretrained(out_dir)
-    info = {"hub_id": hub_id, "source_wheels": [f"{p.dist}=={p.version}" for p in known.parts],
+    info = {"hub_id": hub_id, "converter_version": CONVERTER_VERSION, "source_wheels": [f"{p.dist}=={p.version}" for p in known.parts],
             "model_bin_sha256": digest, "num_parameters": sum(p.numel() for p in model.parameters())}
     (out_dir / MARKER).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
@@ -457,6 +463,15 @@ def _check_transformers() -> None:
                               f"run it from the Whisper (.venv) environment")
 
 
+def _finished_conversion(folder: Path) -> bool:
+    """A complete conversion written by this converter version."""
+    try:
+        info = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return info.get("converter_version") == CONVERTER_VERSION
+
+
 def ensure_converted(hub_id: str, cache_dir: Path | None = None) -> Path:
     """Return a local folder with the converted HF model + processor, converting it on first use."""
     hub_id = canonical_id(hub_id)
@@ -464,7 +479,7 @@ def ensure_converted(hub_id: str, cache_dir: Path | None = None) -> Path:
         raise ConversionError(f"no offline source known for {hub_id!r}; known: {', '.join(KNOWN_MODELS)}")
     root = cache_root(cache_dir)
     target = root / folder_name(hub_id)
-    if (target / MARKER).is_file():
+    if _finished_conversion(target):
         return target
     _check_transformers()
     root.mkdir(parents=True, exist_ok=True)
@@ -472,8 +487,8 @@ def ensure_converted(hub_id: str, cache_dir: Path | None = None) -> Path:
     tmp = _make_tmp_dir(root, f".{target.name}.tmp-")
     try:
         convert(files, KNOWN_MODELS[hub_id], tmp, hub_id)
-        if target.exists() and not (target / MARKER).is_file():
-            shutil.rmtree(target)  # left over from an older, unfinished layout
+        if target.exists() and not _finished_conversion(target):
+            shutil.rmtree(target)  # unfinished, or written by an older converter
         _replace_dir(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -106,13 +106,16 @@ def test_collected_hidden_states_reproduce_the_tokens(whisper_medusa):
         assert torch.equal(process(logits[None], steps)[0].argmax(-1), tokens)
 
 
+@pytest.mark.parametrize("hub_prompt", [False, True], ids=["no-forced-ids", "hub-forced-ids"])
 @pytest.mark.parametrize("kwargs", [{}, {"language": "en"}, {"language": "fr", "task": "translate"},
                                     {"task": "transcribe"}, {"language": "french"}])
-def test_multilingual_prompt_language_and_task_match_the_base(kwargs, tmp_path_factory):
-    """Language given, detected per row, or set by name; task given or defaulted: same prompt, same ids."""
+def test_multilingual_prompt_language_and_task_match_the_base(kwargs, hub_prompt, tmp_path_factory):
+    """Language given, detected per row, or set by name; task given, defaulted or forced by the config's
+    legacy ids: same prompt, same ids."""
     from modeling_medusa import MedusaForASR
 
-    folder = build_tiny_whisper(tmp_path_factory.mktemp("multilingual"), seed=6, multilingual=True)
+    folder = build_tiny_whisper(tmp_path_factory.mktemp("multilingual"), seed=6, multilingual=True,
+                                hub_prompt=hub_prompt)
     model = MedusaForASR.from_base(str(folder))
     randomize_heads(model, 1)
     for seed in range(3):

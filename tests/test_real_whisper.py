@@ -140,6 +140,64 @@ def test_cache_root_env(monkeypatch, tmp_path):
     assert rw.cache_root(tmp_path / "x") == tmp_path / "x"
 
 
+def _tokens_like_whisper(multilingual: bool) -> dict[str, int]:
+    names = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|fr|>", "<|translate|>", "<|transcribe|>",
+             "<|startofprev|>", "<|notimestamps|>"]
+    return {name: 50257 + i for i, name in enumerate(names if multilingual else names[:2] + names[6:])}
+
+
+def test_multilingual_generation_config_detects_language_then_transcribes():
+    """As the Hub's generation config: without language/task, generate() detects the language and then
+    transcribes. Without the forced <|transcribe|> it adds no task token and whisper-base loops."""
+    from transformers import WhisperConfig
+
+    tokens = _tokens_like_whisper(multilingual=True)
+    ct2_config = {"lang_ids": [tokens["<|en|>"], tokens["<|fr|>"]], "suppress_ids": [], "suppress_ids_begin": []}
+    gen = rw.build_generation_config(WhisperConfig(), ct2_config, tokens, multilingual=True)
+    assert gen.forced_decoder_ids == [[1, None], [2, tokens["<|transcribe|>"]]]
+    assert gen.lang_to_id == {"<|en|>": tokens["<|en|>"], "<|fr|>": tokens["<|fr|>"]}
+    english = rw.build_generation_config(WhisperConfig(), ct2_config, _tokens_like_whisper(False), multilingual=False)
+    assert english.forced_decoder_ids == [[1, _tokens_like_whisper(False)["<|notimestamps|>"]]]
+
+
+def test_folders_from_an_older_converter_are_converted_again(tmp_path):
+    folder = tmp_path / "whisper-x"
+    folder.mkdir()
+    assert not rw._finished_conversion(folder)  # no marker: unfinished
+    (folder / rw.MARKER).write_text(json.dumps({"hub_id": "openai/whisper-base"}))
+    assert not rw._finished_conversion(folder)  # version 1 wrote no converter_version
+    (folder / rw.MARKER).write_text(json.dumps({"converter_version": rw.CONVERTER_VERSION - 1}))
+    assert not rw._finished_conversion(folder)
+    (folder / rw.MARKER).write_text(json.dumps({"converter_version": rw.CONVERTER_VERSION}))
+    assert rw._finished_conversion(folder)
+    (folder / rw.MARKER).write_text("{not json")
+    assert not rw._finished_conversion(folder)
+
+
+def test_ensure_converted_replaces_an_older_conversion(tmp_path, monkeypatch):
+    """A cache written by an older converter is converted again, in place; a current one is kept."""
+    stale = tmp_path / "whisper-tiny.en"
+    stale.mkdir()
+    (stale / "generation_config.json").write_text("{}")
+    (stale / rw.MARKER).write_text(json.dumps({"hub_id": "openai/whisper-tiny.en"}))
+    calls = []
+
+    def fake_convert(files, known, out_dir, hub_id):
+        calls.append(hub_id)
+        (out_dir / "generation_config.json").write_text('{"new": true}')
+        (out_dir / rw.MARKER).write_text(json.dumps({"converter_version": rw.CONVERTER_VERSION}))
+
+    monkeypatch.setattr(rw, "_check_transformers", lambda: None)
+    monkeypatch.setattr(rw, "locate_files", lambda hub_id, root: {})
+    monkeypatch.setattr(rw, "convert", fake_convert)
+    assert rw.ensure_converted("openai/whisper-tiny.en", cache_dir=tmp_path) == stale
+    assert calls == ["openai/whisper-tiny.en"]
+    assert json.loads((stale / "generation_config.json").read_text()) == {"new": True}
+    rw.ensure_converted("openai/whisper-tiny.en", cache_dir=tmp_path)
+    assert calls == ["openai/whisper-tiny.en"]  # current: not converted twice
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["whisper-tiny.en"]  # no temp folder left
+
+
 # ----------------------------------------------------------------------------- real weights vs ctranslate2
 
 
@@ -246,11 +304,16 @@ def test_converted_folder_is_cached_and_reloads():
 # ----------------------------------------------------------------------------- the committed real heads
 
 
-def test_committed_tiny_en_heads_load_through_automodel_and_are_lossless(flite_speech):
-    """heads/whisper-tiny.en + the real converted tiny.en, loaded the way users load it: the transcript
-    of real-model speech decoding equals the base's own greedy output, and drafts get accepted."""
-    base, _ = _converted("openai/whisper-tiny.en")
-    folder = Path(__file__).resolve().parents[1] / "heads" / "whisper-tiny.en"
+@pytest.mark.parametrize("hub_id", [
+    "openai/whisper-tiny.en",
+    pytest.param("openai/whisper-base", marks=pytest.mark.skipif(
+        os.environ.get("MEDUSA_ASR_TEST_BASE") != "1", reason="base only with MEDUSA_ASR_TEST_BASE=1")),
+])
+def test_committed_heads_load_through_automodel_and_are_lossless(hub_id, flite_speech):
+    """heads/<model> + the real converted base, loaded the way users load it: the transcript of
+    real-model speech decoding equals the base's own greedy output, and drafts get accepted."""
+    base, _ = _converted(hub_id)
+    folder = Path(__file__).resolve().parents[1] / "heads" / hub_id.split("/")[-1]
     model = transformers.AutoModel.from_pretrained(str(folder), trust_remote_code=True,
                                                    base_model_name_or_path=str(base))
     assert type(model).__name__ == "MedusaForASR" and model.config.base_model_name_or_path == str(base)

@@ -10,7 +10,8 @@ WHISPER_VOCAB = 120  # ids: 0..111 text, 112 eot, 113 sot, then English-only: 11
 # multilingual: 114 <|en|>, 115 <|fr|>, 116 transcribe, 117 translate, 118 notimestamps
 
 
-def build_tiny_whisper(folder: Path, seed: int = 0, logit_scale: float = 4.0, multilingual: bool = False) -> Path:
+def build_tiny_whisper(folder: Path, seed: int = 0, logit_scale: float = 4.0, multilingual: bool = False,
+                       hub_prompt: bool = False) -> Path:
     """A 2-layer random Whisper saved with its generation config (English-only layout by default)."""
     from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
@@ -32,8 +33,10 @@ def build_tiny_whisper(folder: Path, seed: int = 0, logit_scale: float = 4.0, mu
         model.model.decoder.embed_tokens.weight.normal_(0.0, 1.0)
         model.proj_out.weight.normal_(0.0, logit_scale / config.d_model**0.5)
         model.proj_out.weight[eot] *= 1.15  # EOS now and then, so stopping inside drafts is exercised
+    # hub_prompt: the legacy forced ids of the Hub's multilingual configs (detect the language, then transcribe)
     languages = {"lang_to_id": {"<|en|>": 114, "<|fr|>": 115}, "task_to_id": {"transcribe": 116, "translate": 117},
-                 "forced_decoder_ids": None} if multilingual else {"forced_decoder_ids": [[1, notimestamps]]}
+                 "forced_decoder_ids": [[1, None], [2, 116]] if hub_prompt else None,
+                 } if multilingual else {"forced_decoder_ids": [[1, notimestamps]]}
     model.generation_config = GenerationConfig(
         decoder_start_token_id=sot, eos_token_id=eot, pad_token_id=eot, bos_token_id=eot,
         no_timestamps_token_id=notimestamps, max_length=64, suppress_tokens=[3, 5],
