@@ -56,6 +56,7 @@ class WhisperBackbone(Backbone):
         """The decoder prompt the base's generate would build: start token, language (given, from the
         legacy forced ids, or detected per row), task, and <|notimestamps|>."""
         gen = self.gen
+        self.check_prompt_options(language, task)
         language = language or getattr(gen, "language", None)
         task = task or getattr(gen, "task", None)
         tokens = [gen.decoder_start_token_id]
@@ -80,6 +81,16 @@ class WhisperBackbone(Backbone):
                 row += self._no_timestamps()
             rows.append(row)
         return torch.tensor(rows, device=self.base.device)
+
+    def check_prompt_options(self, language=None, task=None) -> None:
+        """Clear errors for a language or task this model cannot take, before any decoding."""
+        if (language or task) and not getattr(self.gen, "lang_to_id", None):
+            raise ValueError(f"This Whisper model is English-only: it takes no language or task (got "
+                             f"language={language!r}, task={task!r}); leave them unset.")
+        if language:
+            self._language_id(language)
+        if task and task not in (getattr(self.gen, "task_to_id", None) or {}):
+            raise ValueError(f"Unknown Whisper task {task!r}; use 'transcribe' or 'translate'.")
 
     def _legacy_forced_tokens(self) -> list:
         forced = getattr(self.gen, "forced_decoder_ids", None) or getattr(self.config, "forced_decoder_ids", None)

@@ -44,6 +44,7 @@ DEFAULT_MODEL = "heads/whisper-tiny.en"
 DEFAULT_MANIFEST = "work_data/eval_speech/manifest.jsonl"
 DEFAULT_OUT = "benchmarks/cpu"
 PLOT_NAME = "speedup_vs_length.png"
+PROMPT_OPTIONS = ("language", "task")  # generate inputs that are options, not tensors
 SCHEMA_VERSION = 1
 EXIT_OK, EXIT_ERROR = 0, 2
 
@@ -374,7 +375,8 @@ def _stack_inputs(clips: list[Clip], model) -> tuple[dict, float | None]:
     if all(c.audio is not None for c in clips) and getattr(model, "processor", None) is not None:
         sync = _synchronizer(_model_device(model))
         start = time.perf_counter()
-        inputs = _to_model(model.prepare_audio_inputs([c.audio for c in clips]), model)
+        options = {k: v for k, v in clips[0].inputs.items() if k in PROMPT_OPTIONS}
+        inputs = _to_model(model.prepare_audio_inputs([c.audio for c in clips], **options), model)
         sync()
         return inputs, (time.perf_counter() - start) * 1000.0
     import torch
@@ -890,7 +892,7 @@ def load_model(folder: Path, device: str, dtype):
     return model, base, declared
 
 
-def load_clips(model, rows: list[dict], progress: bool) -> list[Clip]:
+def load_clips(model, rows: list[dict], progress: bool, prompt_options: dict | None = None) -> list[Clip]:
     """Audio -> features, once per clip; feature extraction (incl. the copy to the device) is timed."""
     import audio_io
     from tqdm import tqdm
@@ -905,7 +907,7 @@ def load_clips(model, rows: list[dict], progress: bool) -> list[Clip]:
         except Exception as err:  # noqa: BLE001 - AudioError and decoder errors alike
             raise BenchmarkError(f"clip {row['id']!r}: cannot read {row['audio']}: {err}") from err
         start = time.perf_counter()
-        inputs = _to_model(model.prepare_audio_inputs([samples]), model)
+        inputs = _to_model(model.prepare_audio_inputs([samples], **(prompt_options or {})), model)
         sync()
         feature_ms = (time.perf_counter() - start) * 1000.0
         clips.append(Clip(row["id"], inputs, row.get("text"), len(samples) / 16000.0, feature_ms, samples))
@@ -928,6 +930,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft", default="auto", choices=["auto", "chain", "tree", "none"],
                         help="auto: the fastest of plain / chain / tree on this device (timed); "
                              "none: our decode loop without drafts (isolates the loop's own speed)")
+    parser.add_argument("--language", default=None,
+                        help="multilingual Whisper: language code of the clips (default: detected per clip)")
+    parser.add_argument("--task", default=None, choices=["transcribe", "translate"],
+                        help="multilingual Whisper: task (default: the model's own, transcribe)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="also run a batched section, N clips per batch (N > 1)")
@@ -980,7 +986,11 @@ def _main(args) -> int:
         import transformers
 
         transformers.logging.set_verbosity_error()
-    clips = load_clips(model, rows, progress=not args.quiet)
+    prompt_options = {k: getattr(args, k) for k in PROMPT_OPTIONS if getattr(args, k)}
+    try:
+        clips = load_clips(model, rows, progress=not args.quiet, prompt_options=prompt_options)
+    except ValueError as err:  # a language or task the model cannot take
+        raise BenchmarkError(str(err)) from err
 
     medusa_kwargs = {} if args.cuda_graph == "auto" else {"cuda_graph": args.cuda_graph == "on"}
     if args.compile:
@@ -1003,6 +1013,7 @@ def _main(args) -> int:
             "medusa_num_layers": model.config.medusa_num_layers, "manifest": str(args.audio),
             "clips": len(clips), "repeats": args.repeats, "warmup": args.warmup,
             "max_new_tokens": args.max_new_tokens, "draft": args.draft, "batch_size": args.batch_size,
+            **prompt_options,
             "threads": args.threads, "cuda_graph": args.cuda_graph, "compile": args.compile,
             "model_load_s": load_seconds,
             "timing": "median of the timed repeats of generate(); features prepared once per clip outside the "

@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--batch-size", type=_positive_int, default=1, help="windows decoded together (default: 1)")
     parser.add_argument("--no-medusa", action="store_true", help="plain greedy decoding, heads unused")
+    parser.add_argument("--language", default=None,
+                        help="multilingual Whisper: language code of the audio, e.g. en (default: detected per window)")
+    parser.add_argument("--task", default=None, choices=["transcribe", "translate"],
+                        help="multilingual Whisper: task (default: the model's own, transcribe)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the decoding rounds: faster on a GPU after a one-off compile per batch size")
     parser.add_argument("--format", default="txt", choices=audio_io.OUTPUT_FORMATS, help="output format (default: txt)")
@@ -215,15 +219,17 @@ def _as_number(value) -> float:
 class Transcriber:
     """Runs the model on batches of 16 kHz mono windows."""
 
-    def __init__(self, model, max_new_tokens: int, use_medusa: bool, compile: bool = False):
+    def __init__(self, model, max_new_tokens: int, use_medusa: bool, compile: bool = False,
+                 prompt_options: dict | None = None):
         self.model = model
         self.max_new_tokens = max_new_tokens
         self.use_medusa = use_medusa
         self.compile = compile
+        self.prompt_options = prompt_options or {}  # language / task of a multilingual Whisper
         self.stats = DecodeStats()
 
     def prepare(self, windows: list[np.ndarray]) -> dict:
-        inputs = self.model.prepare_audio_inputs(windows)
+        inputs = self.model.prepare_audio_inputs(windows, **self.prompt_options)
         return _to_model_device(inputs, self.model)
 
     def generate(self, inputs: dict, use_medusa: bool | None = None, max_new_tokens: int | None = None):
@@ -575,8 +581,15 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
         log(f"error: cannot load model {model_name!r}: {' '.join(str(error).split())}")
         return EXIT_MODEL_ERROR
     load_seconds = time.perf_counter() - started
+    prompt_options = {k: v for k, v in (("language", args.language), ("task", args.task)) if v}
+    if prompt_options:
+        try:
+            model.check_prompt_options(**prompt_options)
+        except ValueError as error:
+            log(f"error: {error}")
+            return EXIT_MODEL_ERROR
     transcriber = Transcriber(model, args.max_new_tokens or default_max_new_tokens(model), not args.no_medusa,
-                              compile=args.compile)
+                              compile=args.compile, prompt_options=prompt_options)
 
     if not args.audio:
         return run_demo(transcriber, model_name)

@@ -405,14 +405,27 @@ class MedusaForASR(PreTrainedModel):
         return [(torch.tensor(t), torch.stack(h)) for t, h in zip(tokens, hiddens)]
 
     # ------------------------------------------------------------------ audio convenience
-    def prepare_audio_inputs(self, audios, sampling_rate: int = 16000, instruction: str | None = None):
-        """A batch of 16 kHz mono float arrays -> the base's generate inputs."""
+    def check_prompt_options(self, language: str | None = None, task: str | None = None) -> None:
+        """ValueError naming the problem when this base cannot take the language or task."""
+        if self.family == "whisper":
+            self.backbone.check_prompt_options(language, task)
+        elif language or task:
+            raise ValueError("language/task apply to Whisper bases; MERaLiON-2 takes an instruction instead, "
+                             "e.g. instruction='Please transcribe this speech.'")
+
+    def prepare_audio_inputs(self, audios, sampling_rate: int = 16000, instruction: str | None = None,
+                             language: str | None = None, task: str | None = None):
+        """A batch of 16 kHz mono float arrays -> the base's generate inputs. ``language`` and ``task``
+        (multilingual Whisper only; default: the model's own, i.e. detect the language and transcribe)
+        are carried in the inputs; ``instruction`` is MERaLiON-2's prompt."""
         if self.processor is None:
             raise ValueError("This model was loaded without a processor; pass processor= to from_pretrained.")
         if sampling_rate != 16000:
             raise ValueError(f"Audio must be 16 kHz (got {sampling_rate} Hz); resample it first.")
+        self.check_prompt_options(language, task)
         if self.family == "whisper":
-            return dict(self.processor(list(audios), sampling_rate=16000, return_tensors="pt"))
+            inputs = dict(self.processor(list(audios), sampling_rate=16000, return_tensors="pt"))
+            return {**inputs, **{k: v for k, v in (("language", language), ("task", task)) if v}}
         prompt = (f"Instruction: {instruction or 'Please transcribe this speech.'} \n"
                   "Follow the text instruction based on the following audio: <SpeechHere>")
         chat = [{"role": "user", "content": prompt}]

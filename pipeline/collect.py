@@ -364,6 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="work_data/collect", help="output folder for the shards")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--language", default=None,
+                   help="multilingual Whisper: language code of the audio (default: detected per clip)")
+    p.add_argument("--task", default=None, choices=("transcribe", "translate"),
+                   help="multilingual Whisper: task (default: the model's own, transcribe)")
     p.add_argument("--shard-size", type=int, default=256, help="utterances per shard")
     p.add_argument("--device", default=None, help="cuda / cpu / cuda:1 (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="base model dtype: auto (bf16 on GPU, fp32 on CPU), "
@@ -405,6 +409,10 @@ def main(argv=None, model=None) -> dict:
         if meta.get("base") != args.base:
             raise SystemExit(f"{path} was collected from base {meta.get('base')!r}, not "
                              f"{args.base!r}; use another --out.")
+        for option in ("language", "task"):
+            if meta.get(option) != getattr(args, option):
+                raise SystemExit(f"{path} was collected with --{option} {meta.get(option)!r}, not "
+                                 f"{getattr(args, option)!r}; use the same or another --out.")
         done.update(meta["utterance_ids"])
     todo = [u for u in utterances if u.id not in done]
     next_index = (int(SHARD_PATTERN.match(os.path.basename(shards[-1])).group(1)) + 1) if shards else 0
@@ -428,8 +436,10 @@ def main(argv=None, model=None) -> dict:
                      "vocab_size": cfg.vocab_size})
     info.update({"audio_source": source_info, "max_new_tokens": args.max_new_tokens})
 
+    prompt_options = {k: v for k, v in (("language", args.language), ("task", args.task)) if v}
+    info.update(prompt_options)
     shard_meta = {"base": args.base, "family": info.get("family", ""), "dtype": str(dtype).replace("torch.", ""),
-                  "max_new_tokens": args.max_new_tokens}
+                  "max_new_tokens": args.max_new_tokens, **prompt_options}
     model_device = _model_device(model) if model is not None else device
     pending, failed = [], []
     n_clips = n_tokens = 0
@@ -460,7 +470,7 @@ def main(argv=None, model=None) -> dict:
                         tqdm.write(f"[collect] skipping {u.id}: {type(e).__name__}: {e}")
                 if ok:
                     t0 = time.perf_counter()
-                    inputs = _to_model(model.prepare_audio_inputs(arrays), model)
+                    inputs = _to_model(model.prepare_audio_inputs(arrays, **prompt_options), model)
                     outputs = model.collect_hidden_states(**inputs, max_new_tokens=args.max_new_tokens)
                     model_seconds += time.perf_counter() - t0
                     if len(outputs) != len(ok):

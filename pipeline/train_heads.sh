@@ -6,7 +6,8 @@
 #   e.g. pipeline/train_heads.sh "$(python -m pipeline.real_whisper openai/whisper-tiny.en)" work_data heads/whisper-tiny.en
 #
 # Environment: NUM_UTTERANCES (10000), WORKERS (2), DEVICE (cpu), BATCH (16), EPOCHS (3), BASE_ID (Hub id
-# recorded in the artifact when BASE is a local folder), FLITE_BIN, TEXT_FILE + TEXT_LICENCE, PYTHON.
+# recorded in the artifact when BASE is a local folder), FLITE_BIN, TEXT_FILE + TEXT_LICENCE, PYTHON,
+# LANGUAGE / TASK (multilingual Whisper; default: detect the language, transcribe).
 set -euo pipefail
 BASE=${1:?usage: pipeline/train_heads.sh BASE [WORK_DIR] [ARTIFACT_DIR]}
 WORK=${2:-work_data}
@@ -17,7 +18,7 @@ $PY -m pipeline.synth_speech --out "$WORK/train_speech" --num-utterances "${NUM_
     --workers "${WORKERS:-2}" ${FLITE_BIN:+--flite-bin "$FLITE_BIN"} \
     ${TEXT_FILE:+--text-file "$TEXT_FILE" --text-licence "$TEXT_LICENCE"}
 $PY -m pipeline.collect --base "$BASE" --audio "$WORK/train_speech" --out "$WORK/collect" \
-    --batch-size "${BATCH:-16}" --device "${DEVICE:-cpu}"
+    --batch-size "${BATCH:-16}" --device "${DEVICE:-cpu}" ${LANGUAGE:+--language "$LANGUAGE"} ${TASK:+--task "$TASK"}
 $PY -m pipeline.train --data "$WORK/collect" --base "$BASE" --out "$WORK/ckpt" \
     --epochs "${EPOCHS:-3}" --device "${DEVICE:-cpu}"
 $PY -m pipeline.export --base "$BASE" ${BASE_ID:+--base-id "$BASE_ID"} \

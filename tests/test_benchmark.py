@@ -89,3 +89,35 @@ def test_missing_model_gives_clear_error(tiny_medusa, tmp_path, capsys):
     assert "model folder not found" in capsys.readouterr().err
     assert benchmark.main(["--audio", str(manifest), "--model", str(root / "base")]) == 2
     assert "not a Medusa heads artifact" in capsys.readouterr().err
+
+
+def test_language_and_task_reach_every_input_and_bad_ones_give_clear_errors(tiny_medusa, tmp_path, capsys):
+    import numpy as np
+    import soundfile as sf
+    import torch
+
+    class RecordingModel:
+        device, dtype, processor = torch.device("cpu"), torch.float32, object()
+
+        def prepare_audio_inputs(self, audios, **options):
+            self.options = options
+            return {"input_features": torch.zeros(len(audios), 2), **options}
+
+    model = RecordingModel()
+    rows = []
+    for i in range(2):
+        sf.write(tmp_path / f"a{i}.wav", np.zeros(8000, np.float32), 16000)
+        rows.append({"id": f"a{i}", "audio": str(tmp_path / f"a{i}.wav")})
+    clips = benchmark.load_clips(model, rows, progress=False, prompt_options={"language": "fr", "task": "translate"})
+    assert clips[0].inputs["language"] == "fr" and clips[1].inputs["task"] == "translate"
+    model.options = None
+    batched, _ = benchmark._stack_inputs(clips, model)  # batch features rebuilt from audio keep the options
+    assert model.options == {"language": "fr", "task": "translate"} and batched["language"] == "fr"
+
+    _, root = tiny_medusa  # English-only: a language is refused before any timing
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert benchmark.main(["--audio", str(manifest), "--model", str(root / "heads"), "--language", "en",
+                           "--quiet", "--out", str(tmp_path / "out")]) == 2
+    assert "English-only" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -36,8 +36,13 @@ class FakeModel:
         self.fail_on_samples = fail_on_samples
         self.interrupt_on_samples = interrupt_on_samples
 
-    def prepare_audio_inputs(self, arrays):
+    def check_prompt_options(self, language=None, task=None):
+        if language == "xx":
+            raise ValueError("Unknown Whisper language 'xx'; use a code such as 'en'.")
+
+    def prepare_audio_inputs(self, arrays, **prompt_options):
         assert all(a.dtype == np.float32 and a.ndim == 1 for a in arrays)
+        self.prompt_options = prompt_options
         return {"input_features": torch.zeros(len(arrays), 2), "lengths": torch.tensor([len(a) for a in arrays])}
 
     def generate(self, input_features, lengths, max_new_tokens, use_medusa, return_stats, compile=False):
@@ -105,6 +110,17 @@ def test_compile_flag_reaches_medusa_generate(tmp_path, capsys):
     assert code == 0 and model.compiled_calls == len(model.batches) == 2
     code, model, _, _ = run([audio], capsys=capsys)
     assert code == 0 and model.compiled_calls == 0
+
+
+def test_language_and_task_reach_the_model_and_bad_ones_stop_early(tmp_path, capsys):
+    audio = write_wav(tmp_path / "a.wav", seconds=2.0)
+    code, model, _, _ = run([audio, "--language", "fr", "--task", "translate"], capsys=capsys)
+    assert code == 0 and model.prompt_options == {"language": "fr", "task": "translate"}
+    code, model, _, _ = run([audio], capsys=capsys)
+    assert code == 0 and model.prompt_options == {}
+    code, model, out, err = run([audio, "--language", "xx"], capsys=capsys)
+    assert code == example_inference.EXIT_MODEL_ERROR and model.batches == [] and out == ""
+    assert "Unknown Whisper language 'xx'" in err
 
 
 def test_windows_of_several_files_are_batched(tmp_path, capsys):

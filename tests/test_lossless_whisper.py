@@ -2,6 +2,7 @@
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -122,6 +123,32 @@ def test_multilingual_prompt_language_and_task_match_the_base(kwargs, hub_prompt
         features = random_features(3, seed)
         expected = model.generate(input_features=features, max_new_tokens=12, use_medusa=False, **kwargs)
         assert torch.equal(model.generate(input_features=features, max_new_tokens=12, **kwargs), expected)
+
+
+def test_prepare_audio_inputs_carries_language_and_task(tmp_path_factory):
+    """Options given to prepare_audio_inputs reach generate (Medusa and the base alike); options a
+    model cannot take fail there, naming the problem."""
+    from modeling_medusa import MedusaForASR
+
+    model = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path_factory.mktemp("ml"), seed=6, multilingual=True)))
+    randomize_heads(model, 1)
+    audio = [np.random.default_rng(i).normal(0, 0.1, 16000 + 4000 * i).astype(np.float32) for i in range(2)]
+    inputs = model.prepare_audio_inputs(audio, language="fr", task="translate")
+    assert (inputs["language"], inputs["task"]) == ("fr", "translate")
+    expected = model.base.generate(input_features=inputs["input_features"], language="fr", task="translate",
+                                   max_new_tokens=10)
+    assert torch.equal(model.generate(**inputs, max_new_tokens=10, use_medusa=False), expected)
+    assert torch.equal(model.generate(**inputs, max_new_tokens=10), expected)
+    assert "language" not in model.prepare_audio_inputs(audio)
+    with pytest.raises(ValueError, match="Unknown Whisper language 'klingon'"):
+        model.prepare_audio_inputs(audio, language="klingon")
+    with pytest.raises(ValueError, match="Unknown Whisper task 'summarise'"):
+        model.prepare_audio_inputs(audio, task="summarise")
+    english = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path_factory.mktemp("en"), seed=6)))
+    with pytest.raises(ValueError, match="English-only"):
+        english.prepare_audio_inputs(audio, language="en")
+    with pytest.raises(ValueError, match="English-only"):
+        english.generate(input_features=inputs["input_features"], language="en", max_new_tokens=4)
 
 
 def test_bfloat16_equals_the_base_bfloat16_greedy(tmp_path_factory):

@@ -33,3 +33,20 @@ def test_cli_transcribes_multi_chunk_audio_identically_with_and_without_medusa(t
         plain = json.loads((tmp_path / "plain" / name).read_text())
         assert medusa["text"] and medusa["text"] == plain["text"]
     assert json.loads((tmp_path / "medusa" / "long.json").read_text())["duration_seconds"] == pytest.approx(40.0)
+
+
+def test_cli_refuses_whisper_language_options_for_meralion2(tmp_path, capsys):
+    import soundfile as sf
+
+    import example_inference
+    from modeling_medusa import MedusaForASR
+    from standin import build_meralion2_standin
+
+    base = build_meralion2_standin(tmp_path / "base", seed=0)
+    MedusaForASR.from_base(str(base), family="meralion2").save_pretrained(tmp_path / "artifact")
+    sf.write(tmp_path / "a.wav", np.zeros(16000, np.float32), 16000)
+    code = example_inference.main([str(tmp_path / "a.wav"), "--model", str(tmp_path / "artifact"),
+                                   "--language", "en", "--output", str(tmp_path / "out")])
+    assert code == example_inference.EXIT_MODEL_ERROR
+    assert "MERaLiON-2 takes an instruction instead" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -58,7 +58,8 @@ class FakeMedusa(nn.Module):
     def head_logits(self, h):
         return self.proj_out(self.medusa_heads(h))
 
-    def prepare_audio_inputs(self, arrays):
+    def prepare_audio_inputs(self, arrays, **prompt_options):
+        self.prompt_options = prompt_options
         return {"audio_seed": torch.tensor([int(np.abs(a).sum() * 1000) % 2**31 for a in arrays])}
 
     def collect_hidden_states(self, audio_seed, max_new_tokens=128):
@@ -159,6 +160,21 @@ def test_collect_shards_resume_and_info(clips, shards, tmp_path):
     assert info["runs"][-1]["clips"] == 0
     with pytest.raises(SystemExit):  # another base into the same folder is refused
         collect.main(["--base", "other/base", "--audio", clips, "--out", out])
+
+
+def test_collect_language_and_task_reach_the_model_and_resume_must_match(clips, tmp_path):
+    out = str(tmp_path / "collect")
+    model = FakeMedusa()
+    common = ["--base", "fake/base", "--audio", clips, "--out", out, "--batch-size", "8", "--limit", "8"]
+    info = collect.main([*common, "--language", "en", "--task", "transcribe"], model=model)
+    assert model.prompt_options == {"language": "en", "task": "transcribe"}
+    assert info["language"] == "en" and info["task"] == "transcribe"
+    meta = collect.read_shard_metadata(collect.list_shards(out)[0])
+    assert (meta["language"], meta["task"]) == ("en", "transcribe")
+    with pytest.raises(SystemExit, match="--language 'en', not 'fr'"):
+        collect.main([*common, "--language", "fr", "--task", "transcribe"], model=FakeMedusa())
+    with pytest.raises(SystemExit, match="--task 'transcribe', not None"):
+        collect.main([*common, "--language", "en"], model=FakeMedusa())
 
 
 def test_collect_crash_keeps_finished_shards(clips, shards, tmp_path):
