@@ -67,18 +67,19 @@ class WhisperBackbone(Backbone):
             languages = [self._language_id(language)] * batch
         elif getattr(gen, "lang_to_id", None) and (len(tokens) <= 1 or tokens[1] is None):
             languages = self._detect_languages(encoder_kv, batch)
+        task_ids = set((getattr(gen, "task_to_id", None) or {}).values())
+        no_timestamps = self._no_timestamps()
         rows = []
         for lang in languages:
             row = list(tokens)
             if lang is not None:
                 row[1:2] = [lang]
-            task_ids = set((getattr(gen, "task_to_id", None) or {}).values())
             if task is not None:
                 row = [t for t in row if t not in task_ids] + [gen.task_to_id[task]]
             elif language is not None and task_ids and not task_ids.intersection(row):
                 row.append(gen.task_to_id["transcribe"])
-            if self._no_timestamps() and row[-1] != self._no_timestamps()[0]:
-                row += self._no_timestamps()
+            if no_timestamps and row[-1] != no_timestamps[0]:
+                row += no_timestamps
             rows.append(row)
         return torch.tensor(rows, device=self.base.device)
 

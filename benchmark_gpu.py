@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from backbone_meralion2 import MERaLiON2Backbone
-from medusa_decoding import CachePool, DraftTree, MedusaStats, build_tree_from_accuracy
+from medusa_decoding import CachePool, DraftTree, MedusaStats, build_tree_from_accuracy, project_without_drafts
 from medusa_fast import StaticRoundRunner, capture_cuda_graph
 
 SEED_TOP1 = [0.76, 0.47, 0.35, 0.27]  # the seed model card's held-out per-head accuracy (MERaLiON-2-3B)
@@ -261,7 +261,7 @@ class ReplayedRunner:
         self.pool = CachePool()
         state, self.process = self._prefill(inputs, tree)
         self.drafter = ReplayDrafter(backbone, continuation, profile, tree.tensors(continuation.device).depths, seed=1)
-        project = self.drafter if tree.num_nodes > 1 else (lambda hidden: (backbone.logits(hidden), None))
+        project = self.drafter if tree.num_nodes > 1 else project_without_drafts(backbone)
         start = time.perf_counter()
         self.runner = StaticRoundRunner(backbone, project, self.process, state, tree, compile=compile,
                                         num_generated=self.drafter.num_generated)
@@ -290,7 +290,7 @@ class ReplayedRunner:
 
 def plain_continuation(backbone, inputs, max_new):
     state, process = prefill(backbone, inputs, max_new, 4, min_new=max_new)
-    runner = StaticRoundRunner(backbone, lambda h: (backbone.logits(h), None), process, state, DraftTree(()))
+    runner = StaticRoundRunner(backbone, project_without_drafts(backbone), process, state, DraftTree(()))
     out = runner.run(max_new, backbone.eos_token_ids)
     return torch.tensor(out, device=inputs["input_ids"].device)
 

@@ -428,6 +428,11 @@ def verify_round(backbone, project, process_logits, state: DecodeState, tree: Dr
                          drafts_at if tree.num_nodes > 1 else None)
 
 
+def project_without_drafts(backbone):
+    """A ``project`` for decoding without drafts: the base's logits only."""
+    return lambda hidden: (backbone.logits(hidden), None)
+
+
 def first_draft_logits(project, state: DecodeState) -> torch.Tensor:
     """The heads' logits on the prefill's last hidden state (the first round's drafts)."""
     return project(state.hidden[:, None])[1](torch.zeros_like(state.next_token))

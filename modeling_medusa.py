@@ -25,14 +25,14 @@ try:
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
     from .medusa_decoding import (CachePool, DraftTree, MedusaStats, build_tree_from_accuracy,
-                                  expected_tokens_per_round, medusa_decode)
+                                  expected_tokens_per_round, medusa_decode, project_without_drafts)
     from .medusa_fast import StaticRoundRunner, capture_cuda_graph
 except ImportError:
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
     from medusa_decoding import (CachePool, DraftTree, MedusaStats, build_tree_from_accuracy,
-                                 expected_tokens_per_round, medusa_decode)
+                                 expected_tokens_per_round, medusa_decode, project_without_drafts)
     from medusa_fast import StaticRoundRunner, capture_cuda_graph
 
 HEADS_FILE = "medusa_heads.safetensors"
@@ -291,14 +291,15 @@ class MedusaForASR(PreTrainedModel):
                 return _graph_seconds(verify_pass, repeats)
             finally:
                 state.static = static_before
-        times = []
-        for _ in range(repeats + 1):  # the first run warms up
+
+        def timed_pass() -> float:
             _synchronize(state.lengths.device)
             start = time.perf_counter()
             verify_pass()
             _synchronize(state.lengths.device)
-            times.append(time.perf_counter() - start)
-        return sorted(times[1:])[repeats // 2]
+            return time.perf_counter() - start
+
+        return _median_after_warmup(timed_pass, repeats)
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -399,7 +400,7 @@ class MedusaForASR(PreTrainedModel):
         process = self.backbone.make_logits_processor(None)
         state, max_new, _ = self.backbone.prefill(inputs, max_new_tokens, 1, process)
         hiddens = [[] for _ in range(state.hidden.shape[0])]
-        tokens = medusa_decode(self.backbone, _project_without_drafts(self.backbone), process,
+        tokens = medusa_decode(self.backbone, project_without_drafts(self.backbone), process,
                                state, DraftTree(()), max_new,
                                self.backbone.eos_token_ids, hidden_log=hiddens)
         return [(torch.tensor(t), torch.stack(h)) for t, h in zip(tokens, hiddens)]
@@ -448,23 +449,27 @@ def _synchronize(device):
         torch.cuda.synchronize(device)
 
 
+def _median_after_warmup(timed_run, repeats: int) -> float:
+    """Median of ``repeats`` results of ``timed_run()`` (seconds), after one untimed warm-up run."""
+    times = [timed_run() for _ in range(repeats + 1)]
+    return sorted(times[1:])[repeats // 2]
+
+
 def _graph_seconds(fn, repeats: int) -> float:
     """Median seconds of ``fn`` replayed as a CUDA graph (captured after a warm-up on a side stream)."""
     graph = capture_cuda_graph(fn)
-    times = []
-    for _ in range(repeats + 1):
+
+    def timed_replay() -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / 1000)
+        return start.elapsed_time(end) / 1000
+
+    seconds = _median_after_warmup(timed_replay, repeats)
     del graph
-    return sorted(times[1:])[repeats // 2]
-
-
-def _project_without_drafts(backbone):
-    return lambda hidden: (backbone.logits(hidden), None)
+    return seconds
 
 
 # --------------------------------------------------------------------------- base loading
