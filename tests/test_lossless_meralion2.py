@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from bf16_ties import check_bf16_batch
 from conftest import transformers_below_452
 from oracle import OracleDrafter, randomize_heads
 
@@ -76,24 +77,29 @@ def test_collected_tokens_are_the_base_greedy_output(meralion_medusa):
         assert hiddens.shape == (len(tokens), meralion_medusa.config.hidden_size)
 
 
-def test_bfloat16_equals_the_base_bfloat16_greedy(meralion_medusa, tmp_path):
-    """bf16: every case equals the base's own bf16 greedy output, or differs only after a position
-    where the base's top-2 logits are within bf16 rounding (a numerical tie, reported)."""
+def test_bfloat16_equals_the_base_bfloat16_greedy_up_to_its_own_near_ties(meralion_medusa, tmp_path):
+    """bf16: every row equals the base's own bf16 greedy output, or leaves it only where the base's top-2
+    scores were within bf16 rounding and Medusa took the other tied token (see bf16_ties.py)."""
     from modeling_medusa import MedusaForASR
 
     model = MedusaForASR.from_base(meralion_medusa.config.base_model_name_or_path, family="meralion2",
                                    torch_dtype=torch.bfloat16)
     rng = random.Random(11)
-    exact = 0
+    diverged = 0
     for index in range(12):
-        inputs = make_inputs(model, rng, 1)
+        inputs = make_inputs(model, rng, rng.randint(1, 2))
         inputs["input_features"] = inputs["input_features"].to(torch.bfloat16)
         expected = model.generate(**inputs, use_medusa=False, max_new_tokens=16)
+        scores = model.base.generate(**inputs, max_new_tokens=16, output_scores=True,
+                                     return_dict_in_generate=True).scores
         randomize_heads(model, index, std=0.05)
-        got = model.generate(**inputs, max_new_tokens=16)
-        exact += torch.equal(expected, got)
-    print(f"bf16 identical: {exact}/12")
-    assert exact >= 11, f"only {exact}/12 bf16 cases identical"
+        draft = rng.choice(["chain", [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]])
+        got = model.generate(**inputs, max_new_tokens=16, draft=draft)
+        prompt = inputs["input_ids"].shape[1]
+        problems = check_bf16_batch(expected[:, prompt:].tolist(), got[:, prompt:].tolist(), scores)
+        assert not problems, f"case {index}: {problems}"
+        diverged += not torch.equal(expected, got)
+    print(f"bf16: {diverged}/12 cases left the base's output at one of its own near-ties")
 
 
 def test_missing_input_is_a_clear_error(meralion_medusa):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from bf16_ties import check_bf16_batch
 from conftest import requires_transformers5
 from oracle import OracleDrafter, randomize_heads
 from tiny_models import build_tiny_whisper, random_features
@@ -151,20 +152,29 @@ def test_prepare_audio_inputs_carries_language_and_task(tmp_path_factory):
         english.generate(input_features=inputs["input_features"], language="en", max_new_tokens=4)
 
 
-def test_bfloat16_equals_the_base_bfloat16_greedy(tmp_path_factory):
-    """bf16: Medusa equals the base's own bf16 greedy output (at most one bf16 near-tie allowed)."""
+def test_bfloat16_equals_the_base_bfloat16_greedy_up_to_its_own_near_ties(tmp_path_factory):
+    """bf16: each row equals the base's own bf16 greedy output, or leaves it only where the base's top-2
+    scores were within bf16 rounding and Medusa took the other tied token (see bf16_ties.py). Random
+    heads and an oracle, chains and trees, batches of 1-3."""
     from modeling_medusa import MedusaForASR
 
     folder = build_tiny_whisper(tmp_path_factory.mktemp("bf16"), seed=2)
     model = MedusaForASR.from_base(str(folder), torch_dtype=torch.bfloat16)
-    identical = 0
-    for seed in range(10):
-        features = random_features(2, seed).to(torch.bfloat16)
+    rng = random.Random(5)
+    diverged = 0
+    for index in range(16):
+        case = draw_case(rng, model.config.medusa_num_heads)
+        features = random_features(case["batch"], case["features_seed"]).to(torch.bfloat16)
         expected = model.generate(input_features=features, max_new_tokens=16, use_medusa=False)
-        randomize_heads(model, seed, std=0.05)
-        identical += torch.equal(model.generate(input_features=features, max_new_tokens=16, draft="chain"), expected)
-    print(f"bf16 identical: {identical}/10")
-    assert identical >= 9, f"only {identical}/10 bf16 cases identical"
+        scores = model.base.generate(input_features=features, max_new_tokens=16, output_scores=True,
+                                     return_dict_in_generate=True).scores
+        randomize_heads(model, case["head_seed"], std=0.05)
+        got = model.generate(input_features=features, max_new_tokens=16, draft=case["draft"],
+                             cuda_graph=case["cuda_graph"])
+        problems = check_bf16_batch(expected.tolist(), got.tolist(), scores)
+        assert not problems, f"case {index} {case}: {problems}"
+        diverged += not torch.equal(expected, got)
+    print(f"bf16: {diverged}/16 cases left the base's output at one of its own near-ties")
 
 
 def test_fixed_shape_runner_is_reused_across_calls_and_stays_exact(whisper_medusa):
