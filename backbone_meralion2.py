@@ -62,6 +62,9 @@ class MERaLiON2Backbone(Backbone):
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(tokens)
+
     def unsupported_reason(self, kwargs: dict) -> str | None:
         mask = kwargs.get("attention_mask")
         if mask is not None and bool((mask[:, -1] == 0).any()):
@@ -111,7 +114,7 @@ class MERaLiON2Backbone(Backbone):
         state = DecodeState(cache, torch.zeros_like(first_slot), first_slot, hidden=None, next_token=None)
         depths = torch.arange(prompt_len, device=embeds.device)
         causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=embeds.device).tril()
-        hidden = self._forward_embeds(state, embeds, depths, causal)
+        hidden = self._forward_embeds(state, embeds, depths, causal, upto=prompt_len)
         state.lengths = state.lengths + prompt_len
         logits = process_logits(self.logits(hidden[:, -1:]), torch.zeros(batch, 1, dtype=torch.long, device=embeds.device))
         state.hidden = hidden[:, -1]
@@ -142,15 +145,14 @@ class MERaLiON2Backbone(Backbone):
             )
         return embeds.masked_scatter(placeholders[..., None], speech)
 
-    def decode(self, state: DecodeState, tokens, depths, ancestors) -> torch.Tensor:
-        return self._forward_embeds(state, self.model.embed_tokens(tokens), depths, ancestors)
+    def decode(self, state: DecodeState, tokens, depths, ancestors, upto: int) -> torch.Tensor:
+        return self._forward_embeds(state, self.model.embed_tokens(tokens), depths, ancestors, upto)
 
-    def _forward_embeds(self, state: DecodeState, embeds, depths, ancestors) -> torch.Tensor:
+    def _forward_embeds(self, state: DecodeState, embeds, depths, ancestors, upto: int) -> torch.Tensor:
         n = embeds.shape[1]
         hidden = embeds * torch.tensor(self.hidden_size**0.5, dtype=embeds.dtype)
         positions = state.positions(depths)
         cos, sin = self.model.rotary_emb(hidden, positions)
-        upto = state.attend_upto(n)
         window = getattr(self.text_config, "sliding_window", None)
         full_mask = attention_mask(state, depths, ancestors, upto)
         sliding_mask = attention_mask(state, depths, ancestors, upto, window) if window else full_mask

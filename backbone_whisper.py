@@ -41,6 +41,16 @@ class WhisperBackbone(Backbone):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.base.proj_out(hidden)
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.decoder.embed_tokens(tokens)
+
+    @property
+    def speech_heads(self) -> int:
+        return self.num_heads
+
+    def speech_memory(self, state: DecodeState) -> tuple:
+        return state.extra["cross_keys"][-1], state.extra["cross_values"][-1]
+
     def unsupported_reason(self, kwargs: dict) -> str | None:
         if kwargs.get("return_timestamps"):
             return "timestamps"
@@ -132,10 +142,23 @@ class WhisperBackbone(Backbone):
         )
 
     # ------------------------------------------------------------------ prefill & decode
+    def encode(self, inputs: dict) -> torch.Tensor:
+        """The speech encoder's output [B, L, H] for these inputs."""
+        features = inputs["input_features"].to(self.base.device, self.base.dtype)
+        return self.base.model.encoder(features).last_hidden_state
+
+    def speech_memory_of(self, encoder_out: torch.Tensor) -> tuple:
+        """(keys, values) [B, heads, L, D] of the last decoder layer's cross-attention over ``encoder_out``."""
+        attn = self.decoder.layers[-1].encoder_attn
+        encoder_out = encoder_out.to(attn.k_proj.weight.dtype)
+        return self._heads(attn.k_proj(encoder_out)), self._heads(attn.v_proj(encoder_out))
+
     def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits, cache_pool=None):
         features = inputs["input_features"].to(self.base.device, self.base.dtype)
         batch = features.shape[0]
-        encoder_out = self.base.model.encoder(features).last_hidden_state
+        encoder_out = getattr(inputs.get("encoder_outputs"), "last_hidden_state", inputs.get("encoder_outputs"))
+        if encoder_out is None:
+            encoder_out = self.base.model.encoder(features).last_hidden_state
         encoder_kv = self._cross_attention_kv(encoder_out)
         prompt = self.decoder_prompt(encoder_kv, batch, inputs.get("language"), inputs.get("task"))
         prompt_len = prompt.shape[1]
@@ -180,13 +203,12 @@ class WhisperBackbone(Backbone):
         n = tokens.shape[1]
         depths = torch.arange(n, device=tokens.device)
         causal = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()
-        return self.decode(state, tokens, depths, causal)
+        return self.decode(state, tokens, depths, causal, upto=n)  # (called on an empty cache)
 
-    def decode(self, state: DecodeState, tokens, depths, ancestors) -> torch.Tensor:
+    def decode(self, state: DecodeState, tokens, depths, ancestors, upto: int) -> torch.Tensor:
         n = tokens.shape[1]
         positions = state.positions(depths).clamp(max=self.config.max_target_positions - 1)
         hidden = self.decoder.embed_tokens(tokens) + self.decoder.embed_positions.weight[positions]
-        upto = state.attend_upto(n)
         mask = attention_mask(state, depths, ancestors, upto)
         slots = state.slots(n)
         cross_k, cross_v = state.extra["cross_keys"], state.extra["cross_values"]

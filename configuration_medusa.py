@@ -24,6 +24,10 @@ class MedusaConfig(PretrainedConfig):
         hidden_size: int = 2304,
         vocab_size: int = 256000,
         tree: list | None = None,
+        head_kind: str = "medusa",
+        speech_attention: bool = False,
+        draft_vocab_size: int | None = None,
+        draft_candidates: list | None = None,
         training_data: dict | None = None,
         head_accuracy: dict | None = None,
         benchmark: dict | None = None,
@@ -33,6 +37,11 @@ class MedusaConfig(PretrainedConfig):
             raise ValueError(
                 f"base_family={base_family!r} is not supported; choose one of {SUPPORTED_FAMILIES}."
             )
+        if head_kind not in ("medusa", "path"):
+            raise ValueError(f"head_kind={head_kind!r}: use 'medusa' (independent heads) or 'path' "
+                             "(each head also sees the tokens drafted before it on its path).")
+        if speech_attention and head_kind != "path":
+            raise ValueError("speech_attention=True needs head_kind='path'.")
         if medusa_num_heads < 1 or medusa_num_layers < 1:
             raise ValueError("medusa_num_heads and medusa_num_layers must both be >= 1.")
         self.base_model_name_or_path = base_model_name_or_path
@@ -44,6 +53,15 @@ class MedusaConfig(PretrainedConfig):
         # Sparse draft tree as a list of paths of per-head top-k ranks, e.g. [[0], [1], [0, 0]];
         # chosen from measured per-head top-k accuracy by the training pipeline. None = chain.
         self.tree = tree
+        # "medusa": K independent heads on the last hidden state; "path": head k also takes the token of
+        # the node it drafts after (Hydra-style), optionally attending to the speech (speech_attention).
+        self.head_kind = head_kind
+        self.speech_attention = speech_attention
+        # Heads project onto this many token ids (stored with the heads); None = the whole vocabulary.
+        self.draft_vocab_size = draft_vocab_size
+        # Drafts measured at export: [{"paths": [...], "tokens_per_round": float}, ...] on held-out data;
+        # draft="auto" weighs these against measured verify cost.
+        self.draft_candidates = draft_candidates or []
         self.training_data = training_data or {}
         self.head_accuracy = head_accuracy or {}
         self.benchmark = benchmark or {}

@@ -3,13 +3,15 @@
 Nothing here knows about audio, Whisper or MERaLiON-2. A backbone adapter supplies:
 
 * ``prefill(inputs, capacity) -> DecodeState``: run the encoder and the prompt, fill the cache;
-* ``decode(state, tokens[B, T], depths[T], ancestors[T, T]) -> hidden[B, T, H]``: one forward of
-  the text decoder over new tokens written into the cache at ``state.lengths + arange(T)``;
+* ``decode(state, tokens[B, T], depths[T], ancestors[T, T], upto) -> hidden[B, T, H]``: one forward of
+  the text decoder over new tokens written into the cache at ``state.lengths + arange(T)``, attending
+  to the first ``upto`` cache slots;
 * ``logits(hidden) -> [..., V]``: the base output projection (with any soft-capping);
 * ``process_logits(logits[B, T, V], num_generated[B, T]) -> logits``: the base generate's
   logits processors (token suppression, min_new_tokens), so argmax equals the base's choice.
 
-A chain of K drafts is the tree with one node per depth, so one code path serves both.
+A chain of K drafts is the tree with one node per depth, so one code path serves both. Drafting is the
+drafter's (``medusa_heads.py``): ``drafter(state) -> chunk[B, N]``, the root token and the draft tokens.
 """
 
 from __future__ import annotations
@@ -262,6 +264,12 @@ class Backbone:
         pad = getattr(self.generation_config, "pad_token_id", None)
         return pad if pad is not None else self.eos_token_ids[0]
 
+    speech_heads: int | None = None  # heads of the decoder's cross-attention over the speech (Whisper)
+
+    def speech_memory(self, state) -> tuple:
+        """(keys, values) [B, heads, L, D] of the last decoder layer's attention over the speech."""
+        raise ValueError(f"{type(self).__name__} has no cross-attention over the speech to draft from.")
+
     def fuse_projections(self) -> bool:
         """Optionally merge projections into fewer, larger GEMMs for the GPU rounds; True if done."""
         return False
@@ -283,30 +291,35 @@ def suppression_processor(vocab: int, device, eos_token_ids, min_new_tokens=None
 
     ``num_generated[b, t]`` counts the tokens generated before the one chunk row t predicts:
     ``always`` ids are never chosen, ``at_begin`` ids not as the first token, EOS not before
-    ``min_new_tokens``.
+    ``min_new_tokens``. Blocked ids are written in place (a few ids, not a pass over the vocabulary).
     """
-    suppress = _token_mask(always, vocab, device)
-    begin = _token_mask(at_begin, vocab, device)
-    eos = _token_mask(eos_token_ids, vocab, device)
+    suppress = _token_ids(always, vocab, device)
+    begin = _token_ids(at_begin, vocab, device)
+    eos = _token_ids(eos_token_ids, vocab, device)
 
     def process(logits: torch.Tensor, num_generated: torch.Tensor) -> torch.Tensor:
-        blocked = suppress.expand_as(logits) | ((num_generated == 0)[..., None] & begin)
-        if min_new_tokens:
-            blocked = blocked | ((num_generated < min_new_tokens)[..., None] & eos)
-        return logits.masked_fill(blocked, float("-inf"))
+        blocked = float("-inf")
+        if suppress.numel():
+            logits = logits.index_fill(-1, suppress, blocked)
+        if begin.numel():
+            first = (num_generated == 0)[..., None]
+            logits = logits.scatter(-1, begin.expand(*logits.shape[:-1], -1),
+                                    torch.where(first, blocked, logits[..., begin]))
+        if min_new_tokens and eos.numel():
+            early = (num_generated < min_new_tokens)[..., None]
+            logits = logits.scatter(-1, eos.expand(*logits.shape[:-1], -1),
+                                    torch.where(early, blocked, logits[..., eos]))
+        return logits
 
     return process
 
 
-def _token_mask(token_ids, vocab: int, device) -> torch.Tensor:
-    mask = torch.zeros(vocab, dtype=torch.bool, device=device)
-    ids = [int(t) for t in (token_ids or []) if 0 <= int(t) < vocab]
-    if ids:
-        mask[torch.tensor(ids, dtype=torch.long, device=device)] = True
-    return mask
+def _token_ids(token_ids, vocab: int, device) -> torch.Tensor:
+    ids = sorted({int(t) for t in (token_ids or []) if 0 <= int(t) < vocab})
+    return torch.tensor(ids, dtype=torch.long, device=device)
 
 
-# --------------------------------------------------------------------------- decoding loop
+# --------------------------------------------------------------------------- decoding state
 
 
 @dataclass
@@ -320,15 +333,6 @@ class DecodeState:
     hidden: torch.Tensor  # [B, H]
     next_token: torch.Tensor  # [B]
     extra: dict = field(default_factory=dict)  # family-specific per-layer tensors [layers, B, ...] (cross-attn K/V)
-    draft_logits: torch.Tensor | None = None  # [B, K, V] the heads' logits on ``hidden``
-    static: bool = False  # fixed shapes (attend over the whole cache): no host sync, CUDA-graph safe
-    longest: int | None = None  # max(lengths) when the host already knows it (saves a sync)
-
-    def attend_upto(self, num_tokens: int) -> int:
-        if self.static:
-            return self.cache.capacity
-        longest = self.longest if self.longest is not None else int(self.lengths.max())
-        return min(longest + num_tokens, self.cache.capacity)
 
     def positions(self, depths: torch.Tensor) -> torch.Tensor:
         return (self.lengths - self.first_slot)[:, None] + depths[None, :]
@@ -340,24 +344,25 @@ class DecodeState:
         self.cache.select_rows(rows)
         self.lengths, self.first_slot = self.lengths[rows], self.first_slot[rows]
         self.hidden, self.next_token = self.hidden[rows], self.next_token[rows]
-        if self.draft_logits is not None:
-            self.draft_logits = self.draft_logits[rows]
         self.extra = {k: v[:, rows] for k, v in self.extra.items()}
 
 
 @dataclass
 class MedusaStats:
+    """Counts over one generate call. A round is one verify pass; ``row_rounds`` sums the rows it served."""
+
     rounds: int = 0
     draft: str = ""
     drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    new_tokens: int = 0
-    row_rounds: int = 0  # sum over rounds of active rows
+    accepted_tokens: int = 0  # drafts that were emitted
+    emitted_tokens: int = 0  # tokens the rounds emitted (accepted drafts + the base's own token, EOS included)
+    new_tokens: int = 0  # all generated tokens per row, summed (the prefill's first token included)
+    row_rounds: int = 0
 
     @property
     def mean_accepted_per_round(self) -> float:
-        """Tokens emitted per row per verify pass (accepted drafts + the base's own token)."""
-        return (self.accepted_tokens + self.row_rounds) / self.row_rounds if self.row_rounds else 0.0
+        """Tokens emitted per row per verify pass: what a pass really bought."""
+        return self.emitted_tokens / self.row_rounds if self.row_rounds else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -367,19 +372,17 @@ class MedusaStats:
         return {
             "draft": self.draft,
             "rounds": self.rounds,
+            "row_rounds": self.row_rounds,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
+            "emitted_tokens": self.emitted_tokens,
             "new_tokens": self.new_tokens,
             "mean_accepted_per_round": self.mean_accepted_per_round,
             "acceptance_rate": self.acceptance_rate,
         }
 
 
-def draft_tokens(draft_logits: torch.Tensor, tree: TreeTensors, max_rank: int) -> torch.Tensor:
-    """Head logits [B, K, V] -> draft tokens for the tree's non-root nodes [B, N-1]."""
-    top = draft_logits.topk(max_rank + 1, dim=-1).indices  # [B, K, R]
-    heads = tree.depths[1:] - 1
-    return top[:, heads, tree.ranks[1:]]
+# --------------------------------------------------------------------------- one round
 
 
 def accept(chunk: torch.Tensor, predicted: torch.Tensor, tree: TreeTensors):
@@ -404,18 +407,20 @@ class VerifiedRound:
     path: torch.Tensor  # [B, depth+1] nodes from the root to ``best`` (padded with ``best``)
     emitted: torch.Tensor  # [B, depth+1] accepted drafts, then the base's own next token last
     next_token: torch.Tensor  # [B] the base's argmax after ``best``
-    drafts_at: object  # node [B] -> head logits [B, K, V], or None
+
+    @property
+    def best_hidden(self) -> torch.Tensor:
+        return self.hidden[torch.arange(self.hidden.shape[0], device=self.hidden.device), self.best]
 
 
-def verify_round(backbone, project, process_logits, state: DecodeState, tree: DraftTree, tt: TreeTensors,
-                 num_generated: torch.Tensor) -> VerifiedRound:
-    """Draft from ``state.draft_logits``, run ONE decoder pass over [last token + drafts], accept the
-    longest prefix equal to the base's argmax and compact its K/V in the cache. Host-sync free."""
-    chunk = state.next_token[:, None]
-    if tree.num_nodes > 1:
-        chunk = torch.cat([chunk, draft_tokens(state.draft_logits, tt, tree.max_rank)], dim=1)  # [B, N]
-    hidden = backbone.decode(state, chunk, tt.depths, tt.ancestors)
-    logits, drafts_at = project(hidden)
+def verify_round(backbone, drafter, process_logits, state: DecodeState, tree: DraftTree, tt: TreeTensors,
+                 num_generated: torch.Tensor, upto: int) -> VerifiedRound:
+    """Draft from the state, run ONE decoder pass over [last token + drafts] attending to ``upto`` cache
+    slots, accept the longest prefix equal to the base's argmax and compact its K/V in the cache.
+    ``drafter(state) -> chunk [B, N]`` (None: no drafts). Host-sync free."""
+    chunk = drafter(state) if drafter is not None else state.next_token[:, None]
+    hidden = backbone.decode(state, chunk, tt.depths, tt.ancestors, upto)
+    logits = backbone.logits(hidden)
     predicted = process_logits(logits, num_generated[:, None] + tt.depths[None, :]).argmax(dim=-1)
     best, accepted = accept(chunk, predicted, tt)
     path = tt.path_nodes[best]
@@ -424,62 +429,80 @@ def verify_round(backbone, project, process_logits, state: DecodeState, tree: Dr
         state.cache.move(state.lengths[:, None] + path, state.lengths[:, None] + offsets)
     next_token = predicted.gather(1, best[:, None])[:, 0]
     emitted = torch.cat([chunk.gather(1, path[:, 1:]), next_token[:, None]], dim=1)
-    return VerifiedRound(hidden, best, accepted, path, emitted, next_token,
-                         drafts_at if tree.num_nodes > 1 else None)
+    return VerifiedRound(hidden, best, accepted, path, emitted, next_token)
 
 
-def project_without_drafts(backbone):
-    """A ``project`` for decoding without drafts: the base's logits only."""
-    return lambda hidden: (backbone.logits(hidden), None)
+# --------------------------------------------------------------------------- the loop
 
 
-def first_draft_logits(project, state: DecodeState) -> torch.Tensor:
-    """The heads' logits on the prefill's last hidden state (the first round's drafts)."""
-    return project(state.hidden[:, None])[1](torch.zeros_like(state.next_token))
+@dataclass
+class RoundResult:
+    """What the host reads after a round (the round's one sync), per row of the call."""
+
+    accepted: list  # accepted drafts per row (None for rows that were not decoded)
+    emitted: list  # [accepted drafts..., the base's own next token] per row
+    path_hidden: object = None  # (row, n) -> hidden states of the first n path nodes (eager rounds only)
 
 
-def medusa_decode(backbone, project, process_logits, state: DecodeState, tree: DraftTree, max_new_tokens: int,
-                  eos_token_ids, stats: MedusaStats | None = None, hidden_log: list | None = None):
-    """Greedy Medusa decoding after prefill. Returns a list (per row) of emitted token lists.
+class EagerRounds:
+    """Rounds on the live rows only: a finished row leaves the batch (its cache row is dropped), and the
+    decoder attends to the valid prefix only (its length is known on the host from the token counts)."""
 
-    ``state.next_token`` is the first generated token (already chosen by prefill); every later
-    token is the base's argmax on the verified prefix, so the output equals plain greedy decoding.
-    ``project(hidden[B, T, H]) -> (logits[B, T, V], drafts_at)`` gives the base's logits for every
-    verified node and ``drafts_at(node[B]) -> [B, K, V]``, the heads' logits at the chosen node (or
-    None when nothing is drafted). How they share the output projection is the caller's choice.
-    Finished rows leave the batch. With ``hidden_log`` (a list per row), the hidden state that
-    produced each emitted token is kept.
-    """
-    stats = stats or MedusaStats()
-    eos = set(int(e) for e in eos_token_ids)
-    outputs = [[int(t)] for t in state.next_token.tolist()]
-    if hidden_log is not None:
-        for row, h in enumerate(state.hidden):
-            hidden_log[row].append(h)
-    tt = tree.tensors(state.lengths.device)
-    if tree.num_nodes > 1 and state.draft_logits is None:
-        state.draft_logits = first_draft_logits(project, state)
-    # While a row is active its cache holds the prompt and all but its last emitted token, so the
-    # host knows every length from the token counts: one host sync per round (reading the tokens).
-    prompt_length = int(state.lengths.max())
-    row_ids = _keep_active(state, list(range(len(outputs))), outputs, eos, max_new_tokens)
-    while row_ids:
-        state.longest = prompt_length + max(len(outputs[r]) for r in row_ids) - 1
-        num_generated = state.lengths - prompt_length + 1  # the same invariant, on the device
-        step = verify_round(backbone, project, process_logits, state, tree, tt, num_generated)
-        state.lengths = state.lengths + step.accepted + 1
-        state.longest = None
-        state.hidden = step.hidden[torch.arange(len(row_ids), device=step.hidden.device), step.best]
-        state.next_token = step.next_token
-        if step.drafts_at is not None:
-            state.draft_logits = step.drafts_at(step.best)
+    def __init__(self, backbone, drafter, process_logits, state: DecodeState, tree: DraftTree, prompt_length: int):
+        self.backbone, self.drafter, self.process_logits = backbone, drafter, process_logits
+        self.state, self.tree, self.tt = state, tree, tree.tensors(state.lengths.device)
+        self.prompt_length = prompt_length
+        self.rows = list(range(state.next_token.shape[0]))  # call rows still in the state
+        self.generated = [1] * len(self.rows)  # tokens emitted per call row (the prefill's included)
+
+    def step(self, active: list[bool]) -> RoundResult:
+        keep = [i for i, row in enumerate(self.rows) if active[row]]
+        if len(keep) < len(self.rows):
+            self.state.select_rows(torch.tensor(keep, device=self.state.lengths.device, dtype=torch.long))
+            self.rows = [self.rows[i] for i in keep]
+        st = self.state
+        # While a row is live its cache holds the prompt and all but its last emitted token.
+        upto = min(self.prompt_length + max(self.generated[r] for r in self.rows) - 1 + self.tree.num_nodes,
+                   st.cache.capacity)
+        num_generated = st.lengths - self.prompt_length + 1
+        step = verify_round(self.backbone, self.drafter, self.process_logits, st, self.tree, self.tt, num_generated, upto)
+        st.lengths = st.lengths + step.accepted + 1
+        st.hidden, st.next_token = step.best_hidden, step.next_token
         accepted, emitted = step.accepted.tolist(), step.emitted.tolist()  # the round's one host sync
+        out_accepted, out_emitted = [None] * len(active), [None] * len(active)
+        for i, row in enumerate(self.rows):
+            out_accepted[row], out_emitted[row] = accepted[i], emitted[i]
+            self.generated[row] += accepted[i] + 1
+        index = {row: i for i, row in enumerate(self.rows)}
+        return RoundResult(out_accepted, out_emitted,
+                           lambda row, n: step.hidden[index[row], step.path[index[row], :n]])
+
+
+def run_rounds(rounds, first_tokens: list[int], max_new_tokens: int, eos_token_ids, stats: MedusaStats | None = None,
+               hidden_log: list | None = None) -> list[list[int]]:
+    """Greedy Medusa decoding after prefill: the one loop over ``rounds.step`` (eager or captured).
+
+    Returns a list (per row) of emitted tokens, starting with the prefill's first token; every later token
+    is the base's argmax on the verified prefix, so the output equals plain greedy decoding. A row stops
+    at EOS or ``max_new_tokens``. With ``hidden_log`` (a list per row, its first entry the prefill's
+    hidden), the hidden state that produced each emitted token is appended (eager rounds).
+    """
+    stats = stats if stats is not None else MedusaStats()
+    eos = set(int(e) for e in eos_token_ids)
+    outputs = [[int(t)] for t in first_tokens]
+    active = [not finished(o, eos, max_new_tokens) for o in outputs]
+    depth = rounds.tree.depth
+    while any(active):
+        result = rounds.step(active)
         stats.rounds += 1
-        for i, r in enumerate(row_ids):
-            added = record_round(outputs[r], accepted[i], emitted[i], eos, max_new_tokens, stats, tree.depth)
+        for row, is_active in enumerate(active):
+            if not is_active:
+                continue
+            added = record_round(outputs[row], result.accepted[row], result.emitted[row], eos, max_new_tokens,
+                                 stats, depth)
             if hidden_log is not None:
-                hidden_log[r].extend(step.hidden[i, step.path[i, :added]])
-        row_ids = _keep_active(state, row_ids, outputs, eos, max_new_tokens)
+                hidden_log[row].extend(result.path_hidden(row, added))
+            active[row] = not finished(outputs[row], eos, max_new_tokens)
     stats.new_tokens += sum(len(o) for o in outputs)
     return outputs
 
@@ -487,7 +510,7 @@ def medusa_decode(backbone, project, process_logits, state: DecodeState, tree: D
 def record_round(tokens: list, accepted: int, emitted: list, eos, max_new_tokens: int, stats: MedusaStats,
                  depth: int) -> int:
     """Append one row's accepted drafts and the base's own next token, stopping at EOS or the
-    length limit; returns how many tokens were appended."""
+    length limit; returns how many tokens were appended (what the stats count)."""
     before = len(tokens)
     for token in emitted[:accepted] + [emitted[-1]]:
         if finished(tokens, eos, max_new_tokens):
@@ -497,16 +520,9 @@ def record_round(tokens: list, accepted: int, emitted: list, eos, max_new_tokens
     stats.row_rounds += 1
     stats.drafted_tokens += depth
     stats.accepted_tokens += min(accepted, added)
+    stats.emitted_tokens += added
     return added
 
 
 def finished(tokens, eos, max_new_tokens) -> bool:
     return len(tokens) >= max_new_tokens or (bool(tokens) and tokens[-1] in eos)
-
-
-def _keep_active(state: DecodeState, row_ids: list, outputs, eos, max_new_tokens) -> list:
-    """Drop finished rows from the state so they cost nothing in later rounds."""
-    keep = [i for i, r in enumerate(row_ids) if not finished(outputs[r], eos, max_new_tokens)]
-    if len(keep) < len(row_ids):
-        state.select_rows(torch.tensor(keep, device=state.lengths.device, dtype=torch.long))
-    return [row_ids[i] for i in keep]

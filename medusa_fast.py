@@ -1,9 +1,9 @@
 """Fixed-shape Medusa rounds for GPUs: a whole round (draft, verify, accept, cache update) is one
 CUDA graph, optionally compiled; the host syncs once per round to read the emitted tokens.
 
-Same arithmetic as ``medusa_decoding.medusa_decode`` (so the same tokens), but with every shape
-fixed: attention runs over the whole preallocated cache, finished rows stay in the batch frozen
-(their lengths stop advancing) and the state is updated in place.
+Same arithmetic as ``medusa_decoding.EagerRounds`` (so the same tokens), but with every shape fixed:
+attention runs over the whole preallocated cache, finished rows stay in the batch frozen (their lengths
+stop advancing) and the state is updated in place. ``medusa_decoding.run_rounds`` drives both.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import gc
 import torch
 
 try:
-    from .medusa_decoding import DecodeState, DraftTree, MedusaStats, finished, first_draft_logits, record_round, verify_round
+    from .medusa_decoding import DecodeState, DraftTree, RoundResult, verify_round
 except ImportError:
-    from medusa_decoding import DecodeState, DraftTree, MedusaStats, finished, first_draft_logits, record_round, verify_round
+    from medusa_decoding import DecodeState, DraftTree, RoundResult, verify_round
 
 
 def capture_cuda_graph(fn, warmups: int = 1, reset=None) -> torch.cuda.CUDAGraph:
@@ -49,13 +49,13 @@ def _compiled_round(round_fn):
     return torch.compile(round_fn, dynamic=False)
 
 
-class StaticRoundRunner:
-    def __init__(self, backbone, project, process_logits, state: DecodeState, tree: DraftTree,
+class CapturedRounds:
+    """Rounds over a fixed-shape state (attention over the whole cache), replayed as one CUDA graph
+    (``use_graph`` on CUDA) and optionally compiled; reused across calls through ``load``."""
+
+    def __init__(self, backbone, drafter, process_logits, state: DecodeState, tree: DraftTree,
                  use_graph: bool = True, compile: bool = False, num_generated: torch.Tensor | None = None):
-        state.static = True
-        self.backbone, self.project, self.process_logits = backbone, project, process_logits
-        if tree.num_nodes > 1 and state.draft_logits is None:
-            state.draft_logits = first_draft_logits(project, state)
+        self.backbone, self.drafter, self.process_logits = backbone, drafter, process_logits
         self.state, self.tree = state, tree
         device = state.lengths.device
         self.tt = tree.tensors(device)
@@ -63,9 +63,8 @@ class StaticRoundRunner:
         # tokens emitted per row (the root included); a caller may share this buffer (replayed drafts)
         self.num_generated = torch.ones(batch, dtype=torch.long, device=device) if num_generated is None else num_generated
         self.active = torch.ones(batch, dtype=torch.bool, device=device)
-        self.emitted = torch.zeros(batch, tree.depth + 1, dtype=torch.long, device=device)
-        self.accepted = torch.zeros(batch, dtype=torch.long, device=device)
-        self.emitted_hidden = None
+        self.result = torch.zeros(batch, tree.depth + 2, dtype=torch.long, device=device)  # [accepted, emitted...]
+        self._active_on_device = [True] * batch
         # no bound method stored on self: a runner<->method cycle would be freed by the cyclic GC at a
         # random moment, possibly while another runner is capturing (which invalidates that capture)
         self._compiled = _compiled_round(type(self)._round) if compile else type(self)._round
@@ -74,19 +73,14 @@ class StaticRoundRunner:
     @torch.no_grad()  # a round never needs autograd (and compiling one with it traces a backward)
     def _round(self):
         st = self.state
-        step = verify_round(self.backbone, self.project, self.process_logits, st, self.tree, self.tt,
-                            self.num_generated)
-        self.emitted.copy_(step.emitted)
-        self.accepted.copy_(step.accepted)
+        step = verify_round(self.backbone, self.drafter, self.process_logits, st, self.tree, self.tt,
+                            self.num_generated, st.cache.capacity)
+        self.result.copy_(torch.cat([step.accepted[:, None], step.emitted], dim=1))
         advance = (step.accepted + 1) * self.active  # finished rows stay frozen in the fixed batch
         st.lengths.add_(advance)
         self.num_generated.add_(advance)
-        rows = torch.arange(step.hidden.shape[0], device=step.hidden.device)
-        keep = self.active[:, None]
-        st.hidden.copy_(torch.where(keep, step.hidden[rows, step.best], st.hidden))
+        st.hidden.copy_(torch.where(self.active[:, None], step.best_hidden, st.hidden))
         st.next_token.copy_(torch.where(self.active, step.next_token, st.next_token))
-        if step.drafts_at is not None:
-            st.draft_logits.copy_(torch.where(keep[:, :, None], step.drafts_at(step.best), st.draft_logits))
 
     def load(self, state: DecodeState):
         """Start a new call on the same captured graph: ``state`` was prefilled into this runner's
@@ -99,50 +93,38 @@ class StaticRoundRunner:
         for name, value in state.extra.items():
             st.extra[name].copy_(value)
         self.num_generated.fill_(1)
-        if self.tree.num_nodes > 1:
-            st.draft_logits.copy_(first_draft_logits(self.project, st))
+        self._set_active([True] * len(self._active_on_device))
 
-    def _snapshot(self):
-        st = self.state
-        return [t.clone() for t in self._mutable()]
+    def _set_active(self, active: list[bool]):
+        if active != self._active_on_device:
+            self.active.copy_(torch.tensor(active, device=self.active.device))
+            self._active_on_device = list(active)
 
     def _mutable(self):
         st = self.state
-        tensors = [st.lengths, st.hidden, st.next_token, self.num_generated]
-        return tensors + ([st.draft_logits] if st.draft_logits is not None else [])
-
-    def _restore(self, saved):
-        for target, value in zip(self._mutable(), saved):
-            target.copy_(value)
+        return [st.lengths, st.hidden, st.next_token, self.num_generated]
 
     def _capture(self):
-        saved = self._snapshot()
-        return capture_cuda_graph(lambda: self._compiled(self), warmups=3, reset=lambda: self._restore(saved))
+        saved = [t.clone() for t in self._mutable()]
+
+        def restore():
+            for target, value in zip(self._mutable(), saved):
+                target.copy_(value)
+
+        return capture_cuda_graph(lambda: self._compiled(self), warmups=3, reset=restore)
 
     def release(self):
         """Free the captured graph (its private memory pool goes back to the allocator)."""
         self.graph = None
 
-    def step(self):
+    def replay(self):
         if self.graph is not None:
             self.graph.replay()
         else:
             self._compiled(self)
 
-    def run(self, max_new_tokens: int, eos_token_ids, stats: MedusaStats | None = None) -> list[list[int]]:
-        stats = stats or MedusaStats()
-        eos = set(int(e) for e in eos_token_ids)
-        outputs = [[int(t)] for t in self.state.next_token.tolist()]
-        active = [not finished(o, eos, max_new_tokens) for o in outputs]
-        while any(active):
-            self.active.copy_(torch.tensor(active, device=self.active.device))
-            self.step()
-            accepted, emitted = self.accepted.tolist(), self.emitted.tolist()  # the one host sync
-            stats.rounds += 1
-            for row, is_active in enumerate(active):
-                if is_active:
-                    record_round(outputs[row], accepted[row], emitted[row], eos, max_new_tokens, stats, self.tree.depth)
-                    active[row] = not finished(outputs[row], eos, max_new_tokens)
-        stats.new_tokens += sum(len(o) for o in outputs)
-        return outputs
-
+    def step(self, active: list[bool]) -> RoundResult:
+        self._set_active(active)
+        self.replay()
+        rows = self.result.tolist()  # the round's one host sync
+        return RoundResult([r[0] for r in rows], [r[1:] for r in rows])

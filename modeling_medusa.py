@@ -24,56 +24,28 @@ try:
     from .backbone_meralion2 import MERaLiON2Backbone
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
-    from .medusa_decoding import (CachePool, DraftTree, MedusaStats, build_tree_from_accuracy,
-                                  expected_tokens_per_round, medusa_decode, project_without_drafts)
-    from .medusa_fast import StaticRoundRunner, capture_cuda_graph
+    from .draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
+    from .medusa_decoding import DraftTree, EagerRounds, MedusaStats, run_rounds
+    from .medusa_fast import CapturedRounds, capture_cuda_graph
+    from .medusa_heads import DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter, build_heads
 except ImportError:
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
-    from medusa_decoding import (CachePool, DraftTree, MedusaStats, build_tree_from_accuracy,
-                                 expected_tokens_per_round, medusa_decode, project_without_drafts)
-    from medusa_fast import StaticRoundRunner, capture_cuda_graph
+    from draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
+    from medusa_decoding import DraftTree, EagerRounds, MedusaStats, run_rounds
+    from medusa_fast import CapturedRounds, capture_cuda_graph
+    from medusa_heads import DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter, build_heads
 
 HEADS_FILE = "medusa_heads.safetensors"
+DRAFT_VOCAB_KEY = "draft_vocab"  # int64 [V_draft]: the token ids the heads project onto (optional)
 CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.py", "medusa_fast.py",
-              "backbone_whisper.py", "backbone_meralion2.py")
+              "medusa_heads.py", "draft_policy.py", "backbone_whisper.py", "backbone_meralion2.py")
 BACKBONES = {"whisper": WhisperBackbone, "meralion2": MERaLiON2Backbone}
 BASE_LOAD_KWARGS = ("torch_dtype", "dtype", "device_map", "attn_implementation", "quantization_config",
                     "revision", "token", "cache_dir", "local_files_only", "low_cpu_mem_usage")
-AUTO_TREE_SIZES = (8, 32, 64)  # draft nodes of the extra trees draft="auto" times
 TRAIN_HINT = ("Train heads for this base with: python -m pipeline.collect --base BASE --audio AUDIO && "
               "python -m pipeline.train ... && python -m pipeline.export ... (see README.md).")
-
-
-class MedusaHeads(nn.Module):
-    """K heads, each ``num_layers`` residual blocks ``x + SiLU(W x + b)``, zero-initialised so every
-    head starts as the identity (i.e. as the base's own next-token prediction).
-
-    State-dict names follow vLLM's Medusa format: ``blocks.{i}.layers.{j}.weight`` / ``.bias``.
-    """
-
-    def __init__(self, num_heads: int, num_layers: int, hidden_size: int):
-        super().__init__()
-        self.blocks = nn.ModuleList(_ResidualStack(num_layers, hidden_size) for _ in range(num_heads))
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> [..., K, H]"""
-        return torch.stack([block(hidden) for block in self.blocks], dim=-2)
-
-
-class _ResidualStack(nn.Module):
-    def __init__(self, num_layers: int, hidden_size: int):
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_layers))
-        for layer in self.layers:
-            nn.init.zeros_(layer.weight)
-            nn.init.zeros_(layer.bias)
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = x + F.silu(layer(x))
-        return x
 
 
 class MedusaForASR(PreTrainedModel):
@@ -83,18 +55,22 @@ class MedusaForASR(PreTrainedModel):
 
     def __init__(self, config: MedusaConfig, base=None, processor=None):
         super().__init__(config)
-        self.medusa_heads = MedusaHeads(config.medusa_num_heads, config.medusa_num_layers, config.hidden_size)
         self.base = base
         self.processor = processor
+        self.backbone = BACKBONES[config.base_family](base) if base is not None else None
+        speech_heads = self.backbone.speech_heads if config.speech_attention and self.backbone else None
+        if config.speech_attention and self.backbone is not None and not speech_heads:
+            raise ValueError(f"speech_attention heads need a base whose decoder cross-attends to the speech "
+                             f"(Whisper); {config.base_family} has none.")
+        self.medusa_heads = build_heads(config.head_kind, config.medusa_num_heads, config.medusa_num_layers,
+                                        config.hidden_size, speech_heads)
+        self.register_buffer("draft_vocab", None, persistent=False)  # token ids the heads project onto
         # Optional replacement for the trained heads when drafting: hidden [..., H] -> logits [..., K, V]
         # (an oracle in tests, a replayed acceptance profile in benchmarks). None = the heads.
         self.drafter = None
-        self._verify_cost: dict = {}  # (device, dtype, batch, draft) -> seconds of one verify pass
-        self._acceptance_scale = 1.0  # observed / predicted extra tokens per round, averaged over calls
-        self._cache_pool = CachePool()  # fixed-shape caches reused by the CUDA-graph runners
-        self._runners: dict = {}
-        self._rounds_signature = None  # the weights the kept rounds were captured with
-        self.backbone = BACKBONES[config.base_family](base) if base is not None else None
+        self.draft_policy = DraftPolicy(config)
+        self.round_cache = RoundCache()
+        self._drafters: dict = {}
         if base is not None:
             _check_fits(config, self.backbone)
             base.requires_grad_(False)
@@ -128,7 +104,8 @@ class MedusaForASR(PreTrainedModel):
 
     @classmethod
     def from_base(cls, base_model_name_or_path: str, family: str | None = None, medusa_num_heads: int = 4,
-                  medusa_num_layers: int = 1, base_model=None, processor=None, **kwargs):
+                  medusa_num_layers: int = 1, base_model=None, processor=None, head_kind: str = "medusa",
+                  speech_attention: bool = False, **kwargs):
         """Fresh (zero-initialised) heads on a frozen base: the starting point for training."""
         if base_model is None:
             base_model, processor = load_base_model(base_model_name_or_path, family, **kwargs)
@@ -137,7 +114,8 @@ class MedusaForASR(PreTrainedModel):
         config = MedusaConfig(
             base_model_name_or_path=str(base_model_name_or_path), base_family=family,
             medusa_num_heads=medusa_num_heads, medusa_num_layers=medusa_num_layers,
-            hidden_size=backbone.hidden_size, vocab_size=backbone.vocab_size,
+            hidden_size=backbone.hidden_size, vocab_size=backbone.vocab_size, head_kind=head_kind,
+            speech_attention=speech_attention,
         )
         return cls(config, base=base_model, processor=processor).eval()
 
@@ -145,6 +123,7 @@ class MedusaForASR(PreTrainedModel):
         from safetensors.torch import load_file
 
         state = load_file(str(path))
+        self.set_draft_vocab(state.pop(DRAFT_VOCAB_KEY, None))
         expected = self.medusa_heads.state_dict()
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))
@@ -179,6 +158,8 @@ class MedusaForASR(PreTrainedModel):
             self.config.architectures = ["MedusaForASR"]
             self.config.save_pretrained(tmp)
             heads = {k: v.detach().contiguous().cpu() for k, v in self.medusa_heads.state_dict().items()}
+            if self.draft_vocab is not None:
+                heads[DRAFT_VOCAB_KEY] = self.draft_vocab.detach().to("cpu", torch.long).contiguous()
             save_file(heads, str(tmp / HEADS_FILE), metadata={"format": "pt"})
             here = Path(__file__).parent
             for name in CODE_FILES:
@@ -203,103 +184,72 @@ class MedusaForASR(PreTrainedModel):
     def pad_token_id(self) -> int:
         return self.backbone.pad_token_id
 
+    def set_draft_vocab(self, token_ids) -> None:
+        """Restrict the heads' projection to these token ids (None: the whole vocabulary)."""
+        if token_ids is None:
+            self.draft_vocab = None
+        else:
+            ids = torch.as_tensor(token_ids, dtype=torch.long)
+            if ids.ndim != 1 or not len(ids) or int(ids.min()) < 0 or int(ids.max()) >= self.config.vocab_size:
+                raise ValueError(f"draft vocabulary must be 1-D token ids in [0, {self.config.vocab_size}); "
+                                 f"got shape {tuple(ids.shape)}")
+            self.draft_vocab = ids.to(next(self.medusa_heads.parameters()).device)
+        self.config.draft_vocab_size = None if token_ids is None else len(self.draft_vocab)
+        self._drafters.clear()
+
+    def draft_projection(self) -> DraftProjection:
+        return DraftProjection(self.backbone, self.draft_vocab)
+
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> [..., K, V]: each head, then the base's shared output projection."""
-        return self.backbone.logits(self.medusa_heads(hidden))
+        """Medusa heads: [..., H] -> [..., K, V'] over the draft vocabulary (all of it without one)."""
+        if self.config.head_kind != "medusa":
+            raise ValueError("head_logits is for Medusa heads; path heads draft along a tree path (make_drafter).")
+        return self.draft_projection().logits(self.medusa_heads(hidden))
 
-    def project_for_decoding(self, hidden: torch.Tensor):
-        """[B, T, H] -> (base logits [B, T, V], drafts_at: node [B] -> head logits [B, K, V]).
+    def make_drafter(self, tree: DraftTree, device):
+        """``drafter(state) -> chunk [B, N]`` for ``tree`` (None for plain greedy); kept per tree."""
+        if tree.num_nodes == 1:
+            return None
+        key = (tree, str(device), id(self.drafter))
+        if key not in self._drafters:
+            self._drafters[key] = self._build_drafter(tree, device)
+        return self._drafters[key]
 
-        On a GPU the output projection is memory-bound, so the heads ride along in the same pass
-        over it for every node; on a CPU it is compute-bound, so the heads run on the chosen node
-        only. A ``drafter`` set on the model replaces the heads.
-        """
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
-        if hidden.device.type == "cuda" and self.drafter is None:
-            both = self.backbone.logits(torch.cat([hidden[..., None, :], self.medusa_heads(hidden)], dim=-2))
-            return both[..., 0, :], lambda node: both[rows, node, 1:]
-        draft = self.drafter or self.head_logits
-        return self.backbone.logits(hidden), lambda node: draft(hidden[rows, node])
+    def _build_drafter(self, tree: DraftTree, device):
+        projection = self.draft_projection()
+        if self.drafter is not None:  # a stand-in for the heads: full-vocabulary logits per head
+            return MedusaDrafter(tree, device, self.drafter)
+        if tree.depth > self.config.medusa_num_heads:
+            raise ValueError(f"draft tree of depth {tree.depth} needs {tree.depth} heads; "
+                             f"this artifact has {self.config.medusa_num_heads}.")
+        if self.config.head_kind == "medusa":
+            return MedusaDrafter(tree, device, lambda hidden: projection.logits(self.medusa_heads(hidden)),
+                                 projection.token_ids)
+        speech = self.backbone.speech_memory if self.config.speech_attention else None
+        return PathDrafter(tree, device, self.medusa_heads, projection, self.backbone.embed, speech)
 
-    def draft_tree(self, draft: str | list | None = "auto") -> DraftTree:
-        """``"chain"``, ``"tree"``/``"auto"`` (the config's measured tree when it has one), or explicit paths."""
-        if isinstance(draft, (list, tuple)):
-            return DraftTree.from_paths(draft)
-        if draft in ("tree", "auto") and self.config.tree:
-            return DraftTree.from_paths(self.config.tree)
-        if draft not in ("chain", "tree", "auto", None):
-            raise ValueError(f"draft={draft!r}: use 'auto', 'chain', 'tree' or a list of paths.")
-        return DraftTree.chain(self.config.medusa_num_heads)
+    def draft_tree(self, draft="auto") -> DraftTree:
+        """``"chain"``, ``"tree"``/``"auto"`` (the artifact's tree), ``"none"`` or explicit paths."""
+        return self.draft_policy.resolve(draft)
 
-    def _draft_candidates(self, draft) -> list[DraftTree]:
-        """``draft="auto"`` with measured head accuracy: plain greedy, the chain, the config's tree and
-        trees of other sizes built from the same accuracy compete (the size that pays depends on the
-        device, dtype and batch: a bigger tree accepts more but costs more to verify)."""
-        accuracy = (self.config.head_accuracy or {}).get("topk")
-        if draft != "auto" or not accuracy:
-            return [self.draft_tree(draft)]
-        options = [DraftTree(()), DraftTree.chain(self.config.medusa_num_heads)]
-        if self.config.tree:
-            options.append(DraftTree.from_paths(self.config.tree))
-        options += [DraftTree.from_paths(build_tree_from_accuracy(accuracy, nodes)) for nodes in AUTO_TREE_SIZES]
-        return list(dict.fromkeys(options))  # unique, in order
-
-    def _fastest_draft(self, candidates: list[DraftTree], state, use_graph: bool = False) -> DraftTree:
-        """The draft with the most expected tokens per second of verify time on this device, dtype and
-        batch size. Verify passes are timed once on the real prefilled state (as a captured CUDA graph
-        when rounds will be captured); expected tokens per round come from the measured head
-        accuracy, rescaled by the acceptance actually observed so far."""
-        candidates = [t for t in candidates if t.num_nodes == 1 or self._expected_tokens(t) > 1.0 + 1e-6]
-        if len(candidates) == 1:
-            return candidates[0]  # no draft is expected to add a token: nothing to time
-        key = (state.lengths.device.type, str(self.dtype), state.next_token.shape[0], use_graph)
-        for tree in candidates:
-            if (key, tree) not in self._verify_cost:
-                self._verify_cost[key, tree] = self._verify_seconds(tree, state, use_graph)
-        return max(candidates, key=lambda tree: self._expected_tokens(tree) / self._verify_cost[key, tree])
-
-    def _expected_tokens(self, tree: DraftTree) -> float:
-        predicted = expected_tokens_per_round(tree, self.config.head_accuracy["topk"])
-        return 1.0 + (predicted - 1.0) * self._acceptance_scale
-
-    def _observe_acceptance(self, tree: DraftTree, stats: MedusaStats):
-        """Track observed / predicted extra tokens per round (an average over calls), so ``draft="auto"``
-        adapts when the audio is harder than the heads' held-out data."""
-        accuracy = (self.config.head_accuracy or {}).get("topk")
-        if not accuracy or tree.num_nodes == 1 or not stats.row_rounds:
-            return
-        predicted = expected_tokens_per_round(tree, accuracy) - 1.0
-        if predicted > 0:
-            ratio = (stats.mean_accepted_per_round - 1.0) / predicted
-            self._acceptance_scale = 0.7 * self._acceptance_scale + 0.3 * ratio
-
-    def _verify_seconds(self, tree: DraftTree, state, use_graph: bool = False, repeats: int = 5) -> float:
-        """Median seconds of one verify pass (decoder + projection + heads) of ``tree`` on ``state``;
-        it writes past the valid cache slots only, so the state is unchanged."""
+    def _verify_seconds(self, tree: DraftTree, state, captured: bool, repeats: int = 5) -> float:
+        """Median seconds of one round's work for ``tree`` on the prefilled ``state`` (drafting, the decoder
+        pass, the output projection); it writes past the valid cache slots only, so the state is unchanged."""
         tt = tree.tensors(state.lengths.device)
-        tokens = state.next_token[:, None].expand(-1, tree.num_nodes)
+        drafter = self.make_drafter(tree, state.lengths.device)
+        upto = state.cache.capacity if captured else min(int(state.lengths.max()) + tree.num_nodes,
+                                                         state.cache.capacity)
 
         def verify_pass():
-            hidden = self.backbone.decode(state, tokens, tt.depths, tt.ancestors)
-            _, drafts_at = self.project_for_decoding(hidden)
-            if tree.num_nodes > 1:
-                drafts_at(torch.zeros_like(state.next_token))
+            chunk = drafter(state) if drafter is not None else state.next_token[:, None]
+            self.backbone.logits(self.backbone.decode(state, chunk, tt.depths, tt.ancestors, upto)).argmax(-1)
 
-        if use_graph:
-            static_before, state.static = state.static, True  # captured rounds attend over the whole cache
-            try:
-                return _graph_seconds(verify_pass, repeats)
-            finally:
-                state.static = static_before
-
-        def timed_pass() -> float:
-            _synchronize(state.lengths.device)
-            start = time.perf_counter()
-            verify_pass()
-            _synchronize(state.lengths.device)
-            return time.perf_counter() - start
-
-        return _median_after_warmup(timed_pass, repeats)
+        if captured:
+            graph = capture_cuda_graph(verify_pass)
+            seconds = median_after_warmup(lambda: graph_seconds(graph), repeats)
+            del graph
+            return seconds
+        return median_after_warmup(lambda: wall_seconds(verify_pass, state.lengths.device), repeats)
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -309,13 +259,14 @@ class MedusaForASR(PreTrainedModel):
         """The base's greedy ``generate``, accelerated: same inputs, same token ids.
 
         ``use_medusa=False`` runs the base's own generate. Sampling, beam search and options the
-        Medusa loop does not implement fall back to it with a warning. ``return_stats=True``
-        returns ``(sequences, stats)`` with rounds, drafted/accepted tokens and the mean tokens
-        accepted per round. ``cuda_graph`` (default: on for CUDA devices) runs each round as one
-        captured CUDA graph over a fixed-shape cache; ``compile=True`` also compiles that round with
-        ``torch.compile`` (fused kernels: faster rounds, but the first call of each batch size and
-        draft compiles for a while). Captured rounds are kept for later calls; ``release_caches()``
-        frees them.
+        Medusa loop does not implement fall back to it with a warning. ``draft``: ``"auto"`` (time the
+        candidates, pick the fastest), ``"chain"``, ``"tree"``, ``"none"`` or explicit paths.
+        ``return_stats=True`` returns ``(sequences, stats)``: the draft that ran, rounds, drafted/accepted
+        and emitted tokens, mean tokens emitted per round, and the seconds spent in prefill and in the
+        rounds. ``cuda_graph`` (default: on for CUDA devices) runs each round as one captured CUDA graph
+        over a fixed-shape cache; ``compile=True`` also compiles that round with ``torch.compile`` (fused
+        kernels: faster rounds, but the first call of each batch size and draft compiles for a while).
+        Captured rounds are kept for later calls; ``release_caches()`` frees them.
         """
         if args:
             kwargs.setdefault(self.backbone.required_inputs[0], args[0])
@@ -327,83 +278,68 @@ class MedusaForASR(PreTrainedModel):
             out = self.base.generate(**_base_kwargs(kwargs, max_new_tokens, min_new_tokens))
             return (out, MedusaStats().as_dict()) if return_stats else out
         _check_inputs(kwargs, self.backbone.required_inputs)
-        candidates = self._draft_candidates(draft)
+        on_cuda = self.backbone.base.device.type == "cuda"
+        captured = on_cuda if cuda_graph is None else bool(cuda_graph)  # off CUDA: fixed shapes, no capture
+        fixed_shape = captured or compile
+        if fixed_shape and self.round_cache.check_weights(self.parameters()) and on_cuda:
+            self.backbone.fuse_projections()
+        candidates = self.draft_policy.candidates(draft)
+        timer = _PhaseTimer(self.backbone.base.device, enabled=return_stats)
         process = self.backbone.make_logits_processor(min_new_tokens)
         slack = 2 * max(t.num_nodes for t in candidates)
-        on_cuda = self.backbone.base.device.type == "cuda"
-        use_graph = on_cuda if cuda_graph is None else bool(cuda_graph)  # off CUDA: fixed shapes, no capture
-        fixed_shape = use_graph or compile
-        if fixed_shape:
-            self._prepare_fixed_shape_rounds(fuse=on_cuda)
-        pool = self._cache_pool if fixed_shape else None
+        pool = self.round_cache.pool if fixed_shape else None
         state, max_new, prompt = self.backbone.prefill(kwargs, max_new_tokens, slack, process, cache_pool=pool)
-        tree = candidates[0] if len(candidates) == 1 else self._fastest_draft(candidates, state, use_graph and on_cuda)
+        timer.lap("prefill_seconds")
+        tree = self._choose_draft(candidates, state, captured and on_cuda)
         stats = MedusaStats(draft=tree.name)
-        if fixed_shape:
-            runner = self._static_runner(state, tree, process, min_new_tokens, compile, use_graph)
-            generated = runner.run(max_new, self.backbone.eos_token_ids, stats)
-        else:
-            generated = medusa_decode(self.backbone, self.project_for_decoding, process, state, tree, max_new,
-                                      self.backbone.eos_token_ids, stats)
+        rounds = self._rounds(state, tree, process, min_new_tokens, compile, captured, fixed_shape)
+        timer.lap("setup_seconds")  # choosing the draft (timed once per shape) and loading the rounds
+        generated = run_rounds(rounds, state.next_token.tolist(), max_new, self.backbone.eos_token_ids, stats)
+        timer.lap("rounds_seconds")
         if len(candidates) > 1:
-            self._observe_acceptance(tree, stats)
+            self.draft_policy.observe(tree, stats)
         sequences = self.backbone.format_output(generated, prompt)
-        return (sequences, stats.as_dict()) if return_stats else sequences
+        return (sequences, {**stats.as_dict(), **timer.laps}) if return_stats else sequences
 
     generate_medusa = generate
 
-    def _static_runner(self, state, tree: DraftTree, process, min_new_tokens, compile: bool,
-                       use_graph: bool) -> StaticRoundRunner:
-        """A captured runner for this cache, draft and logits rules: built (and its graph captured) on
-        first use, then reused by later calls of the same shapes."""
-        runners = self._runners
-        key = (id(state.cache), tree, min_new_tokens, id(self.drafter), compile, use_graph)
-        runner = runners.get(key)
-        if runner is None:
-            for stale in [k for k, r in runners.items() if not self._cache_pool.holds(r.state.cache)]:
-                runners.pop(stale).release()
-            runner = runners[key] = StaticRoundRunner(self.backbone, self.project_for_decoding, process, state, tree,
-                                                      use_graph=use_graph, compile=compile)
-        else:
-            runner.load(state)
-        return runner
+    def _choose_draft(self, candidates, state, captured: bool) -> DraftTree:
+        if len(candidates) == 1:
+            return candidates[0]
+        key = (state.lengths.device.type, str(self.dtype), state.next_token.shape[0], captured)
+        return self.draft_policy.choose(candidates, key, lambda tree: self._verify_seconds(tree, state, captured))
 
-    def _prepare_fixed_shape_rounds(self, fuse: bool):
-        """Captured rounds hold raw pointers to the weights, so when any weight tensor was replaced
-        since they were captured (``.to()``, ``.half()``, a reload) they are dropped, not replayed over
-        freed memory. Then (GPU) q/k/v and gate/up are fused for the rounds (views: no extra memory)."""
-        if self._weights_signature() == self._rounds_signature:
-            return
-        self.release_caches()
-        if fuse:
-            self.backbone.fuse_projections()
-        self._rounds_signature = self._weights_signature()
-
-    def _weights_signature(self) -> tuple:
-        return tuple((p.data_ptr(), p.dtype, p.device) for p in self.parameters())
+    def _rounds(self, state, tree: DraftTree, process, min_new_tokens, compile: bool, captured: bool,
+                fixed_shape: bool):
+        drafter = self.make_drafter(tree, state.lengths.device)
+        if not fixed_shape:
+            return EagerRounds(self.backbone, drafter, process, state, tree, int(state.lengths.max()))
+        key = (id(state.cache), tree, min_new_tokens, id(self.drafter), compile, captured)
+        return self.round_cache.runner(key, state, lambda: CapturedRounds(
+            self.backbone, drafter, process, state, tree, use_graph=captured, compile=compile))
 
     def release_caches(self):
         """Free the captured rounds and their preallocated KV caches (GPU memory); later calls
         capture again."""
-        for runner in self._runners.values():
-            runner.release()
-        self._runners.clear()
-        self._cache_pool.caches.clear()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        self.round_cache.release()
+        self.round_cache.signature = None
 
     @torch.no_grad()
-    def collect_hidden_states(self, max_new_tokens: int | None = None, **inputs):
+    def collect_hidden_states(self, max_new_tokens: int | None = None, with_speech: bool = False, **inputs):
         """Greedy decode (one token a round); per row ``(tokens[T], hiddens[T, H])`` where
-        ``hiddens[i]`` is the last-layer hidden state whose argmax produced ``tokens[i]``."""
+        ``hiddens[i]`` is the last-layer hidden state whose argmax produced ``tokens[i]``; with
+        ``with_speech`` also the row's encoder output [L, H] (what speech-attending heads read)."""
         _check_inputs(inputs, self.backbone.required_inputs)
         process = self.backbone.make_logits_processor(None)
+        speech = None
+        if with_speech:
+            speech = inputs["encoder_outputs"] = self.backbone.encode(inputs)
         state, max_new, _ = self.backbone.prefill(inputs, max_new_tokens, 1, process)
-        hiddens = [[] for _ in range(state.hidden.shape[0])]
-        tokens = medusa_decode(self.backbone, project_without_drafts(self.backbone), process,
-                               state, DraftTree(()), max_new,
-                               self.backbone.eos_token_ids, hidden_log=hiddens)
-        return [(torch.tensor(t), torch.stack(h)) for t, h in zip(tokens, hiddens)]
+        hiddens = [[h] for h in state.hidden]
+        rounds = EagerRounds(self.backbone, None, process, state, DraftTree(()), int(state.lengths.max()))
+        tokens = run_rounds(rounds, state.next_token.tolist(), max_new, self.backbone.eos_token_ids, hidden_log=hiddens)
+        rows = [(torch.tensor(t), torch.stack(h)) for t, h in zip(tokens, hiddens)]
+        return [row + (speech[i],) for i, row in enumerate(rows)] if with_speech else rows
 
     # ------------------------------------------------------------------ audio convenience
     def check_prompt_options(self, language: str | None = None, task: str | None = None) -> None:
@@ -444,32 +380,24 @@ class MedusaForASR(PreTrainedModel):
 MERaLiON2MedusaForASR = MedusaForASR  # the name the seed's snippet uses
 
 
-def _synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class _PhaseTimer:
+    """Wall-clock seconds of the phases of one call (device-synchronised), only when asked for: the
+    synchronisation would otherwise cost a little on every call."""
 
+    def __init__(self, device, enabled: bool):
+        self.device, self.enabled, self.laps = device, enabled, {}
+        self._last = self._now() if enabled else None
 
-def _median_after_warmup(timed_run, repeats: int) -> float:
-    """Median of ``repeats`` results of ``timed_run()`` (seconds), after one untimed warm-up run."""
-    times = [timed_run() for _ in range(repeats + 1)]
-    return sorted(times[1:])[repeats // 2]
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
-
-def _graph_seconds(fn, repeats: int) -> float:
-    """Median seconds of ``fn`` replayed as a CUDA graph (captured after a warm-up on a side stream)."""
-    graph = capture_cuda_graph(fn)
-
-    def timed_replay() -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1000
-
-    seconds = _median_after_warmup(timed_replay, repeats)
-    del graph
-    return seconds
+    def lap(self, name: str):
+        if self.enabled:
+            now = self._now()
+            self.laps[name] = now - self._last
+            self._last = now
 
 
 # --------------------------------------------------------------------------- base loading

@@ -107,14 +107,23 @@ def read_shard_metadata(path: str) -> dict:
 
 def load_shard(path: str):
     """-> (hiddens bf16 [N,H], tokens int64 [N], offsets int64 [U+1], metadata dict)."""
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
-    t = load_file(path)
+    with safe_open(path, framework="pt") as f:
+        t = {name: f.get_tensor(name) for name in ("hiddens", "tokens", "offsets")}
     return t["hiddens"], t["tokens"], t["offsets"], read_shard_metadata(path)
 
 
+def load_shard_speech(path: str):
+    """The shard's encoder outputs bf16 [U, L, H] (collected with --speech), or None."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        return f.get_tensor("speech") if "speech" in set(f.keys()) else None
+
+
 def write_shard(path: str, rows: list, meta: dict) -> None:
-    """rows: list of (utterance_id, tokens LongTensor[T], hiddens Tensor[T,H])."""
+    """rows: list of (utterance_id, tokens LongTensor[T], hiddens Tensor[T,H], speech Tensor[L,H] or None)."""
     import torch
 
     ids = [r[0] for r in rows]
@@ -122,12 +131,13 @@ def write_shard(path: str, rows: list, meta: dict) -> None:
     hiddens = torch.cat([r[2].to("cpu", torch.bfloat16) for r in rows]).contiguous()
     lengths = torch.tensor([0] + [int(r[1].numel()) for r in rows], dtype=torch.int64)
     offsets = torch.cumsum(lengths, 0)
+    tensors = {"hiddens": hiddens, "tokens": tokens, "offsets": offsets}
+    if rows and len(rows[0]) > 3 and rows[0][3] is not None:
+        tensors["speech"] = torch.stack([r[3].to("cpu", torch.bfloat16) for r in rows]).contiguous()
     metadata = {k: str(v) for k, v in meta.items()}
     metadata["utterance_ids"] = json.dumps(ids)
     metadata["format_version"] = SHARD_FORMAT_VERSION
-    atomic_save_safetensors(
-        path, {"hiddens": hiddens, "tokens": tokens, "offsets": offsets}, metadata=metadata
-    )
+    atomic_save_safetensors(path, tensors, metadata=metadata)
 
 
 # --------------------------------------------------------------------------- audio
@@ -369,6 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default=None, choices=("transcribe", "translate"),
                    help="multilingual Whisper: task (default: the model's own, transcribe)")
     p.add_argument("--shard-size", type=int, default=256, help="utterances per shard")
+    p.add_argument("--speech", action="store_true",
+                   help="also store each utterance's encoder output (Whisper), for heads that attend to the "
+                        "speech (pipeline.train --speech-attention); ~1-1.5 MB per utterance")
     p.add_argument("--device", default=None, help="cuda / cpu / cuda:1 (default: cuda if available)")
     p.add_argument("--dtype", default="auto", help="base model dtype: auto (bf16 on GPU, fp32 on CPU), "
                                                    "float32, bfloat16, float16")
@@ -409,6 +422,9 @@ def main(argv=None, model=None) -> dict:
         if meta.get("base") != args.base:
             raise SystemExit(f"{path} was collected from base {meta.get('base')!r}, not "
                              f"{args.base!r}; use another --out.")
+        if (meta.get("speech") == "true") != args.speech:
+            raise SystemExit(f"{path} was collected {'with' if meta.get('speech') == 'true' else 'without'} "
+                             "--speech; use the same or another --out.")
         for option in ("language", "task"):
             if meta.get(option) != getattr(args, option):
                 raise SystemExit(f"{path} was collected with --{option} {meta.get(option)!r}, not "
@@ -439,7 +455,8 @@ def main(argv=None, model=None) -> dict:
     prompt_options = {k: v for k, v in (("language", args.language), ("task", args.task)) if v}
     info.update(prompt_options)
     shard_meta = {"base": args.base, "family": info.get("family", ""), "dtype": str(dtype).replace("torch.", ""),
-                  "max_new_tokens": args.max_new_tokens, **prompt_options}
+                  "max_new_tokens": args.max_new_tokens, **prompt_options,
+                  **({"speech": "true"} if args.speech else {})}
     model_device = _model_device(model) if model is not None else device
     pending, failed = [], []
     n_clips = n_tokens = 0
@@ -471,14 +488,16 @@ def main(argv=None, model=None) -> dict:
                 if ok:
                     t0 = time.perf_counter()
                     inputs = _to_model(model.prepare_audio_inputs(arrays, **prompt_options), model)
-                    outputs = model.collect_hidden_states(**inputs, max_new_tokens=args.max_new_tokens)
+                    outputs = model.collect_hidden_states(**inputs, max_new_tokens=args.max_new_tokens,
+                                                          **({"with_speech": True} if args.speech else {}))
                     model_seconds += time.perf_counter() - t0
                     if len(outputs) != len(ok):
                         raise RuntimeError(f"collect_hidden_states returned {len(outputs)} rows for {len(ok)} clips")
-                    for u, (tokens, hiddens) in zip(ok, outputs):
+                    for u, (tokens, hiddens, *speech) in zip(ok, outputs):
                         if tokens.shape[0] != hiddens.shape[0]:
                             raise RuntimeError(f"{u.id}: {tokens.shape[0]} tokens but {hiddens.shape[0]} hiddens")
-                        pending.append((u.id, tokens.detach().cpu(), hiddens.detach().cpu()))
+                        pending.append((u.id, tokens.detach().cpu(), hiddens.detach().cpu(),
+                                        speech[0].detach().cpu() if speech else None))
                         n_tokens += int(tokens.numel())
                     n_clips += len(ok)
                     flush()

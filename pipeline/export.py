@@ -34,6 +34,21 @@ def heads_shape(state: dict) -> tuple[int, int]:
     return max(i for i, _ in found) + 1, max(j for _, j in found) + 1
 
 
+def heads_kind(path: str, state: dict) -> dict:
+    """The head shape recorded by pipeline.train in the checkpoint's metadata (older checkpoints: Medusa
+    heads, shape read from the tensor names)."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        meta = f.metadata() or {}
+    if "head_kind" in meta:
+        return {"head_kind": meta["head_kind"], "medusa_num_heads": int(meta["num_heads"]),
+                "medusa_num_layers": int(meta["num_layers"]), "speech_attention": meta.get("speech_attention") == "true"}
+    num_heads, num_layers = heads_shape(state)
+    return {"head_kind": "medusa", "medusa_num_heads": num_heads, "medusa_num_layers": num_layers,
+            "speech_attention": False}
+
+
 def _read_json(path: str) -> dict:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
@@ -117,7 +132,8 @@ def build_head_accuracy(metrics: dict) -> dict:
 
 
 def choose_tree(mode: str, head_accuracy: dict, num_nodes: int, num_heads: int):
-    """None (= chain) or a list of per-head rank paths chosen from the measured top-k accuracy."""
+    """None (= chain) or a list of per-head rank paths chosen from the measured top-k accuracy (the
+    trees pipeline.train replays are built the same way, so a size it measured is that very tree)."""
     if mode == "chain":
         return None
     topk = head_accuracy.get("topk")
@@ -192,7 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="artifact folder to create or replace")
     p.add_argument("--tree", choices=("auto", "chain"), default="auto",
                    help="auto: sparse tree from measured top-k accuracy; chain: top-1 of every head")
-    p.add_argument("--tree-nodes", type=int, default=15, help="draft nodes in an auto tree (root excluded)")
+    p.add_argument("--tree-nodes", type=int, default=16,
+                   help="draft nodes of the artifact's default tree (root excluded); draft='auto' weighs "
+                        "every tree pipeline.train measured")
     p.add_argument("--benchmark", action="append", default=[],
                    help="benchmark.py results.json to summarise in config + model card; repeatable")
     p.add_argument("--data-info", action="append", default=[],
@@ -213,7 +231,8 @@ def main(argv=None, model=None) -> str:
     from safetensors.torch import load_file
 
     state = load_file(args.heads)
-    num_heads, num_layers = heads_shape(state)
+    shape = heads_kind(args.heads, state)
+    num_heads, num_layers = shape["medusa_num_heads"], shape["medusa_num_layers"]
     metrics_path = args.metrics or os.path.join(os.path.dirname(os.path.abspath(args.heads)), "metrics.json")
     metrics = _read_json(metrics_path) if os.path.exists(metrics_path) else {}
     if not metrics:
@@ -229,19 +248,21 @@ def main(argv=None, model=None) -> str:
     training_data = build_training_data(metrics, infos)
     head_accuracy = build_head_accuracy(metrics)
     benchmark = dict(compact_benchmark(path) for path in args.benchmark)
+    candidates = metrics.get("draft_candidates") or []
     tree = choose_tree(args.tree, head_accuracy, args.tree_nodes, num_heads)
 
     dtype = parse_dtype(args.dtype, args.device)
     if model is None:
         medusa = import_medusa()
         model = medusa.MedusaForASR.from_base(base_folder(args.base), medusa_num_heads=num_heads,
-                                              medusa_num_layers=num_layers, torch_dtype=dtype,
+                                              medusa_num_layers=num_layers, head_kind=shape["head_kind"],
+                                              speech_attention=shape["speech_attention"], torch_dtype=dtype,
                                               device_map=args.device)
     from pipeline.train import load_heads_state
 
     load_heads_state(model, {k: v for k, v in state.items()})
     cfg = model.config
-    if (cfg.medusa_num_heads, cfg.medusa_num_layers) != (num_heads, num_layers):
+    if (cfg.medusa_num_heads, cfg.medusa_num_layers, cfg.head_kind) != (num_heads, num_layers, shape["head_kind"]):
         raise SystemExit(f"model built with {cfg.medusa_num_heads}x{cfg.medusa_num_layers} heads, "
                          f"file has {num_heads}x{num_layers}")
     trained_base = metrics.get("base")
@@ -253,6 +274,7 @@ def main(argv=None, model=None) -> str:
         print(f"[export] WARNING: the artifact will name a local base path {args.base!r}; "
               "pass --base-id HUB_ID to publish it")
     cfg.tree = tree
+    cfg.draft_candidates = [{k: c[k] for k in ("paths", "nodes", "tokens_per_round")} for c in candidates]
     cfg.training_data = training_data
     cfg.head_accuracy = head_accuracy
     cfg.benchmark = benchmark

@@ -1,20 +1,29 @@
-"""Stage 2: train Medusa heads on the hidden states recorded by ``pipeline.collect``.
+"""Stage 2: train draft heads on the hidden states recorded by ``pipeline.collect``.
 
-    python -m pipeline.train --data work_data/collect --base openai/whisper-tiny.en --out work_data/ckpt
+    python -m pipeline.train --data work_data/collect --base openai/whisper-tiny.en --out work_data/ckpt \\
+        [--head-kind medusa|path] [--speech-attention] [--draft-vocab 4096] [--soft-labels 0.5] \\
+        [--eval-data work_data/collect_human]
 
-Head ``k`` (0-based) at position ``t`` learns to predict ``tokens[t+k+1]`` from ``hiddens[t]``
-(the hidden state whose argmax was ``tokens[t]``), through ``model.head_logits`` -- the heads
-followed by the frozen base's own output projection. Loss = sum over heads of the masked-mean
-cross-entropy. AdamW (betas 0.9/0.95, no weight decay), linear warm-up then cosine decay,
-gradient clipping at 1.0. A held-out split of whole utterances (chosen deterministically from
-``--seed`` and the utterance ids) selects the best checkpoint and measures per-head top-k accuracy.
+Head ``k`` (0-based) at position ``t`` learns ``tokens[t+k+1]`` from ``hiddens[t]`` (the hidden state whose
+argmax was ``tokens[t]``) through the frozen base's own output projection, restricted to a draft
+vocabulary (the ``--draft-vocab`` most frequent tokens of the training transcripts; 0 = all). Medusa heads
+see ``hiddens[t]`` only; path heads (``--head-kind path``, Hydra-style) also see the true tokens
+``tokens[t..t+k]`` (teacher forcing) and, with ``--speech-attention``, the speech (needs shards collected
+with ``--speech``). Loss per head: cross-entropy on the base's token, mixed with ``--soft-labels`` of
+cross-entropy on the base's own distribution at that position (recomputed from the recorded hidden
+state: nothing extra is stored). AdamW (betas 0.9/0.95, no weight decay), warm-up then cosine, gradient
+clipping at 1.0. A held-out split of whole utterances (deterministic from ``--seed`` and the ids)
+selects the best checkpoint and measures per-head top-k accuracy; at the end the best heads are replayed
+on it (and on ``--eval-data``) to measure the tokens per round of the chain and of trees built from that
+accuracy (``pipeline.acceptance``: exactly what ``generate`` would measure on the same audio).
 
 Outputs in ``--out``:
-* ``last.pt``           heads + optimizer + scheduler + step (written every epoch and every
-                        ``--save-every`` steps); a rerun resumes from it (``--no-resume`` to restart)
-* ``best.safetensors``  heads only, best validation loss so far
-* ``metrics.json``      the best checkpoint's validation loss and per-head accuracy
-                        (``head_accuracy = {"top1", "top5", "topk"}``; ``topk[k][j-1]`` = acc@j, j<=10)
+* ``last.pt``           heads + optimizer + scheduler + step (every epoch and every ``--save-every`` steps);
+                        a rerun resumes from it (``--no-resume`` to restart)
+* ``best.safetensors``  heads (+ ``draft_vocab``), best validation loss so far; metadata: the head shape
+* ``metrics.json``      the best checkpoint's validation loss, per-head accuracy
+                        (``head_accuracy = {"top1", "top5", "topk"}``; ``topk[k][j-1]`` = acc@j, j<=10) and
+                        ``draft_candidates`` (tokens per round of each tree replayed on the held-out data)
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import hashlib
 import math
 import os
 import time
+from dataclasses import dataclass
 
 from pipeline.collect import (
     atomic_save_safetensors,
@@ -34,40 +44,48 @@ from pipeline.collect import (
     import_medusa,
     list_shards,
     load_shard,
+    load_shard_speech,
     parse_dtype,
 )
 
 TOPK = 10
 IGNORE = -100
+CANDIDATE_TREE_SIZES = (8, 16, 32, 64)  # draft nodes of the trees whose tokens per round are measured
 
 
 # --------------------------------------------------------------------------- data
 class Collected:
-    """All shards of a collect folder, concatenated: utterance u is tokens[starts[u]:starts[u]+lengths[u]]."""
+    """All shards of a collect folder: utterance u is tokens[starts[u]:starts[u]+lengths[u]] (and
+    ``speech[u]``, its encoder output, when the shards hold it and ``with_speech``)."""
 
-    def __init__(self, data_dir: str):
+    def __init__(self, data_dir: str, with_speech: bool = False):
         import torch
 
         shards = list_shards(data_dir)
         if not shards:
             raise SystemExit(f"no shard_*.safetensors in {data_dir}; run `python -m pipeline.collect` first")
-        hiddens, tokens, starts, lengths, self.ids, self.meta = [], [], [], [], [], {}
+        hiddens, tokens, starts, lengths, speech, self.ids, self.meta = [], [], [], [], [], [], {}
         offset = 0
         for path in shards:
             h, t, off, meta = load_shard(path)
             if self.meta and meta.get("base") != self.meta.get("base"):
                 raise SystemExit(f"{path}: base {meta.get('base')!r} differs from the other shards'")
+            shard_speech = load_shard_speech(path) if with_speech else None
+            if with_speech and shard_speech is None:
+                raise SystemExit(f"{path} holds no speech: collect again with `pipeline.collect --speech`")
             self.meta = self.meta or meta
             hiddens.append(h)
             tokens.append(t)
             starts.append(off[:-1] + offset)
             lengths.append(off[1:] - off[:-1])
+            speech.append(shard_speech)
             self.ids.extend(meta["utterance_ids"])
             offset += int(t.numel())
         self.hiddens = torch.cat(hiddens)
         self.tokens = torch.cat(tokens)
         self.starts = torch.cat(starts)
         self.lengths = torch.cat(lengths)
+        self.speech = torch.cat(speech) if with_speech else None
         self.shard_names = [os.path.basename(p) for p in shards]
         if len(set(self.ids)) != len(self.ids):
             raise SystemExit(f"{data_dir}: duplicate utterance ids across shards")
@@ -78,6 +96,26 @@ class Collected:
 
     def fingerprint(self) -> dict:
         return {"shards": self.shard_names, "n_utterances": len(self.ids), "n_tokens": int(self.tokens.numel())}
+
+    def to(self, device) -> "Collected":
+        self.hiddens = self.hiddens.to(device)
+        if self.speech is not None:
+            self.speech = self.speech.to(device)
+        return self
+
+    def recordings(self, utts, speech_memory=None) -> list:
+        """``pipeline.acceptance.Recording`` per utterance (speech memory computed by ``speech_memory``)."""
+        from pipeline.acceptance import Recording
+
+        out = []
+        for u in utts:
+            s, n = int(self.starts[u]), int(self.lengths[u])
+            memory = None
+            if speech_memory is not None and self.speech is not None:
+                keys, values = speech_memory(self.speech[u][None])
+                memory = (keys[0], values[0])
+            out.append(Recording(self.tokens[s:s + n], self.hiddens[s:s + n], memory))
+        return out
 
 
 def split_utterances(ids: list[str], lengths, val_fraction: float, seed: int, min_tokens: int):
@@ -94,26 +132,52 @@ def split_utterances(ids: list[str], lengths, val_fraction: float, seed: int, mi
     return sorted(order[n_val:]), sorted(order[:n_val])
 
 
-def batch_targets(data: Collected, utts, num_heads: int):
-    """Flatten utterances into token positions that have at least one target.
+def draft_vocabulary(tokens, size: int, vocab_size: int):
+    """The ``size`` most frequent token ids of the training transcripts (None: the whole vocabulary)."""
+    import torch
 
-    Returns (positions LongTensor[M] into data.hiddens, targets LongTensor[M, K] with IGNORE where
-    head k's target ``t+k+1`` falls past the end of the utterance).
-    """
+    if not size or size >= vocab_size:
+        return None
+    counts = torch.bincount(tokens.reshape(-1), minlength=vocab_size)
+    order = counts.argsort(descending=True, stable=True)[:size]
+    return torch.sort(order[counts[order] > 0]).values
+
+
+@dataclass
+class UtteranceBatch:
+    """A padded batch of utterances: per position t, the root token and the true tokens after it."""
+
+    hiddens: object  # [B, T, H] the recorded states (zeros past an utterance's end)
+    inputs: object  # [B, T, K] tokens[t + k] (the token each head's path ends with; path heads' inputs)
+    targets: object  # [B, T, K] tokens[t + k + 1] as draft-vocabulary indices, IGNORE where none
+    target_hiddens: object  # [B, T, K, H] hiddens[t + k + 1] (the base's distribution there: soft labels)
+    speech: object = None  # [B, L, H] encoder outputs, when training speech attention
+
+
+def make_batch(data: Collected, utts, num_heads: int, vocab_index, device, with_targets_hidden: bool):
+    """Pad ``utts`` into an ``UtteranceBatch``; ``vocab_index`` maps token id -> draft index (or IGNORE)."""
     import torch
 
     utts = torch.as_tensor(utts, dtype=torch.long)
     starts, lengths = data.starts[utts], data.lengths[utts]
-    n = (lengths - 1).clamp(min=0)  # positions with a next token
-    owner = torch.repeat_interleave(torch.arange(len(utts)), n)
-    local = torch.arange(int(n.sum())) - torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
-    positions = starts[owner] + local
-    remaining = (lengths - 1)[owner] - local  # tokens after position t within the utterance (>= 1)
-    k = torch.arange(num_heads)
-    valid = remaining[:, None] > k[None, :]
-    index = torch.where(valid, positions[:, None] + k[None, :] + 1, torch.zeros_like(valid, dtype=torch.long))
-    targets = torch.where(valid, data.tokens[index], torch.full_like(index, IGNORE))
-    return positions, targets
+    longest = int(lengths.max())
+    span = torch.arange(longest + num_heads + 1)
+    inside = span[None, :] < lengths[:, None]  # [B, S]
+    flat = (starts[:, None] + span[None, :]).clamp(max=len(data.tokens) - 1)
+    tokens = torch.where(inside, data.tokens[flat], torch.zeros_like(flat))
+    positions = torch.arange(longest)
+    offsets = torch.arange(num_heads)
+    at = positions[:, None] + offsets[None, :]  # [T, K] offset t+k
+    inputs = tokens[:, at]
+    has_target = inside[:, at + 1] & inside[:, positions][:, :, None]
+    targets = torch.where(has_target, vocab_index[tokens[:, at + 1]], torch.full_like(inputs, IGNORE))
+    flat = flat.to(data.hiddens.device)
+    hiddens = data.hiddens[flat[:, :longest]].to(device).float() * inside[:, :longest, None].to(device)
+    target_hiddens = None
+    if with_targets_hidden:
+        target_hiddens = data.hiddens[flat[:, at + 1]].to(device).float()
+    speech = data.speech[utts.to(data.speech.device)].to(device) if data.speech is not None else None
+    return UtteranceBatch(hiddens, inputs.to(device), targets.to(device), target_hiddens, speech)
 
 
 # --------------------------------------------------------------------------- model
@@ -126,22 +190,37 @@ def trainable_head_parameters(model) -> dict:
 
 
 def heads_state(model) -> dict:
-    return {n: p.detach().to("cpu").clone().contiguous() for n, p in trainable_head_parameters(model).items()}
+    state = {n: p.detach().to("cpu").clone().contiguous() for n, p in trainable_head_parameters(model).items()}
+    if getattr(model, "draft_vocab", None) is not None:
+        state["draft_vocab"] = model.draft_vocab.detach().to("cpu").clone()
+    return state
 
 
 def load_heads_state(model, state: dict) -> None:
+    state = dict(state)
+    vocab = state.pop("draft_vocab", None)
     expected = set(trainable_head_parameters(model))
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:
         raise SystemExit(f"heads checkpoint does not match the model: missing {sorted(missing)}, "
                          f"unexpected {sorted(unexpected)}")
     model.medusa_heads.load_state_dict(state, strict=False)
+    if vocab is not None or getattr(model, "draft_vocab", None) is not None:
+        model.set_draft_vocab(vocab)
 
 
-def build_model(base: str, heads: int, layers: int, dtype, device):
+def heads_metadata(model) -> dict:
+    """The head shape, recorded in the checkpoint so that export can rebuild the same heads."""
+    cfg = model.config
+    return {"head_kind": cfg.head_kind, "num_heads": str(cfg.medusa_num_heads), "num_layers": str(cfg.medusa_num_layers),
+            "speech_attention": str(bool(cfg.speech_attention)).lower()}
+
+
+def build_model(args, dtype, device):
     medusa = import_medusa()
-    return medusa.MedusaForASR.from_base(base_folder(base), medusa_num_heads=heads, medusa_num_layers=layers,
-                                         torch_dtype=dtype, device_map=device)
+    return medusa.MedusaForASR.from_base(base_folder(args.base), medusa_num_heads=args.heads,
+                                         medusa_num_layers=args.layers, head_kind=args.head_kind,
+                                         speech_attention=args.speech_attention, torch_dtype=dtype, device_map=device)
 
 
 def _device_of(model):
@@ -158,63 +237,62 @@ def _autocast(device, amp: bool):
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
 
 
-def heads_loss(model, hiddens, targets, dtype, amp: bool = False):
-    """Sum over heads of masked-mean cross-entropy; also returns the per-head losses.
+def head_states(model, batch: UtteranceBatch):
+    """[B, T, K, H]: the states whose projections are the heads' draft logits (teacher-forced paths)."""
+    heads = model.medusa_heads
+    if model.config.head_kind == "medusa":
+        return heads(batch.hiddens)
+    speech = model.backbone.speech_memory_of(batch.speech) if model.config.speech_attention else None
+    return heads.teacher_forced(batch.hiddens, model.backbone.embed(batch.inputs), speech)
 
-    One cross-entropy over all [M, K] (position, head) pairs with IGNORE targets, then a per-head
-    mean: no boolean-mask copies of the [M, K, V] logits (several times faster on CPU).
-    """
+
+def heads_loss(model, batch: UtteranceBatch, soft_labels: float = 0.0, amp: bool = False):
+    """Sum over heads of masked-mean cross-entropy (mixed with the soft-label cross-entropy); also the
+    per-head losses."""
     import torch
     import torch.nn.functional as F
 
-    with _autocast(hiddens.device, amp):
-        logits = model.head_logits(hiddens.to(dtype))  # [M, K, V]
-    m, k, v = logits.shape
-    ce = F.cross_entropy(logits.reshape(m * k, v).float(), targets.reshape(-1), ignore_index=IGNORE,
-                         reduction="none").view(m, k)
-    count = (targets != IGNORE).sum(0)
-    per_head = ce.sum(0) / count.clamp(min=1)  # heads with no target this batch contribute 0
+    projection = model.draft_projection()
+    with _autocast(batch.hiddens.device, amp):
+        logits = projection.logits(head_states(model, batch)).float()  # [B, T, K, V']
+    valid = batch.targets != IGNORE
+    ce = F.cross_entropy(logits.flatten(0, 2), batch.targets.flatten(), ignore_index=IGNORE,
+                         reduction="none").view(batch.targets.shape)
+    if soft_labels:
+        with torch.no_grad(), _autocast(batch.hiddens.device, amp):
+            teacher = projection.logits(batch.target_hiddens).float().softmax(dim=-1)
+        soft = -(teacher * logits.log_softmax(dim=-1)).sum(dim=-1)
+        ce = (1.0 - soft_labels) * ce + soft_labels * soft
+    count = valid.sum((0, 1))
+    per_head = (ce * valid).sum((0, 1)) / count.clamp(min=1)
     per_head_list = [float(x) if int(c) else float("nan") for x, c in zip(per_head.detach(), count)]
     return per_head.sum(), per_head_list
 
 
-def evaluate(model, data: Collected, utts, num_heads: int, dtype, max_positions: int | None = None,
-             amp: bool = False) -> dict:
-    """Per-head mean CE and top-1..10 accuracy over every position of ``utts`` (order independent)."""
+def evaluate(model, data: Collected, utts, num_heads: int, vocab_index, amp: bool = False,
+             batch_size: int = 64) -> dict:
+    """Per-head mean CE and top-1..10 accuracy over every position of ``utts`` (teacher-forced paths, so a
+    path head's accuracy is conditional on a correct path)."""
     import torch
     import torch.nn.functional as F
 
     device = _device_of(model)
-    if max_positions is None:  # bound the [positions, K, V] logits to ~2e8 elements
-        max_positions = max(32, min(4096, int(2e8 // (num_heads * model.config.vocab_size))))
     ce_sum = torch.zeros(num_heads, dtype=torch.float64)
     count = torch.zeros(num_heads, dtype=torch.float64)
     hits = torch.zeros(num_heads, TOPK, dtype=torch.float64)
-    chunk, budget = [], 0
-    groups = []
-    for u in utts:
-        chunk.append(u)
-        budget += max(int(data.lengths[u]) - 1, 0)
-        if budget >= max_positions:
-            groups.append(chunk)
-            chunk, budget = [], 0
-    if chunk:
-        groups.append(chunk)
+    projection = model.draft_projection()
     was_training = model.medusa_heads.training
     model.medusa_heads.eval()
     with torch.no_grad():
-        for group in groups:
-            positions, targets = batch_targets(data, group, num_heads)
-            if positions.numel() == 0:
-                continue
+        for start in range(0, len(utts), batch_size):
+            batch = make_batch(data, utts[start:start + batch_size], num_heads, vocab_index, device, False)
             with _autocast(device, amp):
-                logits = model.head_logits(data.hiddens[positions.to(data.hiddens.device)].to(device, dtype))
-            targets = targets.to(device)
+                logits = projection.logits(head_states(model, batch)).float()
             for k in range(num_heads):
-                valid = targets[:, k] != IGNORE
+                valid = batch.targets[..., k] != IGNORE
                 if not bool(valid.any()):
                     continue
-                lg, tg = logits[valid, k].float(), targets[valid, k]
+                lg, tg = logits[..., k, :][valid], batch.targets[..., k][valid]
                 ce_sum[k] += float(F.cross_entropy(lg, tg, reduction="sum"))
                 count[k] += int(valid.sum())
                 top = lg.topk(min(TOPK, lg.shape[-1]), dim=-1).indices
@@ -238,14 +316,35 @@ def evaluate(model, data: Collected, utts, num_heads: int, dtype, max_positions:
     }
 
 
+def candidate_trees(topk_accuracy, num_heads: int) -> list:
+    """The chain and trees of ``CANDIDATE_TREE_SIZES`` nodes built from the measured accuracy."""
+    import_medusa()
+    from medusa_decoding import DraftTree, build_tree_from_accuracy
+
+    trees = [DraftTree.chain(num_heads)]
+    trees += [DraftTree.from_paths(build_tree_from_accuracy(topk_accuracy, n)) for n in CANDIDATE_TREE_SIZES]
+    return list(dict.fromkeys(trees))
+
+
+def replay_candidates(model, recordings, trees) -> list[dict]:
+    """Tokens per round of each tree, replayed on ``recordings`` with the model's own drafter."""
+    import torch
+
+    from pipeline.acceptance import tokens_per_round
+
+    device = _device_of(model)
+    dtype = next(model.medusa_heads.parameters()).dtype
+    model.medusa_heads.eval()
+    rows = []
+    with torch.no_grad():
+        for tree in trees:
+            replay = tokens_per_round(model.make_drafter(tree, device), tree, recordings, device=device, dtype=dtype)
+            rows.append({"paths": [list(p) for p in tree.paths], "nodes": tree.num_nodes - 1, "name": tree.name,
+                         "tokens_per_round": round(replay["tokens_per_round"], 4), "rounds": replay["rounds"]})
+    return rows
+
+
 # --------------------------------------------------------------------------- schedule
-def lr_factor(step: int, warmup: int, total: int) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
 def epoch_order(n: int, seed: int, epoch: int):
     import torch
 
@@ -260,8 +359,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="collect output folder (shard_*.safetensors)")
     p.add_argument("--base", required=True, help="base model (its output projection is used)")
     p.add_argument("--out", default="work_data/ckpt", help="checkpoint folder")
-    p.add_argument("--heads", type=int, default=4, help="number of Medusa heads K")
+    p.add_argument("--heads", type=int, default=4, help="number of heads K (draft depth)")
     p.add_argument("--layers", type=int, default=1, help="residual blocks per head")
+    p.add_argument("--head-kind", choices=("medusa", "path"), default="medusa",
+                   help="medusa: independent heads; path: each head also sees the tokens before it on its path")
+    p.add_argument("--speech-attention", action="store_true",
+                   help="path heads also attend to the speech (Whisper; shards collected with --speech)")
+    p.add_argument("--draft-vocab", type=int, default=0,
+                   help="heads project onto the N most frequent training tokens (0: the whole vocabulary)")
+    p.add_argument("--soft-labels", type=float, default=0.0,
+                   help="weight of the base's own distribution in the loss (0: its argmax only; 1: only it)")
+    p.add_argument("--eval-data", action="append", default=[],
+                   help="another collect folder (e.g. real speech) to replay the best heads on; repeatable")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=16, help="utterances per step")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -288,7 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _trajectory_settings(args, data: Collected) -> dict:
     """Everything that determines the training trajectory; resuming requires it unchanged."""
-    return {"base": args.base, "heads": args.heads, "layers": args.layers, "epochs": args.epochs,
+    return {"base": args.base, "heads": args.heads, "layers": args.layers, "head_kind": args.head_kind,
+            "speech_attention": args.speech_attention, "draft_vocab": args.draft_vocab,
+            "soft_labels": args.soft_labels, "epochs": args.epochs,
             "batch_size": args.batch_size, "lr": args.lr, "warmup_steps": args.warmup_steps,
             "val_fraction": args.val_fraction, "min_tokens": args.min_tokens, "seed": args.seed,
             "dtype": args.dtype, "amp": args.amp, "data": data.fingerprint()}
@@ -300,155 +411,219 @@ def _print_accuracy(acc: dict) -> None:
         print(f"{k:4d} | tok+{k + 1:<4d} | {t1:6.3f} | {t5:6.3f} | {tk[-1]:6.3f} | {n}")
 
 
+class Trainer:
+    """One training run: the model's heads, the data, the optimiser and the checkpoints in ``out``."""
+
+    def __init__(self, args, model, data: Collected, amp: bool):
+        import torch
+        from transformers import get_cosine_schedule_with_warmup
+
+        self.args, self.model, self.data, self.amp = args, model, data, amp
+        self.train_utts, self.val_utts = split_utterances(data.ids, data.lengths, args.val_fraction, args.seed,
+                                                          max(args.min_tokens, 2))
+        if not self.train_utts:
+            raise SystemExit("no training utterances (all shorter than --min-tokens?)")
+        self.held_out = bool(self.val_utts)
+        if not self.held_out:
+            print("[train] WARNING: no validation split (too little data or --val-fraction 0); "
+                  "best checkpoint and accuracy are measured on the training set")
+            self.val_utts = self.train_utts
+        self.steps_per_epoch = math.ceil(len(self.train_utts) / args.batch_size)
+        self.total_steps = self.steps_per_epoch * args.epochs
+        self.warmup = args.warmup_steps if args.warmup_steps is not None else min(100, max(1, self.total_steps // 10))
+        self.settings = _trajectory_settings(args, data)
+        self.paths = {name: os.path.join(args.out, name) for name in ("last.pt", "best.safetensors", "metrics.json")}
+        self.params = trainable_head_parameters(model)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for p in self.params.values():
+            p.requires_grad_(True)
+        self.vocab_index = self._vocab_index()
+        self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, self.warmup, self.total_steps)
+        self.step, self.best, self.history = 0, None, []
+
+    def _vocab_index(self):
+        """token id -> draft-vocabulary index (IGNORE outside it); sets the model's draft vocabulary."""
+        import torch
+
+        vocab_size = self.model.config.vocab_size
+        train_tokens = torch.cat([self.data.tokens[int(self.data.starts[u]):int(self.data.starts[u] + self.data.lengths[u])]
+                                  for u in self.train_utts])
+        vocab = draft_vocabulary(train_tokens, self.args.draft_vocab, vocab_size)
+        if vocab is not None:
+            self.model.set_draft_vocab(vocab)
+            index = torch.full((vocab_size,), IGNORE, dtype=torch.long)
+            index[vocab] = torch.arange(len(vocab))
+            return index
+        return torch.arange(vocab_size)
+
+    def resume(self):
+        import torch
+
+        ckpt = torch.load(self.paths["last.pt"], map_location="cpu", weights_only=True)
+        if ckpt["settings"] != self.settings:
+            changed = sorted(k for k in self.settings if ckpt["settings"].get(k) != self.settings[k])
+            raise SystemExit(f"{self.paths['last.pt']} was trained with different settings ({', '.join(changed)}); "
+                             "use --no-resume to start over or another --out")
+        load_heads_state(self.model, ckpt["heads"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.step, self.best, self.history = ckpt["step"], ckpt["best"], ckpt["history"]
+        print(f"[train] resumed from {self.paths['last.pt']} at step {self.step}/{self.total_steps}")
+
+    def save_last(self):
+        atomic_torch_save(self.paths["last.pt"], {
+            "heads": heads_state(self.model), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "step": self.step, "best": self.best,
+            "history": self.history, "settings": self.settings})
+
+    def batch(self, step: int):
+        epoch, b = divmod(step, self.steps_per_epoch)
+        order = epoch_order(len(self.train_utts), self.args.seed, epoch)
+        utts = [self.train_utts[i] for i in order[b * self.args.batch_size:(b + 1) * self.args.batch_size].tolist()]
+        return make_batch(self.data, utts, self.args.heads, self.vocab_index, _device_of(self.model),
+                          with_targets_hidden=bool(self.args.soft_labels))
+
+    def train_step(self) -> float:
+        import torch
+
+        loss, _ = heads_loss(self.model, self.batch(self.step), self.args.soft_labels, self.amp)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(self.params.values()), 1.0)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        return float(loss.detach())
+
+    def validate(self, summary: dict):
+        from tqdm.auto import tqdm
+
+        result = evaluate(self.model, self.data, self.val_utts, self.args.heads, self.vocab_index, self.amp)
+        record = {"step": self.step, "epoch": round(self.step / self.steps_per_epoch, 4), **result}
+        self.history.append({k: record[k] for k in ("step", "epoch", "val_loss", "per_head_loss")}
+                            | {"top1": result["head_accuracy"]["top1"]})
+        tqdm.write(f"[train] step {self.step} epoch {record['epoch']:.2f}: val loss {result['val_loss']:.4f}, top-1 "
+                   + " / ".join(f"{a:.3f}" for a in result["head_accuracy"]["top1"]))
+        if self.best is None or result["val_loss"] < self.best["val_loss"]:
+            self.best = record
+            atomic_save_safetensors(self.paths["best.safetensors"], heads_state(self.model),
+                                    metadata={"step": str(self.step), "val_loss": repr(result["val_loss"]),
+                                              "base": self.args.base, **heads_metadata(self.model)})
+        self.write_metrics(summary, finished=False)
+
+    def write_metrics(self, summary: dict, finished: bool, extra: dict | None = None):
+        if self.best is not None:
+            atomic_write_json(self.paths["metrics.json"],
+                              {**summary, **self.best, **(extra or {}), "finished": finished, "history": self.history})
+
+    def run(self, summary: dict):
+        from tqdm.auto import tqdm
+
+        self.model.eval()  # the frozen base stays in eval mode; only the heads train
+        self.model.medusa_heads.train()
+        start_step, t0 = self.step, time.perf_counter()
+        limit = self.total_steps if self.args.max_steps is None else min(self.total_steps, self.args.max_steps)
+        bar = tqdm(total=self.total_steps, initial=self.step, unit="step", desc="train", dynamic_ncols=True)
+        while self.step < limit:
+            loss = self.train_step()
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}")
+            end_of_epoch = self.step % self.steps_per_epoch == 0
+            if end_of_epoch or (self.args.eval_every and self.step % self.args.eval_every == 0):
+                self.validate(summary)
+            if end_of_epoch or self.step % self.args.save_every == 0 or self.step == limit:
+                self.save_last()
+        bar.close()
+        seconds = time.perf_counter() - t0
+        if self.step > start_step:
+            print(f"[train] {self.step - start_step} steps in {seconds:.1f} s "
+                  f"({(self.step - start_step) / max(seconds, 1e-9):.2f} steps/s)")
+        return self.step >= self.total_steps
+
+    def measure_drafts(self, eval_sets: dict) -> dict:
+        """Replay the best heads on the held-out split (and ``eval_sets``): tokens per round per tree."""
+        from safetensors.torch import load_file
+
+        load_heads_state(self.model, load_file(self.paths["best.safetensors"]))
+        trees = candidate_trees(self.best["head_accuracy"]["topk"], self.args.heads)
+        memory = self.model.backbone.speech_memory_of if self.args.speech_attention else None
+        out = {"draft_candidates": replay_candidates(self.model, self.data.recordings(self.val_utts, memory), trees)}
+        for name, data in eval_sets.items():
+            out.setdefault("eval_replay", {})[name] = replay_candidates(self.model, data.recordings(
+                range(len(data.ids)), memory), trees)
+        return out
+
+
+def _run_summary(args, model, data: Collected, trainer: Trainer) -> dict:
+    cfg = model.config
+    return {
+        "base": args.base, "family": getattr(cfg, "base_family", None),
+        "heads": args.heads, "layers": args.layers, "head_kind": args.head_kind,
+        "speech_attention": args.speech_attention, "draft_vocab_size": getattr(cfg, "draft_vocab_size", None),
+        "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
+        "data": {"dir": os.path.abspath(args.data), **data.fingerprint(),
+                 "n_train_utterances": len(trainer.train_utts),
+                 "n_val_utterances": len(trainer.val_utts) if trainer.held_out else 0,
+                 "n_train_tokens": int(data.lengths[trainer.train_utts].sum()),
+                 "collected_with": {k: data.meta.get(k) for k in ("base", "family", "dtype", "max_new_tokens")}},
+        "train_args": {**{k: v for k, v in trainer.settings.items() if k != "data"}, "warmup_steps": trainer.warmup,
+                       "optimizer": "AdamW(betas=(0.9, 0.95), weight_decay=0)", "schedule": "warmup+cosine",
+                       "grad_clip": 1.0},
+        "held_out": trainer.held_out, "total_steps": trainer.total_steps, "steps_per_epoch": trainer.steps_per_epoch,
+    }
+
+
 def main(argv=None, model=None) -> dict:
     """Train; returns the metrics dict. ``model`` (a MedusaForASR-like object) may be injected."""
     args = build_parser().parse_args(argv)
     import torch
-    from tqdm.auto import tqdm
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.speech_attention and args.head_kind != "path":
+        raise SystemExit("--speech-attention needs --head-kind path")
     device = args.device or default_device()
     dtype = parse_dtype(args.dtype, device)
     amp = args.amp == "bf16" or (args.amp == "auto" and str(device).startswith("cuda"))
     os.makedirs(args.out, exist_ok=True)
-    last_path = os.path.join(args.out, "last.pt")
-    best_path = os.path.join(args.out, "best.safetensors")
-    metrics_path = os.path.join(args.out, "metrics.json")
-
-    data = Collected(args.data)
-    train_utts, val_utts = split_utterances(data.ids, data.lengths, args.val_fraction, args.seed,
-                                            max(args.min_tokens, 2))
-    if not train_utts:
-        raise SystemExit("no training utterances (all shorter than --min-tokens?)")
-    held_out = bool(val_utts)
-    if not held_out:
-        print("[train] WARNING: no validation split (too little data or --val-fraction 0); "
-              "best checkpoint and accuracy are measured on the training set")
-        val_utts = train_utts
-    steps_per_epoch = math.ceil(len(train_utts) / args.batch_size)
-    total_steps = steps_per_epoch * args.epochs
-    warmup = args.warmup_steps if args.warmup_steps is not None else min(100, max(1, total_steps // 10))
-    settings = _trajectory_settings(args, data)
-
+    data = Collected(args.data, with_speech=args.speech_attention)
     torch.manual_seed(args.seed)
     if model is None:
-        model = build_model(args.base, args.heads, args.layers, dtype, device)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    params = trainable_head_parameters(model)
-    for p in params.values():
-        p.requires_grad_(True)
+        model = build_model(args, dtype, device)
     cfg = model.config
-    if (cfg.medusa_num_heads, cfg.medusa_num_layers) != (args.heads, args.layers):
-        raise SystemExit(f"model has {cfg.medusa_num_heads} heads x {cfg.medusa_num_layers} layers, "
-                         f"asked for --heads {args.heads} --layers {args.layers}")
+    if (cfg.medusa_num_heads, cfg.medusa_num_layers, cfg.head_kind) != (args.heads, args.layers, args.head_kind):
+        raise SystemExit(f"model has {cfg.medusa_num_heads} {cfg.head_kind} heads x {cfg.medusa_num_layers} layers, "
+                         f"asked for --heads {args.heads} --layers {args.layers} --head-kind {args.head_kind}")
     if data.hidden_size != cfg.hidden_size:
         raise SystemExit(f"shards have hidden size {data.hidden_size}, the base {cfg.hidden_size}: "
                          f"were they collected from another base?")
     if data.meta.get("base") not in (None, args.base):
         print(f"[train] note: shards were collected with --base {data.meta.get('base')!r}")
-    model_device = _device_of(model)
-    if model_device.type != "cpu":  # keep the recorded hidden states next to the heads (bf16)
-        data.hiddens = data.hiddens.to(model_device)
-
-    optimizer = torch.optim.AdamW(list(params.values()), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, warmup, total_steps))
-    step, best, history = 0, None, []
-
-    if args.resume and os.path.exists(last_path):
-        ckpt = torch.load(last_path, map_location="cpu", weights_only=True)
-        if ckpt["settings"] != settings:
-            changed = sorted(k for k in settings if ckpt["settings"].get(k) != settings[k])
-            raise SystemExit(f"{last_path} was trained with different settings ({', '.join(changed)}); "
-                             "use --no-resume to start over or another --out")
-        load_heads_state(model, ckpt["heads"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        step, best, history = ckpt["step"], ckpt["best"], ckpt["history"]
-        print(f"[train] resumed from {last_path} at step {step}/{total_steps}")
-
-    summary = {
-        "base": args.base, "family": getattr(cfg, "base_family", None),
-        "heads": args.heads, "layers": args.layers,
-        "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
-        "data": {"dir": os.path.abspath(args.data), **data.fingerprint(),
-                 "n_train_utterances": len(train_utts),
-                 "n_val_utterances": len(val_utts) if held_out else 0,
-                 "n_train_tokens": int(data.lengths[train_utts].sum()),
-                 "collected_with": {k: data.meta.get(k) for k in ("base", "family", "dtype", "max_new_tokens")}},
-        "train_args": {**{k: v for k, v in settings.items() if k != "data"}, "warmup_steps": warmup,
-                       "optimizer": "AdamW(betas=(0.9, 0.95), weight_decay=0)", "schedule": "warmup+cosine",
-                       "grad_clip": 1.0},
-        "held_out": held_out, "total_steps": total_steps, "steps_per_epoch": steps_per_epoch,
-    }
-
-    def save_last():
-        atomic_torch_save(last_path, {"heads": heads_state(model), "optimizer": optimizer.state_dict(),
-                                      "scheduler": scheduler.state_dict(), "step": step, "best": best,
-                                      "history": history, "settings": settings})
-
-    def write_metrics(finished: bool):
-        if best is None:
-            return
-        atomic_write_json(metrics_path, {**summary, **best, "finished": finished, "history": history})
-
-    def validate(epoch_done: float):
-        nonlocal best
-        result = evaluate(model, data, val_utts, args.heads, dtype, amp=amp)
-        record = {"step": step, "epoch": round(epoch_done, 4), **result}
-        history.append({k: record[k] for k in ("step", "epoch", "val_loss", "per_head_loss")}
-                       | {"top1": result["head_accuracy"]["top1"]})
-        tqdm.write(f"[train] step {step} epoch {epoch_done:.2f}: val loss {result['val_loss']:.4f}, top-1 "
-                   + " / ".join(f"{a:.3f}" for a in result["head_accuracy"]["top1"]))
-        if best is None or result["val_loss"] < best["val_loss"]:
-            best = record
-            atomic_save_safetensors(best_path, heads_state(model),
-                                    metadata={"step": str(step), "val_loss": repr(result["val_loss"]),
-                                              "base": args.base})
-        write_metrics(finished=False)
-
-    model.eval()  # the frozen base stays in eval mode; only the heads train
-    model.medusa_heads.train()
-    start_step, t0 = step, time.perf_counter()
-    bar = tqdm(total=total_steps, initial=step, unit="step", desc="train", dynamic_ncols=True)
-    order, order_epoch = None, -1
-    while step < total_steps and (args.max_steps is None or step < args.max_steps):
-        epoch, b = divmod(step, steps_per_epoch)
-        if epoch != order_epoch:
-            order, order_epoch = epoch_order(len(train_utts), args.seed, epoch), epoch
-        batch = [train_utts[i] for i in order[b * args.batch_size:(b + 1) * args.batch_size].tolist()]
-        positions, targets = batch_targets(data, batch, args.heads)
-        hiddens = data.hiddens[positions.to(data.hiddens.device)].to(model_device)
-        loss, per_head = heads_loss(model, hiddens, targets.to(model_device), dtype, amp)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)
-        optimizer.step()
-        scheduler.step()
-        step += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
-        end_of_epoch = step % steps_per_epoch == 0
-        if end_of_epoch or (args.eval_every and step % args.eval_every == 0):
-            validate(step / steps_per_epoch)
-        if end_of_epoch or step % args.save_every == 0 or step == total_steps or step == args.max_steps:
-            save_last()
-    bar.close()
-    seconds = time.perf_counter() - t0
-    if step > start_step:
-        print(f"[train] {step - start_step} steps in {seconds:.1f} s "
-              f"({(step - start_step) / max(seconds, 1e-9):.2f} steps/s)")
-    finished = step >= total_steps
-    write_metrics(finished)
+    data.to(_device_of(model) if _device_of(model).type != "cpu" else "cpu")
+    trainer = Trainer(args, model, data, amp)
+    if args.resume and os.path.exists(trainer.paths["last.pt"]):
+        trainer.resume()
+    summary = _run_summary(args, model, data, trainer)
+    finished = trainer.run(summary)
     if not finished:
-        print(f"[train] stopped at step {step}/{total_steps} (--max-steps); rerun to resume")
-    if best is not None:
-        print(f"[train] best: step {best['step']} (epoch {best['epoch']}), val loss {best['val_loss']:.4f}"
-              f"{'' if held_out else ' (training set!)'} -> {best_path}")
-        _print_accuracy(best["head_accuracy"])
-        return {**summary, **best, "finished": finished, "history": history}
-    return {**summary, "finished": finished, "history": history}
+        trainer.write_metrics(summary, finished=False)
+        print(f"[train] stopped at step {trainer.step}/{trainer.total_steps} (--max-steps); rerun to resume")
+        return {**summary, **(trainer.best or {}), "finished": False, "history": trainer.history}
+    eval_sets = {os.path.basename(os.path.normpath(d)): Collected(d, with_speech=args.speech_attention).to(data.hiddens.device)
+                 for d in args.eval_data}
+    drafts = trainer.measure_drafts(eval_sets)
+    trainer.write_metrics(summary, finished=True, extra=drafts)
+    best = trainer.best
+    print(f"[train] best: step {best['step']} (epoch {best['epoch']}), val loss {best['val_loss']:.4f}"
+          f"{'' if trainer.held_out else ' (training set!)'} -> {trainer.paths['best.safetensors']}")
+    _print_accuracy(best["head_accuracy"])
+    for row in drafts["draft_candidates"]:
+        replays = "".join(f", {name} {next(r['tokens_per_round'] for r in rows if r['paths'] == row['paths']):.3f}"
+                          for name, rows in drafts.get("eval_replay", {}).items())
+        print(f"[train] {row['name']}: {row['tokens_per_round']:.3f} tokens/round held out{replays}")
+    return {**summary, **best, **drafts, "finished": True, "history": trainer.history}
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ def randomize_heads(model, seed: int, std: float = 0.3):
 
 class OracleDrafter:
     """Drafts the base's own greedy continuation, found by matching the hidden state against the
-    states recorded by a plain greedy run; ``error_rate`` corrupts each draft independently."""
+    states recorded by a plain greedy run; ``error_rate`` corrupts each draft independently. Its output
+    depends on the hidden state only (the noise is seeded by the recorded state it matched), so it drafts
+    the same tokens whenever it sees the same state."""
 
     def __init__(self, model, rows, vocab_size: int, error_rate: float = 0.0, seed: int = 0):
         self.keys, self.futures = [], []
@@ -26,16 +28,18 @@ class OracleDrafter:
         self.num_heads = model.config.medusa_num_heads
         self.vocab_size = vocab_size
         self.error_rate = error_rate
-        self.gen = torch.Generator().manual_seed(seed)
+        self.seed = seed
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., K, V]"""
         flat = hidden.reshape(-1, hidden.shape[-1])
         nearest = torch.cdist(flat.float(), self.keys).argmin(dim=1).tolist()
-        logits = torch.randn(flat.shape[0], self.num_heads, self.vocab_size, generator=self.gen)
+        logits = torch.empty(flat.shape[0], self.num_heads, self.vocab_size)
         for row, key in enumerate(nearest):
+            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + key)
+            logits[row] = torch.randn(self.num_heads, self.vocab_size, generator=gen)
             future = self.futures[key]
             for head in range(min(self.num_heads, len(future))):
-                if torch.rand((), generator=self.gen) >= self.error_rate:
+                if torch.rand((), generator=gen) >= self.error_rate:
                     logits[row, head, future[head]] = 1e4
         return logits.reshape(*hidden.shape[:-1], self.num_heads, self.vocab_size).to(hidden.dtype)

@@ -13,6 +13,7 @@ from conftest import ROOT, requires_transformers5, transformers_below_452
 from tiny_models import build_tiny_whisper, random_features
 
 CODE_FILES = ["configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.py", "medusa_fast.py",
+              "medusa_heads.py", "draft_policy.py",
               "backbone_whisper.py", "backbone_meralion2.py"]
 
 
@@ -223,23 +224,23 @@ def test_auto_draft_falls_back_to_plain_greedy_when_heads_cannot_pay(artifact):
 def test_auto_draft_weighs_tree_sizes_by_measured_cost(artifact):
     """auto considers plain greedy, the chain, the config's tree and trees of other sizes, and picks the
     most expected tokens per second of verify time (costs injected here, timed on the device in use)."""
+    from draft_policy import AUTO_TREE_SIZES
     from medusa_decoding import expected_tokens_per_round
-    from modeling_medusa import AUTO_TREE_SIZES, MedusaForASR
+    from modeling_medusa import MedusaForASR
 
     model = MedusaForASR.from_pretrained(str(artifact))
     accuracy = [[0.8, 0.9, 0.95], [0.6, 0.75, 0.85], [0.45, 0.6, 0.7], [0.3, 0.45, 0.55]]
     model.config.head_accuracy = {"topk": accuracy}
     model.config.tree = [[0], [1], [0, 0]]
-    candidates = model._draft_candidates("auto")
+    policy = model.draft_policy
+    candidates = policy.candidates("auto")
     sizes = [tree.num_nodes - 1 for tree in candidates]
     assert sizes[:3] == [0, 4, 3] and set(AUTO_TREE_SIZES) <= set(sizes) and len(set(candidates)) == len(candidates)
-    state = model.backbone.prefill({"input_features": random_features(1, 3)}, 8, 140,
-                                   model.backbone.make_logits_processor(None))[0]
     key = ("cpu", str(model.dtype), 1, False)
     for cost_per_node in (0.0, 1.0):  # free verification: the biggest tree wins; costly: plain greedy
-        model._verify_cost = {(key, tree): 1.0 + cost_per_node * (tree.num_nodes - 1) for tree in candidates}
-        chosen = model._fastest_draft(candidates, state)
+        policy.verify_seconds = {}
+        chosen = policy.choose(candidates, key, lambda tree: 1.0 + cost_per_node * (tree.num_nodes - 1))
         best = max(candidates, key=lambda t: (expected_tokens_per_round(t, accuracy) if t.num_nodes > 1 else 1.0)
-                   / model._verify_cost[key, t])
+                   / policy.verify_seconds[key, t])
         assert chosen == best
         assert chosen.num_nodes == (max(AUTO_TREE_SIZES) + 1 if cost_per_node == 0 else 1)

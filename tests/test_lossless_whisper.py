@@ -181,7 +181,7 @@ def test_fixed_shape_runner_is_reused_across_calls_and_stays_exact(whisper_medus
     """Later calls of the same shapes reuse one runner (so a captured CUDA graph is not re-captured);
     its buffers are refilled in place, never replaced, and the output stays the base's greedy output."""
     randomize_heads(whisper_medusa, 3)
-    whisper_medusa._runners.clear()
+    whisper_medusa.release_caches()
     runners, pointers = set(), set()
     for seed in range(6):
         features = random_features(2, 100 + seed)
@@ -189,10 +189,10 @@ def test_fixed_shape_runner_is_reused_across_calls_and_stays_exact(whisper_medus
         expected = whisper_medusa.generate(input_features=features, max_new_tokens=max_new, use_medusa=False)
         got = whisper_medusa.generate(input_features=features, max_new_tokens=max_new, draft="chain", cuda_graph=True)
         assert torch.equal(expected, got), seed
-        (runner,) = whisper_medusa._runners.values()
+        (runner,) = whisper_medusa.round_cache.runners.values()
         runners.add(id(runner))
         state = runner.state
-        pointers.add(tuple(t.data_ptr() for t in (state.lengths, state.hidden, state.next_token, state.draft_logits,
+        pointers.add(tuple(t.data_ptr() for t in (state.lengths, state.hidden, state.next_token, runner.result,
                                                   state.cache.keys, state.extra["cross_keys"])))
     assert len(runners) == 1 and len(pointers) == 1
 
@@ -220,9 +220,9 @@ def test_compiled_rounds_equal_the_base_greedy(tmp_path_factory):
         assert torch.equal(expected, got), f"call {index}: base {expected.tolist()} compiled {got.tolist()}"
         accepted += stats["accepted_tokens"]
     assert accepted > 0
-    assert all(runner.graph is None for runner in model._runners.values())
+    assert all(runner.graph is None for runner in model.round_cache.runners.values())
     model.release_caches()
-    assert not model._runners and not model._cache_pool.caches
+    assert not model.round_cache.runners and not model.round_cache.pool.caches
 
 
 def test_kept_rounds_are_dropped_when_weights_are_replaced(whisper_medusa):
@@ -233,13 +233,75 @@ def test_kept_rounds_are_dropped_when_weights_are_replaced(whisper_medusa):
     expected = whisper_medusa.generate(input_features=features, max_new_tokens=12, use_medusa=False)
     assert torch.equal(whisper_medusa.generate(input_features=features, max_new_tokens=12, draft="chain",
                                                cuda_graph=True), expected)
-    (before,) = whisper_medusa._runners.values()
+    (before,) = whisper_medusa.round_cache.runners.values()
     assert torch.equal(whisper_medusa.generate(input_features=features, max_new_tokens=12, draft="chain",
                                                cuda_graph=True), expected)
-    assert list(whisper_medusa._runners.values()) == [before]  # same weights: reused
+    assert list(whisper_medusa.round_cache.runners.values()) == [before]  # same weights: reused
     for param in whisper_medusa.parameters():  # what .to(device/dtype) does: new tensors
         param.data = param.data.clone()
     assert torch.equal(whisper_medusa.generate(input_features=features, max_new_tokens=12, draft="chain",
                                                cuda_graph=True), expected)
-    (after,) = whisper_medusa._runners.values()
+    (after,) = whisper_medusa.round_cache.runners.values()
     assert after is not before and before.graph is None
+
+
+def emitted_by_rounds(sequences: torch.Tensor, max_new_tokens: int, eos: int) -> int:
+    """Tokens the rounds emitted, counted from returned ids: each row's new tokens (Whisper drops the
+    final EOS and pads with it, so a row shorter than the limit ended by one EOS), less the first token,
+    which the prefill chose."""
+    total = 0
+    for row in sequences.tolist():
+        while row and row[-1] == eos:
+            row = row[:-1]
+        total += (len(row) + 1 if len(row) < max_new_tokens else len(row)) - 1
+    return total
+
+
+def test_tokens_per_round_counts_only_emitted_tokens(whisper_medusa):
+    """mean_accepted_per_round = tokens the rounds emitted / rows served per round, checked against the
+    returned ids on rounds ending by EOS inside a draft, by max_new_tokens, and by the base's own token."""
+    eos = whisper_medusa.backbone.eos_token_ids[0]
+    rng = random.Random(77)
+    cut_inside_a_round = 0
+    for index in range(14):
+        features = random_features(rng.randint(1, 3), 500 + index)
+        max_new = rng.choice([3, 7, 12, 40])
+        rows = whisper_medusa.collect_hidden_states(input_features=features, max_new_tokens=max_new + 8)
+        whisper_medusa.drafter = OracleDrafter(whisper_medusa, rows, whisper_medusa.backbone.vocab_size,
+                                               rng.choice([0.0, 0.3]), seed=index)
+        try:
+            got, stats = whisper_medusa.generate(input_features=features, max_new_tokens=max_new,
+                                                 draft=rng.choice(["chain", [[0], [1], [0, 0], [0, 0, 0]]]),
+                                                 return_stats=True, cuda_graph=index % 2 == 1)
+        finally:
+            whisper_medusa.drafter = None
+        emitted = emitted_by_rounds(got, max_new, eos)
+        assert stats["emitted_tokens"] == emitted, (index, stats)
+        assert stats["mean_accepted_per_round"] == pytest.approx(emitted / stats["row_rounds"])
+        # a round whose drafts or bonus token were cut by EOS or the length limit emits fewer than accepted + 1
+        cut_inside_a_round += stats["emitted_tokens"] < stats["accepted_tokens"] + stats["row_rounds"]
+    assert cut_inside_a_round > 0, "no case ended inside a round: the cut-off cases were not exercised"
+
+
+@pytest.mark.parametrize("speech", [False, True], ids=["path-heads", "path-heads-with-speech-attention"])
+def test_path_heads_equal_the_base_greedy(speech, tmp_path_factory):
+    """Sequentially dependent heads (each node drafted from its own path), with and without attention to
+    the speech, and a draft vocabulary: random weights, chains and trees, batches, eager and fixed-shape
+    rounds: the base's greedy ids every time."""
+    from configuration_medusa import MedusaConfig
+    from modeling_medusa import MedusaForASR
+
+    folder = build_tiny_whisper(tmp_path_factory.mktemp("path"), seed=3)
+    fresh = MedusaForASR.from_base(str(folder), medusa_num_heads=4)
+    config = MedusaConfig(**{**fresh.config.to_dict(), "head_kind": "path", "speech_attention": speech})
+    model = MedusaForASR(config, base=fresh.base, processor=fresh.processor).eval()
+    model.set_draft_vocab(list(range(0, 120, 2)) + [112, 113])
+    rng = random.Random(8)
+    for index in range(10):
+        case = draw_case(rng, 4)
+        features = random_features(case["batch"], case["features_seed"])
+        expected = model.generate(input_features=features, max_new_tokens=case["max_new_tokens"], use_medusa=False)
+        randomize_heads(model, case["head_seed"], std=0.2)
+        got = model.generate(input_features=features, max_new_tokens=case["max_new_tokens"], draft=case["draft"],
+                             cuda_graph=case["cuda_graph"])
+        assert torch.equal(expected, got), f"case {index} {case}"

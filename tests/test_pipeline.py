@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 torch.set_num_threads(1)
 
 from configuration_medusa import MedusaConfig  # noqa: E402
-from modeling_medusa import MedusaHeads  # noqa: E402
+from modeling_medusa import MedusaForASR  # noqa: E402
 from pipeline import collect, export, train  # noqa: E402
 from pipeline.model_card import render_model_card  # noqa: E402
 
@@ -40,23 +40,30 @@ except ImportError:  # the transformers-4.51 venv has no soxr; clips are then wr
 
 
 # --------------------------------------------------------------------------- fake model
-class FakeMedusa(nn.Module):
-    """Stands in for MedusaForASR: hiddens are noisy embeddings of the produced token, the
-    'transcript' follows t -> 3t+1 mod 39 with probability 0.85, so heads can learn something."""
+class FakeBackbone:
+    """The part of a backbone the heads use: the output projection and the token embeddings."""
 
-    def __init__(self, heads: int = 4, layers: int = 1):
-        super().__init__()
-        self.config = MedusaConfig(base_model_name_or_path="fake/base", base_family="whisper",
-                                   medusa_num_heads=heads, medusa_num_layers=layers,
-                                   hidden_size=H, vocab_size=V)
+    def __init__(self, proj_out, embed):
+        self.output_projection, self._embed = proj_out, embed
+
+    def embed(self, tokens):
+        return self._embed[tokens]
+
+
+class FakeMedusa(MedusaForASR):
+    """MedusaForASR (its real heads, drafters and saving) on a fake base: hiddens are noisy embeddings of
+    the produced token, the 'transcript' follows t -> 3t+1 mod 39 with probability 0.85, so heads can
+    learn something."""
+
+    def __init__(self, heads: int = 4, layers: int = 1, head_kind: str = "medusa"):
+        super().__init__(MedusaConfig(base_model_name_or_path="fake/base", base_family="whisper",
+                                      medusa_num_heads=heads, medusa_num_layers=layers, head_kind=head_kind,
+                                      hidden_size=H, vocab_size=V))
         g = torch.Generator().manual_seed(1234)
         self.embed = F.normalize(torch.randn(V, H, generator=g), dim=-1)
         self.proj_out = nn.Linear(H, V, bias=False)
         self.proj_out.weight.data.copy_(self.embed * 4.0)
-        self.medusa_heads = MedusaHeads(heads, layers, H)  # the real heads; only the base is faked
-
-    def head_logits(self, h):
-        return self.proj_out(self.medusa_heads(h))
+        self.backbone = FakeBackbone(self.proj_out, self.embed)
 
     def prepare_audio_inputs(self, arrays, **prompt_options):
         self.prompt_options = prompt_options
@@ -218,16 +225,29 @@ def test_collect_folder_without_manifest_and_missing_datasets(tmp_path):
 
 
 # --------------------------------------------------------------------------- train
-def test_batch_targets():
+def test_batch_inputs_and_targets():
     class D:
         tokens = torch.arange(100, 110)
         starts = torch.tensor([0, 4])
         lengths = torch.tensor([4, 6])
+        hiddens = torch.arange(10.0)[:, None].expand(10, 3)
+        speech = None
 
-    pos, tgt = train.batch_targets(D, [0, 1], num_heads=2)
-    assert pos.tolist() == [0, 1, 2, 4, 5, 6, 7, 8]
-    assert tgt[:, 0].tolist() == [101, 102, 103, 105, 106, 107, 108, 109]
-    assert tgt[:, 1].tolist() == [102, 103, -100, 106, 107, 108, 109, -100]
+    index = torch.arange(120)
+    batch = train.make_batch(D, [0, 1], num_heads=2, vocab_index=index, device="cpu", with_targets_hidden=True)
+    assert batch.targets[0, :, 0].tolist() == [101, 102, 103, -100, -100, -100]
+    assert batch.targets[0, :, 1].tolist() == [102, 103, -100, -100, -100, -100]
+    assert batch.targets[1, :, 0].tolist() == [105, 106, 107, 108, 109, -100]
+    assert batch.targets[1, :, 1].tolist() == [106, 107, 108, 109, -100, -100]
+    assert batch.inputs[1, :5, 0].tolist() == [104, 105, 106, 107, 108]  # each head's path ends after tokens[t+k]
+    assert batch.inputs[1, :4, 1].tolist() == [105, 106, 107, 108]
+    assert batch.hiddens[0, :, 0].tolist() == [0, 1, 2, 3, 0, 0]  # padding is zero
+    assert batch.target_hiddens[1, 0, :, 0].tolist() == [5, 6]  # hiddens[t+k+1]: the base's distribution there
+    outside = torch.full((120,), -100)
+    outside[[101, 106]] = torch.tensor([0, 1])  # a draft vocabulary of two tokens
+    small = train.make_batch(D, [0, 1], num_heads=1, vocab_index=outside, device="cpu", with_targets_hidden=False)
+    assert small.targets[0, :, 0].tolist() == [0, -100, -100, -100, -100, -100]
+    assert small.targets[1, :, 0].tolist() == [-100, 1, -100, -100, -100, -100]
 
 
 def test_train_resume_equals_uninterrupted(shards, tmp_path):

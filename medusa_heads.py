@@ -1,0 +1,246 @@
+"""Draft heads and the drafter that turns them into the tokens of a draft tree.
+
+Two kinds of heads, both sharing the base's output projection by reference:
+
+* ``MedusaHeads`` ("medusa"): K independent heads on the last hidden state ``h`` that produced the root
+  token; head d's top-k tokens are the candidates at depth d+1 of every tree path.
+* ``PathHeads`` ("path", Hydra-style sequential dependence): head d also sees the token of the node it
+  drafts after, through a state carried along the path, so every tree node gets its own continuation.
+  Optionally each step also reads the speech through the base's own last-layer cross-attention keys and
+  values (Whisper), which the base has already computed for the call.
+
+Heads may project onto a draft vocabulary (the tokens the base actually emits, recorded at training): a
+cheaper projection for drafting only. Verification always uses the base's full output projection, so the
+decoded ids do not depend on any of this.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HEAD_KINDS = ("medusa", "path")
+
+
+class ResidualStack(nn.Module):
+    """``num_layers`` blocks ``x + SiLU(W x + b)``, zero-initialised (the identity at first)."""
+
+    def __init__(self, num_layers: int, hidden_size: int):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(hidden_size, hidden_size) for _ in range(num_layers))
+        for layer in self.layers:
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + F.silu(layer(x))
+        return x
+
+
+class MedusaHeads(nn.Module):
+    """K heads, each ``num_layers`` residual blocks; state-dict names follow vLLM's Medusa format
+    (``blocks.{i}.layers.{j}.weight`` / ``.bias``)."""
+
+    kind = "medusa"
+
+    def __init__(self, num_heads: int, num_layers: int, hidden_size: int):
+        super().__init__()
+        self.blocks = nn.ModuleList(ResidualStack(num_layers, hidden_size) for _ in range(num_heads))
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., K, H]"""
+        return torch.stack([block(hidden) for block in self.blocks], dim=-2)
+
+
+class SpeechAttention(nn.Module):
+    """Attention of a draft state over the base's last-layer cross-attention keys/values (the speech)."""
+
+    def __init__(self, hidden_size: int, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.norm = nn.LayerNorm(hidden_size)
+        self.query = nn.Linear(hidden_size, hidden_size)
+        self.out = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """x [B, T, H]; keys/values [B, heads, L, D] -> x + attention [B, T, H]."""
+        batch, n, width = x.shape
+        query = self.query(self.norm(x)).view(batch, n, self.num_heads, -1).transpose(1, 2)
+        attended = F.scaled_dot_product_attention(query, keys.to(query.dtype), values.to(query.dtype))
+        return x + self.out(attended.transpose(1, 2).reshape(batch, n, width))
+
+
+class PathBlock(nn.Module):
+    """One depth of ``PathHeads``: state' = stack(attend(state + W [state; norm(token embedding)]))."""
+
+    def __init__(self, num_layers: int, hidden_size: int, speech_heads: int | None):
+        super().__init__()
+        self.merge = nn.Linear(2 * hidden_size, hidden_size)
+        nn.init.zeros_(self.merge.weight)
+        nn.init.zeros_(self.merge.bias)
+        self.speech = SpeechAttention(hidden_size, speech_heads) if speech_heads else None
+        self.stack = ResidualStack(num_layers, hidden_size)
+
+    def forward(self, state, token_embedding, speech=None):
+        """state/token_embedding [B, T, H]; speech: (keys, values) [B, heads, L, D] or None."""
+        embedding = F.layer_norm(token_embedding, token_embedding.shape[-1:])
+        x = state + self.merge(torch.cat([state, embedding.to(state.dtype)], dim=-1))
+        if self.speech is not None:
+            x = self.speech(x, *speech)
+        return self.stack(x)
+
+
+class PathHeads(nn.Module):
+    """K sequentially dependent heads: block d turns the state of a depth-d node (the base's hidden for
+    the root) and that node's token into the state whose projection drafts the node's children."""
+
+    kind = "path"
+
+    def __init__(self, num_heads: int, num_layers: int, hidden_size: int, speech_heads: int | None = None):
+        super().__init__()
+        self.blocks = nn.ModuleList(PathBlock(num_layers, hidden_size, speech_heads) for _ in range(num_heads))
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def uses_speech(self) -> bool:
+        return self.blocks[0].speech is not None
+
+    def teacher_forced(self, hidden, tokens_embedded, speech=None) -> torch.Tensor:
+        """Training: hidden [B, T, H] and the embeddings of the true tokens at offsets 0..K-1 from each
+        position [B, T, K, H] -> the states [B, T, K, H] whose projections predict offsets 1..K."""
+        states, state = [], hidden
+        for depth, block in enumerate(self.blocks):
+            state = block(state, tokens_embedded[:, :, depth], speech)
+            states.append(state)
+        return torch.stack(states, dim=-2)
+
+
+def build_heads(kind: str, num_heads: int, num_layers: int, hidden_size: int, speech_heads: int | None = None):
+    if kind == "medusa":
+        if speech_heads:
+            raise ValueError("Medusa heads do not attend to speech; use head_kind='path' for speech_attention.")
+        return MedusaHeads(num_heads, num_layers, hidden_size)
+    if kind == "path":
+        return PathHeads(num_heads, num_layers, hidden_size, speech_heads)
+    raise ValueError(f"head_kind={kind!r}: use one of {HEAD_KINDS}.")
+
+
+# --------------------------------------------------------------------------- drafting
+
+
+class DraftProjection:
+    """The base's output projection restricted to the draft vocabulary (all of it when there is none).
+    The restricted weight is a gathered copy, rebuilt when the base's weight tensor is replaced."""
+
+    def __init__(self, backbone, vocab_ids: torch.Tensor | None):
+        self.backbone = backbone
+        self.vocab_ids = vocab_ids
+        self._weight, self._source = None, None
+
+    def weight(self) -> torch.Tensor:
+        full = self.backbone.output_projection.weight
+        if self.vocab_ids is None:
+            return full
+        source = (full.data_ptr(), full.dtype, full.device)
+        if self._source != source:
+            self._weight = full.detach()[self.vocab_ids.to(full.device)].contiguous()
+            self._source = source
+        return self._weight
+
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., V_draft] (no soft-capping: it does not change the ranking)."""
+        weight = self.weight()
+        return F.linear(states.to(weight.dtype), weight)
+
+    def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
+        if self.vocab_ids is None:
+            return indices
+        return self.vocab_ids.to(indices.device)[indices]
+
+
+def topk_tokens(projection: DraftProjection, states: torch.Tensor, k: int) -> torch.Tensor:
+    """[..., H] -> the k best draft tokens [..., k] (base vocabulary ids)."""
+    return projection.token_ids(projection.logits(states).topk(k, dim=-1).indices)
+
+
+class TreeDrafter:
+    """Fills the draft tree for a round: ``drafter(state) -> chunk [B, N]`` (root token + draft tokens in
+    tree order), read from ``state.hidden`` (which produced the root ``state.next_token``)."""
+
+    def __init__(self, tree, device):
+        self.tree = tree
+        self.tt = tree.tensors(device)
+        self.depths = [torch.tensor([i + 1 for i, p in enumerate(tree.paths) if len(p) == d], device=device)
+                       for d in range(1, tree.depth + 1)]
+
+    def chunk(self, state, fill) -> torch.Tensor:
+        tokens = state.next_token[:, None].expand(-1, self.tree.num_nodes).clone()
+        fill(tokens)
+        return tokens
+
+
+class MedusaDrafter(TreeDrafter):
+    """Independent heads: candidates at depth d are head d-1's top-k on the root's hidden state.
+    ``head_logits`` (hidden [B, H] -> [B, K, V'] with token ids ``token_ids(indices)``) may be the trained
+    heads or a stand-in (an oracle in tests, a replayed acceptance profile in benchmarks)."""
+
+    def __init__(self, tree, device, head_logits, token_ids=lambda indices: indices):
+        super().__init__(tree, device)
+        self.head_logits, self.token_ids = head_logits, token_ids
+
+    def __call__(self, state) -> torch.Tensor:
+        top = self.token_ids(self.head_logits(state.hidden).topk(self.tree.max_rank + 1, dim=-1).indices)
+        heads, ranks = self.tt.depths[1:] - 1, self.tt.ranks[1:]
+
+        def fill(tokens):
+            tokens[:, 1:] = top[:, heads, ranks]
+
+        return self.chunk(state, fill)
+
+
+class PathDrafter(TreeDrafter):
+    """Sequential heads: depth by depth, each node with children gets its own state from its parent's
+    state and its own token, and its children are the top-k of that state's projection."""
+
+    def __init__(self, tree, device, heads: PathHeads, projection: DraftProjection, embed, speech=None):
+        super().__init__(tree, device)
+        self.heads, self.projection, self.embed, self.speech = heads, projection, embed, speech
+        parents, ranks = self.tt.parents.tolist(), self.tt.ranks.tolist()
+        depths = self.tt.depths.tolist()
+        expanding = sorted({parents[node] for node in range(1, tree.num_nodes)})
+        self.levels = []  # per depth: (nodes that have children, their parents' rows, children, child rows/ranks)
+        for depth in range(tree.depth):
+            nodes = [n for n in expanding if depths[n] == depth]
+            previous = self.levels[-1][0] if self.levels else []
+            parent_rows = [previous.index(parents[n]) for n in nodes] if depth else [0] * len(nodes)
+            children = [c for c in range(1, tree.num_nodes) if depths[c] == depth + 1]
+            self.levels.append((nodes, parent_rows, children, [nodes.index(parents[c]) for c in children],
+                                [ranks[c] for c in children]))
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
+        self.level_tensors = [tuple(as_tensor(v) for v in (nodes, parent_rows, children, child_rows, child_ranks))
+                              for nodes, parent_rows, children, child_rows, child_ranks in self.levels]
+
+    def __call__(self, state) -> torch.Tensor:
+        speech = self.speech(state) if self.speech is not None else None
+        k = self.tree.max_rank + 1
+
+        def fill(tokens):
+            parent_states = state.hidden[:, None]  # [B, 1, H]: the root's parent state is the base's hidden
+            for depth, (nodes, parent_rows, children, child_rows, child_ranks) in enumerate(self.level_tensors):
+                states = self.heads.blocks[depth](parent_states[:, parent_rows], self.embed(tokens[:, nodes]), speech)
+                top = topk_tokens(self.projection, states, k)  # [B, len(nodes), k]
+                tokens[:, children] = top[:, child_rows, child_ranks]
+                parent_states = states
+
+        return self.chunk(state, fill)

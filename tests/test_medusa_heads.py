@@ -1,0 +1,75 @@
+"""Drafting from heads: which token lands on which tree node, for both kinds of heads."""
+
+import torch
+
+from medusa_decoding import DecodeState, DraftTree
+from medusa_heads import DraftProjection, MedusaDrafter, PathDrafter, PathHeads
+
+VOCAB, HIDDEN = 32, 8
+TREE = DraftTree.from_paths([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0]])
+
+
+class CountingBackbone:
+    """An output projection whose logits for state s rank token (s[0] + r + 1) % V at rank r: a head whose
+    state carries the parent's token id then drafts ``parent + rank + 1``."""
+
+    def __init__(self):
+        weight = torch.zeros(VOCAB, HIDDEN)
+        self.output_projection = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
+        self.output_projection.weight.data = weight
+
+    def embed(self, tokens):  # the token id itself, in every component
+        return tokens[..., None].float().expand(*tokens.shape, HIDDEN)
+
+
+def expected_counting_tokens(root: int) -> list[int]:
+    """Node with rank path (r1, ..., rd) holds root + sum(r_i + 1)."""
+    return [root] + [(root + sum(r + 1 for r in path)) % VOCAB for path in TREE.paths]
+
+
+def test_path_drafter_gives_every_node_its_own_continuation():
+    backbone = CountingBackbone()
+    heads = PathHeads(num_heads=3, num_layers=1, hidden_size=HIDDEN)
+
+    class Counting(torch.nn.Module):  # a block that puts its node's token id in the state
+        def forward(self, state, token_embedding, speech=None):
+            return token_embedding
+
+    heads.blocks = torch.nn.ModuleList(Counting() for _ in range(3))
+
+    class Projection(DraftProjection):
+        def logits(self, states):  # token t + r + 1 at rank r
+            ids = torch.arange(VOCAB)
+            distance = (ids - states[..., :1].long() - 1) % VOCAB
+            return -distance.float()
+
+    drafter = PathDrafter(TREE, "cpu", heads, Projection(backbone, None), backbone.embed)
+    roots = torch.tensor([3, 5])
+    state = DecodeState(cache=None, lengths=None, first_slot=None, hidden=torch.zeros(2, HIDDEN), next_token=roots)
+    chunk = drafter(state)
+    assert chunk[0].tolist() == expected_counting_tokens(3)
+    assert chunk[1].tolist() == expected_counting_tokens(5)
+
+
+def test_medusa_drafter_puts_head_d_rank_r_on_the_nodes_at_depth_d_plus_1():
+    logits = torch.zeros(1, 3, VOCAB)
+    for head in range(3):
+        for rank in range(3):
+            logits[0, head, 10 * head + rank] = 10.0 - rank
+    drafter = MedusaDrafter(TREE, "cpu", lambda hidden: logits)
+    state = DecodeState(cache=None, lengths=None, first_slot=None, hidden=torch.zeros(1, HIDDEN),
+                        next_token=torch.tensor([7]))
+    chunk = drafter(state)[0].tolist()
+    assert chunk == [7] + [10 * (len(path) - 1) + path[-1] for path in TREE.paths]
+
+
+def test_draft_projection_maps_draft_vocabulary_indices_to_token_ids():
+    backbone = CountingBackbone()
+    backbone.output_projection.weight.data = torch.randn(VOCAB, HIDDEN)
+    ids = torch.tensor([4, 9, 17, 30])
+    projection = DraftProjection(backbone, ids)
+    states = torch.randn(5, HIDDEN)
+    full = states @ backbone.output_projection.weight.T
+    assert torch.allclose(projection.logits(states), full[:, ids])
+    best = projection.token_ids(projection.logits(states).argmax(-1))
+    assert torch.equal(best, ids[full[:, ids].argmax(-1)])
