@@ -26,6 +26,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -42,9 +43,10 @@ if str(SCRIPT_DIR) not in sys.path:
 
 DEFAULT_MODEL = "heads/whisper-tiny.en"
 DEFAULT_MANIFEST = "work_data/eval_speech/manifest.jsonl"
-DEFAULT_OUT = "benchmarks/cpu"
+DEFAULT_OUT = "work_data/benchmarks/latest"  # committed results are written only where asked (--out)
 PLOT_NAME = "speedup_vs_length.png"
 PROMPT_OPTIONS = ("language", "task")  # generate inputs that are options, not tensors
+PHASES = ("prefill_seconds", "setup_seconds", "rounds_seconds")  # our loop's phases (generate's return_stats)
 SCHEMA_VERSION = 1
 EXIT_OK, EXIT_ERROR = 0, 2
 
@@ -192,11 +194,15 @@ def _corpus_wer(references: list, hypotheses: list) -> float | None:
 
 
 class Timer:
-    """Runs generate for both decoders on the same inputs: warm-up, then interleaved timed repeats."""
+    """Runs generate for every decoder on the same inputs: warm-up, then interleaved timed repeats.
+
+    Decoders: ``baseline`` (the base's own generate), ``greedy`` (our decode loop without drafts: the
+    bar speculation must clear) and ``medusa`` (our loop with the requested draft). With ``draft="none"``
+    the last two are the same and only ``greedy`` runs."""
 
     def __init__(self, model, max_new_tokens: int, draft, repeats: int, warmup: int, medusa_kwargs=None):
         self.model = model
-        self.medusa_kwargs = dict(medusa_kwargs or {})  # extra generate options for the Medusa runs only
+        self.medusa_kwargs = dict(medusa_kwargs or {})  # extra generate options for our loop (graph, compile)
         self.max_new_tokens = max_new_tokens
         self.draft = draft
         self.repeats = repeats
@@ -204,12 +210,16 @@ class Timer:
         self.device = _model_device(model)
         self.cuda = str(self.device).startswith("cuda")
         self.sync = _synchronizer(self.device)
-        self.peak_bytes = {"baseline": 0, "medusa": 0}  # cuda only
+        self.methods = ("baseline", "greedy") if draft in ("none", []) else ("baseline", "greedy", "medusa")
+        self.peak_bytes = {name: 0 for name in self.methods}  # cuda only
 
-    def _generate(self, inputs, use_medusa: bool):
-        extra = self.medusa_kwargs if use_medusa else {}
-        return self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, use_medusa=use_medusa,
-                                   draft=self.draft, return_stats=True, **extra)
+    def _generate(self, inputs, name: str):
+        if name == "baseline":
+            return self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, use_medusa=False,
+                                       return_stats=True)
+        draft = "none" if name == "greedy" else self.draft
+        return self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, draft=draft, return_stats=True,
+                                   **self.medusa_kwargs)
 
     def _timed(self, inputs, name: str):
         import torch
@@ -218,7 +228,7 @@ class Timer:
             torch.cuda.reset_peak_memory_stats(self.device)
         self.sync()
         cpu_start, start = time.process_time(), time.perf_counter()
-        sequences, stats = self._generate(inputs, name == "medusa")
+        sequences, stats = self._generate(inputs, name)
         self.sync()
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         if self.cuda:
@@ -227,23 +237,27 @@ class Timer:
 
     def run(self, inputs: dict) -> dict:
         for _ in range(self.warmup):
-            self._generate(inputs, False)
-            self._generate(inputs, True)
+            for name in self.methods:
+                self._generate(inputs, name)
         self.sync()
-        times, cpu_times = {"baseline": [], "medusa": []}, {"baseline": [], "medusa": []}
-        first, last, identical = {}, {}, {"baseline": True, "medusa": True}
+        times = {name: [] for name in self.methods}
+        cpu_times = {name: [] for name in self.methods}
+        phases = {name: [] for name in self.methods}
+        first, last, identical = {}, {}, {name: True for name in self.methods}
         for repeat in range(self.repeats):
-            order = ("baseline", "medusa") if repeat % 2 == 0 else ("medusa", "baseline")
-            for name in order:
+            shift = repeat % len(self.methods)  # rotate the order so drift and caches fall on all alike
+            for name in self.methods[shift:] + self.methods[:shift]:
                 seconds, cpu_seconds, sequences, stats = self._timed(inputs, name)
                 times[name].append(seconds * 1000.0)
                 cpu_times[name].append(cpu_seconds * 1000.0)
+                phases[name].append({k: stats[k] * 1000.0 for k in PHASES if k in stats})
                 sequences = sequences.detach().cpu()
                 if name in first and not _same(first[name][0], sequences):
                     identical[name] = False
                 first.setdefault(name, (sequences, stats))
                 last[name] = (sequences, stats)
-        return {"times_ms": times, "cpu_times_ms": cpu_times, "outputs": last, "repeats_identical": identical}
+        return {"times_ms": times, "cpu_times_ms": cpu_times, "phases_ms": phases, "outputs": last,
+                "repeats_identical": identical}
 
 
 def _same(a, b) -> bool:
@@ -270,24 +284,26 @@ def _method_record(times_ms, cpu_ms, rows_counts, texts, wers, tokens_total, tok
 
 
 def _stats_record(stats: dict, depth: int, rows: int) -> dict:
-    out = {k: stats.get(k) for k in ("rounds", "drafted_tokens", "accepted_tokens", "new_tokens",
-                                     "mean_accepted_per_round", "acceptance_rate")}
-    # Verify passes summed over rows (the denominator of accepted/round): the rounds for one row; for a
-    # batch, every pass drafts ``depth`` tokens per active row.
-    if "row_rounds" in stats:
-        out["row_rounds"] = stats["row_rounds"]
-    elif rows == 1 or not depth:
-        out["row_rounds"] = stats.get("rounds", 0)
-    else:
-        out["row_rounds"] = stats.get("drafted_tokens", 0) // depth
+    out = {k: stats.get(k) for k in ("draft", "rounds", "row_rounds", "drafted_tokens", "accepted_tokens",
+                                     "emitted_tokens", "new_tokens", "mean_accepted_per_round", "acceptance_rate")}
+    out["draft_ran"] = draft_label(stats.get("draft", ""))
     return out
 
 
+def draft_label(name: str) -> str:
+    """generate's draft name ("chain of 4", "tree of 15 nodes", "none (plain greedy)") -> "chain-4",
+    "tree-15", "none"."""
+    words = name.split()
+    if not words or words[0] == "none":
+        return "none"
+    return f"{words[0]}-{words[2]}"
+
+
 def measure_group(timer: Timer, counter: TokenCounter, inputs: dict, references: list, depth: int) -> dict:
-    """Time one set of inputs (one clip or one batch) with both decoders; compare and score them."""
+    """Time one set of inputs (one clip or one batch) with every decoder; compare and score them."""
     result = timer.run(inputs)
     per_method, rows_by_method = {}, {}
-    for name in ("baseline", "medusa"):
+    for name in timer.methods:
         sequences, stats = result["outputs"][name]
         rows = counter.rows(sequences, inputs)
         counts = [counter.counts(r) for r in rows]
@@ -298,29 +314,65 @@ def measure_group(timer: Timer, counter: TokenCounter, inputs: dict, references:
                                 texts, wers,
                                 sum(c[0] for c in counts), sum(c[1] for c in counts))
         record["repeats_identical"] = result["repeats_identical"][name]
-        if name == "medusa":
+        if name != "baseline":
             record["stats"] = _stats_record(stats, depth, len(rows))
-            # The Medusa loop always emits >= 1 token per row; 0 means generate fell back to the base.
+            record["phases_ms_median"] = {phase.replace("_seconds", "_ms"): _median([p[phase] for p in
+                                                                                     result["phases_ms"][name]])
+                                          for phase in PHASES if result["phases_ms"][name][0].get(phase) is not None}
+            # Our loop always emits >= 1 token per row; 0 means generate fell back to the base.
             record["fell_back_to_base"] = stats.get("new_tokens", 0) == 0
             record["stats_new_tokens_match"] = stats.get("new_tokens") == record["tokens"]
         per_method[name] = record
         rows_by_method[name] = rows
-    exact_rows = [a == b for a, b in zip(rows_by_method["baseline"], rows_by_method["medusa"])]
-    exact_rows += [False] * abs(len(rows_by_method["baseline"]) - len(rows_by_method["medusa"]))
+    ours = "medusa" if "medusa" in per_method else "greedy"
+    exact_rows = [a == b for a, b in zip(rows_by_method["baseline"], rows_by_method[ours])]
+    exact_rows += [False] * abs(len(rows_by_method["baseline"]) - len(rows_by_method[ours]))
+    greedy_exact = [a == b for a, b in zip(rows_by_method["baseline"], rows_by_method["greedy"])]
     return {
-        "baseline": per_method["baseline"],
-        "medusa": per_method["medusa"],
-        "speedup": _ratio(per_method["baseline"]["latency_ms_median"], per_method["medusa"]["latency_ms_median"]),
+        **per_method,
+        "medusa": per_method[ours],
+        "speedup": _ratio(per_method["baseline"]["latency_ms_median"], per_method[ours]["latency_ms_median"]),
         "exact_rows": exact_rows,
-        "exact_match": all(exact_rows),
+        "exact_match": all(exact_rows) and all(greedy_exact),
     }
 
 
 def _accepted_per_round(stats_list) -> tuple[float | None, float | None]:
+    """(tokens the rounds emitted / rows served per round, accepted drafts / drafted tokens)."""
     accepted = sum(s["accepted_tokens"] or 0 for s in stats_list)
     drafted = sum(s["drafted_tokens"] or 0 for s in stats_list)
+    emitted = sum(s["emitted_tokens"] or 0 for s in stats_list)
     row_rounds = sum(s["row_rounds"] or 0 for s in stats_list)
-    return _ratio(accepted + row_rounds, row_rounds), _ratio(accepted, drafted)
+    return _ratio(emitted, row_rounds), _ratio(accepted, drafted)
+
+
+def _phase_total(groups: list[dict], name: str, phase: str) -> float | None:
+    values = [(g[name].get("phases_ms_median") or {}).get(phase) for g in groups]
+    return sum(values) if values and all(v is not None for v in values) else None
+
+
+def _own_greedy_summary(groups: list[dict]) -> dict:
+    """Ours with the draft against our own loop without drafts: end to end, the rounds alone, and the
+    cost of one round relative to a plain one."""
+    greedy_ms = sum(g["greedy"]["latency_ms_median"] for g in groups)
+    medusa_ms = sum(g["medusa"]["latency_ms_median"] for g in groups)
+    greedy_rounds, medusa_rounds = _phase_total(groups, "greedy", "rounds_ms"), _phase_total(groups, "medusa", "rounds_ms")
+    greedy_passes = sum(g["greedy"]["stats"]["row_rounds"] for g in groups)
+    medusa_passes = sum(g["medusa"]["stats"]["row_rounds"] for g in groups)
+    ran = sorted({g["medusa"]["stats"]["draft_ran"] for g in groups})
+    per_round = lambda ms, n: _ratio(ms, n) if ms is not None else None  # noqa: E731
+    return {
+        "greedy_latency_ms_total": greedy_ms,
+        "greedy_tokens_per_s": _ratio(sum(g["greedy"]["tokens"] for g in groups), greedy_ms / 1000.0),
+        "greedy_rounds_ms_total": greedy_rounds,
+        "medusa_rounds_ms_total": medusa_rounds,
+        "greedy_prefill_ms_total": _phase_total(groups, "greedy", "prefill_ms"),
+        "medusa_prefill_ms_total": _phase_total(groups, "medusa", "prefill_ms"),
+        "e2e_speedup_vs_own_greedy": _ratio(greedy_ms, medusa_ms),
+        "decode_speedup_vs_own_greedy": _ratio(greedy_rounds, medusa_rounds) if medusa_rounds is not None else None,
+        "round_cost_vs_plain": _ratio(per_round(medusa_rounds, medusa_passes), per_round(greedy_rounds, greedy_passes)),
+        "draft_ran": ran[0] if len(ran) == 1 else "per clip: " + ", ".join(ran),
+    }
 
 
 def _summarise(groups: list[dict], references: list, clips_count: int, rows_count: int) -> dict:
@@ -366,6 +418,7 @@ def _summarise(groups: list[dict], references: list, clips_count: int, rows_coun
         "medusa_fallbacks": sum(g["medusa"]["fell_back_to_base"] for g in groups),
         "nondeterministic_groups": sum(not (g["baseline"]["repeats_identical"] and g["medusa"]["repeats_identical"])
                                        for g in groups),
+        **_own_greedy_summary(groups),
     }
 
 
@@ -428,7 +481,7 @@ def run_benchmark(model, clips, *, repeats: int = 3, warmup: int = 1, max_new_to
     cuda_peak = dict(timer.peak_bytes) if timer.cuda else None
     batched = None
     if batch_size and batch_size > 1:
-        timer.peak_bytes = {"baseline": 0, "medusa": 0}
+        timer.peak_bytes = {name: 0 for name in timer.methods}
         batched = _run_batched(model, clips, batch_size, timer, counter, tree.depth, progress)
         batched["cuda_peak_bytes"] = dict(timer.peak_bytes) if timer.cuda else None
 
@@ -469,9 +522,12 @@ def _clip_record(clip: Clip, group: dict, max_audio) -> dict:
         out["text"] = rec["texts"][0] if rec["texts"] is not None else None
         out["wer"] = rec["wer"][0]
         if with_stats:
-            out.update(stats=rec["stats"], fell_back_to_base=rec["fell_back_to_base"],
-                       stats_new_tokens_match=rec["stats_new_tokens_match"])
+            out.update(stats=rec["stats"], phases_ms_median=rec["phases_ms_median"],
+                       fell_back_to_base=rec["fell_back_to_base"], stats_new_tokens_match=rec["stats_new_tokens_match"])
         return out
+
+    greedy = group["greedy"]
+    rounds = lambda rec: rec["phases_ms_median"].get("rounds_ms")  # noqa: E731
 
     return {
         "id": clip.id,
@@ -482,8 +538,12 @@ def _clip_record(clip: Clip, group: dict, max_audio) -> dict:
         "tokens": base["tokens"],
         "tokens_excl_eos": base["tokens_excl_eos"],
         "baseline": method(base),
+        "greedy": method(greedy, with_stats=True),
         "medusa": method(med, with_stats=True),
+        "draft_ran": med["stats"]["draft_ran"],
         "speedup": group["speedup"],
+        "e2e_speedup_vs_own_greedy": _ratio(greedy["latency_ms_median"], med["latency_ms_median"]),
+        "decode_speedup_vs_own_greedy": _ratio(rounds(greedy), rounds(med)) if rounds(med) else None,
         "mean_accepted_per_round": med["stats"]["mean_accepted_per_round"],
         "acceptance_rate": med["stats"]["acceptance_rate"],
         "exact_match": group["exact_match"],
@@ -641,20 +701,22 @@ def render_markdown(results: dict) -> str:
         base = settings.get("base_model")
         declared = settings.get("base_model_declared")
         base_text = f"`{declared}` -> `{base}`" if declared and declared != base else f"`{base}`"
-        lines += [f"Model: `{settings.get('model')}` (base {base_text}), "
-                  f"draft: {results['draft_tree']['requested']} "
-                  f"({'chain' if results['draft_tree']['chain'] else 'tree'}, depth {results['draft_tree']['depth']}, "
-                  f"{results['draft_tree']['nodes'] - 1} draft nodes), max new tokens {settings.get('max_new_tokens')}, "
+        lines += [f"Model: `{settings.get('model')}` (base {base_text}), draft requested: "
+                  f"{results['draft_tree']['requested']}, **draft that ran: {summary.get('draft_ran', 'n/a')}**, "
+                  f"max new tokens {settings.get('max_new_tokens')}, "
                   f"{settings.get('warmup')} warm-up + {settings.get('repeats')} timed repeats per decoder "
-                  "(interleaved, order flipped each repeat; medians).", ""]
+                  "(interleaved, order rotated each repeat; medians). Decoders: the base's own `generate`, our "
+                  "loop without drafts (own greedy), ours with the draft.", ""]
     lines += ["## Per clip (batch size 1)", "",
-              "| id | duration (s) | tokens | baseline ms | medusa ms | speed-up | accepted/round | exact |",
-              "|---|---:|---:|---:|---:|---:|---:|:---:|"]
+              "| id | duration (s) | tokens | HF generate ms | own greedy ms | ours ms | draft ran | vs HF | "
+              "rounds vs own greedy | accepted/round | exact |",
+              "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|:---:|"]
     for c in results["clips"]:
         lines.append(f"| {_cell(c['id'])} | {_fmt(c['duration_s'], '.2f')} | {c['tokens']} | "
-                     f"{_fmt(c['baseline']['latency_ms_median'])} | {_fmt(c['medusa']['latency_ms_median'])} | "
-                     f"{_fmt(c['speedup'], '.2f', 'x')} | {_fmt(c['mean_accepted_per_round'], '.2f')} | "
-                     f"{'yes' if c['exact_match'] else '**NO**'} |")
+                     f"{_fmt(c['baseline']['latency_ms_median'])} | {_fmt(c['greedy']['latency_ms_median'])} | "
+                     f"{_fmt(c['medusa']['latency_ms_median'])} | {c['draft_ran']} | "
+                     f"{_fmt(c['speedup'], '.2f', 'x')} | {_fmt(c['decode_speedup_vs_own_greedy'], '.2f', 'x')} | "
+                     f"{_fmt(c['mean_accepted_per_round'], '.2f')} | {'yes' if c['exact_match'] else '**NO**'} |")
     lines += ["", "## Summary (batch size 1)", ""] + _summary_table(summary, results.get("memory"))
     batched = results.get("batched")
     if batched:
@@ -696,6 +758,14 @@ def _summary_table(s: dict, memory: dict | None) -> list[str]:
         ("latency total: baseline / medusa (ms)",
          f"{_fmt(s['baseline_latency_ms_total'])} / {_fmt(s['medusa_latency_ms_total'])}"),
         ("tokens/s: baseline / medusa", f"{_fmt(s['baseline_tokens_per_s'])} / {_fmt(s['medusa_tokens_per_s'])}"),
+        ("draft that ran", s.get("draft_ran", "n/a")),
+        ("own greedy (our loop, no drafts): latency total (ms) / tokens/s",
+         f"{_fmt(s.get('greedy_latency_ms_total'))} / {_fmt(s.get('greedy_tokens_per_s'))}"),
+        ("vs own greedy: end to end / the rounds alone",
+         f"{_fmt(s.get('e2e_speedup_vs_own_greedy'), '.2f', 'x')} / {_fmt(s.get('decode_speedup_vs_own_greedy'), '.2f', 'x')}"),
+        ("rounds total: own greedy / ours (ms); one round vs a plain one",
+         f"{_fmt(s.get('greedy_rounds_ms_total'))} / {_fmt(s.get('medusa_rounds_ms_total'))}; "
+         f"{_fmt(s.get('round_cost_vs_plain'), '.2f', 'x')}"),
         ("tokens/s excl. EOS: baseline / medusa",
          f"{_fmt(s['baseline_tokens_per_s_excl_eos'])} / {_fmt(s['medusa_tokens_per_s_excl_eos'])}"),
         ("tokens (incl. / excl. EOS)", f"{s['baseline_tokens']} / {s['baseline_tokens_excl_eos']}"),
@@ -779,6 +849,49 @@ def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> dict:
     write_atomic(out_dir / "results.md", markdown)
     written.update(json=str(out_dir / "results.json"), markdown=str(out_dir / "results.md"))
     return written
+
+
+# --------------------------------------------------------------------------- the summary across runs
+
+SUMMARY_KEY = ("model", "device", "gpu", "dtype", "requested_draft", "rounds_mode")
+
+
+def summary_row(results: dict, command: str) -> dict:
+    """One row of ``benchmarks/real_speech/summary.json``: this run's headline figures, all measured
+    side by side in it (the per-clip data stays in its results.json)."""
+    env, settings, summary = results["environment"], results["settings"], results["summary"]
+    cuda = str(env["device"]).startswith("cuda")
+    mode = "compiled" if settings.get("compile") else (
+        "graph" if cuda and settings.get("cuda_graph") != "off" else "eager")
+    return {
+        "model": Path(str(settings["model"])).name, "device": "cuda" if cuda else "cpu",
+        "gpu": env["device_name"] if cuda else None, "cpu": None if cuda else env["device_name"],
+        "dtype": env["dtype"], "draft": summary["draft_ran"], "requested_draft": settings["draft"],
+        "rounds_mode": mode, "clips": summary["clips"], "exact_match_rate": summary["exact_match_rate"],
+        "mean_accepted_per_round": summary["mean_accepted_per_round"],
+        "tokens_per_s": summary["medusa_tokens_per_s"], "baseline_hf_tokens_per_s": summary["baseline_tokens_per_s"],
+        "own_greedy_tokens_per_s": summary["greedy_tokens_per_s"],
+        "speedup_vs_hf_generate": summary["speedup_sum_latency"],
+        "decode_speedup_vs_own_greedy": summary["decode_speedup_vs_own_greedy"],
+        "e2e_speedup_vs_own_greedy": summary["e2e_speedup_vs_own_greedy"],
+        "round_cost_vs_plain": summary["round_cost_vs_plain"],
+        "decode_share_of_call": _ratio(summary["greedy_rounds_ms_total"], summary["greedy_latency_ms_total"]),
+        "wer_hf": summary["baseline_wer"], "wer_ours": summary["medusa_wer"],
+        "timing_spread_median": summary.get("timing_spread_median"),
+        "load_average": [env.get("load_average_at_start"), env.get("load_average_at_end")],
+        "date": str(env["date"])[:10], "torch": env["torch_version"], "transformers": env["transformers_version"],
+        "results": None, "command": command,
+    }
+
+
+def update_summary(path: Path, row: dict) -> None:
+    """Add ``row`` to the summary list, replacing an earlier row of the same model, device, dtype, draft
+    and rounds mode; written atomically."""
+    rows = json.loads(path.read_text()) if path.exists() else []
+    rows = [r for r in rows if tuple(r.get(k) for k in SUMMARY_KEY) != tuple(row.get(k) for k in SUMMARY_KEY)]
+    rows.append(row)
+    rows.sort(key=lambda r: tuple(str(r.get(k)) for k in SUMMARY_KEY))
+    write_atomic(path, json.dumps(rows, indent=1) + "\n")
 
 
 # --------------------------------------------------------------------------- inputs from disk
@@ -941,7 +1054,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Medusa's CUDA-graph rounds (auto: the model's default, on for CUDA devices)")
     parser.add_argument("--compile", action="store_true", help="torch.compile Medusa's fixed-shape rounds")
     parser.add_argument("--limit", type=int, default=None, help="only the first N clips of the manifest")
-    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (results.json, results.md, the plot)")
+    parser.add_argument("--summary", default=None,
+                        help="also add this run's headline row to a summary list, e.g. "
+                             "benchmarks/real_speech/summary.json (its results.json path is recorded)")
     parser.add_argument("--no-plot", action="store_true", help=f"do not write {PLOT_NAME}")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--verbose", action="store_true", help="keep transformers' per-call generate notices")
@@ -951,13 +1067,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _main(args)
+        return _main(args, argv)
     except BenchmarkError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_ERROR
 
 
-def _main(args) -> int:
+def _main(args, argv=None) -> int:
     for name in ("repeats", "threads", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise BenchmarkError(f"--{name.replace('_', '-')} must be >= 1")
@@ -1043,6 +1159,10 @@ def _main(args) -> int:
         notes.append(f"Some clips are longer than the model's {model.max_audio_seconds:.0f} s window; "
                      "their features were truncated.")
     written = write_outputs(results, Path(args.out), plot=not args.no_plot)
+    if args.summary:
+        row = summary_row(results, "python benchmark.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])))
+        row["results"] = os.path.relpath(written["json"], Path(args.summary).resolve().parent)
+        update_summary(Path(args.summary), row)
     print(render_markdown(results), end="")
     print(f"\nWrote {written['json']} and {written['markdown']}; plot: {written.get('plot', 'disabled')}",
           file=sys.stderr)

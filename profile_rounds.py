@@ -1,0 +1,215 @@
+#!/usr/bin/env python
+"""Cost of one decode round, and what inside it costs, for Whisper-shaped models (random weights).
+
+    python profile_rounds.py --device cuda --shapes tiny.en,base --dtypes bfloat16,float32 --out OUT
+
+A round's cost does not depend on the weights' values, so random weights of the real shapes measure it.
+For each shape, dtype, draft (plain greedy, chain of 4, trees of 16/32 nodes) and mode (``graph``: the
+fixed-shape round captured as one CUDA graph; ``compiled``: torch.compile'd, then captured; ``eager`` on a
+CPU) it reports the median time of one round replayed alone, the same round split into its stages (each
+stage timed alone: drafting, the decoder pass, the output projection + argmax, acceptance + state update)
+and, with ``--profile``, torch.profiler's kernel table of the compiled round (kernel count and time).
+Writes OUT/round_cost.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from medusa_decoding import DraftTree, accept, build_tree_from_accuracy
+from medusa_fast import CapturedRounds, capture_cuda_graph
+
+SHAPES = {  # d_model, decoder layers, heads, ffn, vocab (the converted real models)
+    "tiny.en": (384, 4, 6, 1536, 51864),
+    "base": (512, 6, 8, 2048, 51865),
+}
+PROFILE_TOPK = [[0.55, 0.65, 0.68, 0.71], [0.19, 0.27, 0.31, 0.34], [0.10, 0.16, 0.20, 0.23], [0.065, 0.11, 0.15, 0.18]]
+
+
+def build_model(shape: str, dtype, device, head_kind: str, draft_vocab: int):
+    from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
+
+    from configuration_medusa import MedusaConfig
+    from modeling_medusa import MedusaForASR
+
+    d, layers, heads, ffn, vocab = SHAPES[shape]
+    config = WhisperConfig(vocab_size=vocab, d_model=d, encoder_layers=1, decoder_layers=layers,
+                           encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+                           decoder_ffn_dim=ffn, num_mel_bins=80, max_source_positions=1500, max_target_positions=448,
+                           decoder_start_token_id=vocab - 7, eos_token_id=vocab - 8, pad_token_id=vocab - 8)
+    torch.manual_seed(0)
+    base = WhisperForConditionalGeneration(config).eval()
+    base.generation_config = GenerationConfig(decoder_start_token_id=vocab - 7, eos_token_id=vocab - 8,
+                                              pad_token_id=vocab - 8, max_length=448,
+                                              suppress_tokens=list(range(vocab - 100, vocab - 10)))
+    base.to(device=device, dtype=dtype)
+    medusa_config = MedusaConfig(base_model_name_or_path=f"random-{shape}", base_family="whisper", hidden_size=d,
+                                 vocab_size=vocab, medusa_num_heads=4, head_kind=head_kind,
+                                 speech_attention=head_kind == "path")
+    model = MedusaForASR(medusa_config, base=base).eval()
+    with torch.no_grad():
+        for p in model.medusa_heads.parameters():
+            p.normal_(0, 0.02)
+    if draft_vocab:
+        model.set_draft_vocab(torch.arange(draft_vocab))
+    return model
+
+
+def drafts_for(num_heads: int) -> dict:
+    return {"none": DraftTree(()), "chain4": DraftTree.chain(num_heads),
+            "tree16": DraftTree.from_paths(build_tree_from_accuracy(PROFILE_TOPK, 16)),
+            "tree32": DraftTree.from_paths(build_tree_from_accuracy(PROFILE_TOPK, 32))}
+
+
+def timed(fn, device, repeats: int = 50) -> float:
+    """Median milliseconds of ``fn`` (a CUDA graph replay or a plain call), after warm-up."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def as_graph(fn, device):
+    if device.type != "cuda":
+        return fn
+    graph = capture_cuda_graph(fn)
+    return graph.replay
+
+
+def prefilled_state(model, device, dtype, batch: int, slack: int):
+    features = torch.randn(batch, 80, 3000, device=device, dtype=dtype)
+    process = model.backbone.make_logits_processor(None)
+    state, _, _ = model.backbone.prefill({"input_features": features}, 200, slack, process,
+                                         cache_pool=model.round_cache.pool)
+    return state, process
+
+
+def stage_costs(model, state, process, tree, device, graph: bool) -> dict:
+    """Each stage of a round timed alone (same shapes as inside the captured round)."""
+    backbone, tt = model.backbone, tree.tensors(device)
+    drafter = model.make_drafter(tree, device)
+    upto = state.cache.capacity
+    chunk = drafter(state) if drafter else state.next_token[:, None]
+    hidden = backbone.decode(state, chunk, tt.depths, tt.ancestors, upto)
+    num_generated = torch.ones(chunk.shape[0], dtype=torch.long, device=device)
+    stages = {
+        "draft": (lambda: drafter(state)) if drafter else None,
+        "decoder": lambda: backbone.decode(state, chunk, tt.depths, tt.ancestors, upto),
+        "projection+argmax": lambda: process(backbone.logits(hidden), num_generated[:, None] + tt.depths).argmax(-1),
+        "accept": lambda: accept(chunk, chunk, tt),
+    }
+    wrap = (lambda fn: as_graph(fn, device)) if graph else (lambda fn: fn)
+    return {name: round(timed(wrap(fn), device), 4) for name, fn in stages.items() if fn is not None}
+
+
+def round_cost(model, state, process, tree, device, mode: str) -> float:
+    runner = CapturedRounds(model.backbone, model.make_drafter(tree, device), process, state, tree,
+                            use_graph=mode != "eager" and device.type == "cuda", compile=mode == "compiled")
+    saved = [t.clone() for t in runner._mutable()]
+
+    def one_round():
+        runner.replay()
+        for target, value in zip(runner._mutable(), saved):  # stay at the same cache length
+            target.copy_(value)
+
+    return timed(one_round, device)
+
+
+def kernel_table(model, state, process, tree, device, rows: int = 25) -> dict:
+    """torch.profiler on the compiled round (no graph, so each kernel shows): count and top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = CapturedRounds(model.backbone, model.make_drafter(tree, device), process, state, tree,
+                            use_graph=False, compile=True)
+    for _ in range(3):
+        runner.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            runner.replay()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA" or getattr(e, "device_time_total", 0)]
+    events.sort(key=lambda e: -getattr(e, "device_time_total", 0))
+    total = sum(getattr(e, "device_time_total", 0) for e in events) / 10
+    return {"kernels_per_round": sum(e.count for e in events) / 10, "device_us_per_round": round(total, 1),
+            "top": [{"name": e.key[:90], "calls_per_round": e.count / 10,
+                     "us_per_round": round(getattr(e, "device_time_total", 0) / 10, 2)} for e in events[:rows]]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--shapes", default="tiny.en,base")
+    p.add_argument("--dtypes", default="bfloat16,float32")
+    p.add_argument("--modes", default=None, help="graph,compiled (CUDA) or eager (CPU)")
+    p.add_argument("--head-kinds", default="medusa,path")
+    p.add_argument("--draft-vocab", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--profile", action="store_true", help="kernel tables of the compiled rounds (CUDA)")
+    p.add_argument("--out", default="work_data/round_cost")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    modes = (args.modes or ("graph,compiled" if device.type == "cuda" else "eager")).split(",")
+    rows = []
+    with torch.no_grad():
+        for shape in args.shapes.split(","):
+            for dtype_name in args.dtypes.split(","):
+                dtype = getattr(torch, dtype_name)
+                for kind in args.head_kinds.split(","):
+                    model = build_model(shape, dtype, device, kind, args.draft_vocab)
+                    for name, tree in drafts_for(4).items():
+                        if kind == "path" and name == "none":
+                            continue
+                        state, process = prefilled_state(model, device, dtype, args.batch, 2 * tree.num_nodes)
+                        row = {"shape": shape, "dtype": dtype_name, "heads": kind, "draft": name,
+                               "nodes": tree.num_nodes, "batch": args.batch,
+                               "stages_ms": stage_costs(model, state, process, tree, device, device.type == "cuda")}
+                        for mode in modes:
+                            row[f"round_ms_{mode}"] = round(round_cost(model, state, process, tree, device, mode), 4)
+                        if args.profile and device.type == "cuda":
+                            row["kernels"] = kernel_table(model, state, process, tree, device)
+                        rows.append(row)
+                        print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), flush=True)
+                    model.release_caches()
+    for row in rows:  # cost relative to plain greedy of the same shape, dtype and mode
+        plain = next((r for r in rows if (r["shape"], r["dtype"], r["draft"]) == (row["shape"], row["dtype"], "none")), None)
+        if plain:
+            for mode in modes:
+                row[f"vs_plain_{mode}"] = round(row[f"round_ms_{mode}"] / plain[f"round_ms_{mode}"], 3)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    import platform
+
+    import transformers
+    meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "date": time.strftime("%Y-%m-%d"), "command": "python profile_rounds.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    (out / "round_cost.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+    print(f"\n{'shape':8s} {'dtype':9s} {'heads':7s} {'draft':7s} " + " ".join(f"{m + ' ms':>12s} {'x plain':>8s}" for m in modes))
+    for row in rows:
+        print(f"{row['shape']:8s} {row['dtype']:9s} {row['heads']:7s} {row['draft']:7s} "
+              + " ".join(f"{row[f'round_ms_{m}']:12.3f} {row.get(f'vs_plain_{m}', float('nan')):8.2f}" for m in modes))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
