@@ -38,8 +38,6 @@ DEFAULT_CLIP_TEXT = (
     "The speech recognition model then checks all of those guesses in a single pass, "
     "so the transcript comes out faster and stays exactly the same."
 )
-DEFAULT_MAX_NEW_TOKENS = {"whisper": 224, "meralion2": 1536}
-FALLBACK_MAX_NEW_TOKENS = 448
 WARMUP_NEW_TOKENS = 8
 
 EXIT_OK, EXIT_FILE_FAILED, EXIT_MODEL_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -53,18 +51,13 @@ def default_model_path() -> str:
     return str(SCRIPT_DIR / DEFAULT_MODEL)
 
 
-def cache_dir() -> Path:
-    """``$MEDUSA_ASR_CACHE``, else ``$XDG_CACHE_HOME/medusa_asr``, else ``~/.cache/medusa_asr``."""
-    if os.environ.get("MEDUSA_ASR_CACHE"):
-        return Path(os.environ["MEDUSA_ASR_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "medusa_asr"
-
-
 def default_clip_path() -> Path:
     """The bundled demo clip, or one synthesised once with flite into the cache folder."""
     bundled = SCRIPT_DIR / BUNDLED_CLIP
     if bundled.is_file():
         return bundled
+    from modeling_medusa import cache_dir  # the project's one cache folder
+
     cached = cache_dir() / "default_clip.wav"
     if not cached.is_file():
         synthesize_speech(DEFAULT_CLIP_TEXT, cached)
@@ -119,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", default="txt", choices=audio_io.OUTPUT_FORMATS, help="output format (default: txt)")
     parser.add_argument("--output", type=Path, default=None, metavar="DIR", help="write <stem>.<format> files here instead of stdout")
     parser.add_argument("--overwrite", action="store_true", help="with --output: transcribe again even if the output exists")
-    parser.add_argument("--max-new-tokens", type=_positive_int, default=None, help="per window (default: by model family)")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=None, help="per window (default: by model family, modeling_medusa.DEFAULT_MAX_NEW_TOKENS)")
     parser.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -272,12 +265,6 @@ def _synchronize(model) -> None:
         import torch
 
         torch.cuda.synchronize(device)
-
-
-def default_max_new_tokens(model) -> int:
-    return getattr(model, "default_max_new_tokens", None) or DEFAULT_MAX_NEW_TOKENS.get(
-        getattr(model, "family", None), FALLBACK_MAX_NEW_TOKENS
-    )
 
 
 # --------------------------------------------------------------------------- batch transcription
@@ -588,7 +575,7 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
         except ValueError as error:
             log(f"error: {error}")
             return EXIT_MODEL_ERROR
-    transcriber = Transcriber(model, args.max_new_tokens or default_max_new_tokens(model), not args.no_medusa,
+    transcriber = Transcriber(model, args.max_new_tokens or model.default_max_new_tokens, not args.no_medusa,
                               compile=args.compile, prompt_options=prompt_options)
 
     if not args.audio:

@@ -42,6 +42,11 @@ BACKBONES = {"whisper": WhisperBackbone, "meralion2": MERaLiON2Backbone}
 BASE_LOAD_KWARGS = ("torch_dtype", "dtype", "device_map", "attn_implementation", "quantization_config",
                     "revision", "token", "cache_dir", "local_files_only", "low_cpu_mem_usage")
 AUTO_TREE_SIZES = (8, 32, 64)  # draft nodes of the extra trees draft="auto" times
+# New tokens per window by default in the transcription command, the benchmark and the model card (generate()
+# itself defaults to the base's generation config, as the base's generate does). Whisper: OpenAI's sample length,
+# half its 448 decoder positions, room for a fast-spoken 30 s window; MERaLiON-2: its windows are 300 s long.
+DEFAULT_MAX_NEW_TOKENS = {"whisper": 224, "meralion2": 1536}
+CACHE_ENV = "MEDUSA_ASR_CACHE"
 TRAIN_HINT = ("Train heads for this base with: python -m pipeline.collect --base BASE --audio AUDIO && "
               "python -m pipeline.train ... && python -m pipeline.export ... (see README.md).")
 
@@ -194,6 +199,10 @@ class MedusaForASR(PreTrainedModel):
     @property
     def family(self) -> str:
         return self.config.base_family
+
+    @property
+    def default_max_new_tokens(self) -> int:
+        return DEFAULT_MAX_NEW_TOKENS[self.family]
 
     @property
     def max_audio_seconds(self) -> float:
@@ -473,6 +482,15 @@ def _graph_seconds(fn, repeats: int) -> float:
 
 
 # --------------------------------------------------------------------------- base loading
+
+
+def cache_dir() -> Path:
+    """This project's one cache folder: ``$MEDUSA_ASR_CACHE``, else ``$XDG_CACHE_HOME/medusa-asr``, else
+    ``~/.cache/medusa-asr``. It holds the Whisper bases converted offline by ``pipeline.real_whisper``
+    (loading looks there before the Hub), the wheels and packages they come from, and the demo clip."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "medusa-asr"
 
 
 def detect_family(base) -> str:

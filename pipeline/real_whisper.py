@@ -88,10 +88,13 @@ class ConversionError(RuntimeError):
 
 
 def cache_root(cache_dir: Path | None = None) -> Path:
+    """``cache_dir``, else the project's one cache folder (``modeling_medusa.cache_dir``), where loading the
+    artifact looks for converted bases."""
     if cache_dir is not None:
         return Path(cache_dir)
-    env = os.environ.get("MEDUSA_ASR_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "medusa-asr"
+    from modeling_medusa import cache_dir as project_cache_dir
+
+    return project_cache_dir()
 
 
 def canonical_id(hub_id: str) -> str:
@@ -566,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", nargs="?", default="openai/whisper-tiny.en",
                         help="Hub id, alias (tiny.en, base) or local folder")
     parser.add_argument("--cache-dir", type=Path, default=None,
-                        help="conversion cache root (default $MEDUSA_ASR_CACHE or ~/.cache/medusa-asr)")
+                        help="conversion cache root (default $MEDUSA_ASR_CACHE, else ~/.cache/medusa-asr)")
     args = parser.parse_args(argv)
     try:
         if args.cache_dir is not None and canonical_id(args.model) in KNOWN_MODELS:

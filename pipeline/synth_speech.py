@@ -80,8 +80,9 @@ class SynthError(RuntimeError):
 
 
 def cache_root() -> Path:
-    env = os.environ.get("MEDUSA_ASR_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "medusa-asr"
+    from modeling_medusa import cache_dir  # the project's one cache folder
+
+    return cache_dir()
 
 
 def fetch_deb(package: str, dest: Path) -> Path:

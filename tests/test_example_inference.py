@@ -30,6 +30,7 @@ class FakeModel:
     family = "whisper"
     max_audio_seconds = 30.0
     pad_token_id = 0
+    default_max_new_tokens = 224
 
     def __init__(self, fail_on_samples: int | None = None, interrupt_on_samples: int | None = None):
         self.batches: list[list[int]] = []  # window lengths of each transcribed batch

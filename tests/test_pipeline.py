@@ -378,6 +378,20 @@ def test_export_artifact_and_model_card(shards, tmp_path):
     assert isinstance(json.load(open(os.path.join(art, "config.json")))["tree"], list)
 
 
+def test_model_card_uses_the_family_default_max_new_tokens():
+    """One default per family (modeling_medusa.DEFAULT_MAX_NEW_TOKENS): the card's snippet asks the model for it,
+    as the transcription command does."""
+    import types
+
+    from modeling_medusa import DEFAULT_MAX_NEW_TOKENS, MedusaForASR
+
+    card = render_model_card(MedusaConfig(base_model_name_or_path="org/base", base_family="whisper",
+                                          hidden_size=8, vocab_size=10))
+    assert "model.generate(**inputs, max_new_tokens=model.default_max_new_tokens" in card
+    for family, tokens in DEFAULT_MAX_NEW_TOKENS.items():
+        assert MedusaForASR.default_max_new_tokens.fget(types.SimpleNamespace(family=family)) == tokens
+
+
 def test_model_card_minimal_config():
     card = render_model_card(MedusaConfig(base_model_name_or_path="/local/base", base_family="whisper",
                                           hidden_size=8, vocab_size=10))

@@ -134,6 +134,22 @@ def test_resolve_local_folder_and_unknown_name(tmp_path, monkeypatch):
         rw.resolve_whisper("someone/not-a-known-model")
 
 
+def test_one_cache_folder_for_converted_models_packages_and_the_demo_clip(monkeypatch, tmp_path):
+    """Converted bases, fetched packages and the demo clip share one folder, moved by XDG_CACHE_HOME or
+    MEDUSA_ASR_CACHE alike."""
+    import example_inference
+    from pipeline import synth_speech
+
+    monkeypatch.delenv("MEDUSA_ASR_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(example_inference, "BUNDLED_CLIP", "does/not/exist.wav")
+    monkeypatch.setattr(example_inference, "synthesize_speech", lambda text, target: None)
+    folder = tmp_path / "xdg" / "medusa-asr"
+    assert rw.cache_root() == synth_speech.cache_root() == example_inference.default_clip_path().parent == folder
+    monkeypatch.setenv("MEDUSA_ASR_CACHE", str(tmp_path / "mine"))
+    assert rw.cache_root() == synth_speech.cache_root() == example_inference.default_clip_path().parent == tmp_path / "mine"
+
+
 def test_cache_root_env(monkeypatch, tmp_path):
     monkeypatch.setenv("MEDUSA_ASR_CACHE", str(tmp_path))
     assert rw.cache_root() == tmp_path
