@@ -523,11 +523,20 @@ def load_base_model(name_or_path: str, family: str | None = None, **kwargs):
             "Offline? Pass base_model_name_or_path=<local folder> or download it first."
         ) from err
     if adapter:
-        from peft import PeftModel
-
-        base = PeftModel.from_pretrained(base, name_or_path).merge_and_unload()
+        base = _merge_adapter(base, name_or_path)
     base.eval()
     return base, _load_processor(source, family, load_kwargs)
+
+
+def _merge_adapter(base, adapter_path):
+    """A PEFT/LoRA adapter merged into its base. peft is optional: imported here, in a try block, so that
+    transformers' import check of this remote-code file does not demand it from everyone."""
+    try:
+        from peft import PeftModel
+    except ImportError as err:
+        raise ImportError(f"{adapter_path} is a PEFT adapter; loading it needs the peft package "
+                          "(pip install peft).") from err
+    return PeftModel.from_pretrained(base, adapter_path).merge_and_unload()
 
 
 def _load_processor(source, family, load_kwargs):

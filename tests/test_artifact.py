@@ -52,6 +52,20 @@ def artifact(base_folder, tmp_path_factory):
     return make_artifact(tmp_path_factory.mktemp("artifact") / "repo", folder, family)
 
 
+def test_remote_code_imports_only_what_transformers_and_torch_bring():
+    """transformers refuses to load remote code whose files import a package that is missing, imports inside
+    try blocks excepted: optional packages (peft, accelerate) must not be among them."""
+    import sys
+
+    from transformers.dynamic_module_utils import get_imports
+
+    from modeling_medusa import CODE_FILES
+
+    for name in CODE_FILES:
+        packages = set(get_imports(ROOT / name)) - set(sys.stdlib_module_names)
+        assert packages <= {"torch", "transformers", "safetensors", "huggingface_hub"}, (name, packages)
+
+
 def test_save_pretrained_writes_config_heads_and_code_only(artifact):
     names = sorted(p.name for p in artifact.iterdir())
     assert names == sorted(["config.json", "medusa_heads.safetensors", *CODE_FILES])
