@@ -7,6 +7,7 @@ drafts with the heads and verifies with the base: the output is the base's own g
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -328,8 +329,10 @@ class MedusaForASR(PreTrainedModel):
         """
         if args:
             kwargs.setdefault(self.backbone.required_inputs[0], args[0])
+        _check_max_new_tokens(max_new_tokens)
         reason = None if use_medusa else "disabled"
-        reason = reason or _sampling_reason(kwargs) or self.backbone.unsupported_reason(kwargs)
+        reason = (reason or _generation_fallback_reason(kwargs, self.base.generation_config, self.family)
+                  or self.backbone.unsupported_reason(kwargs))
         if reason is not None:
             if reason != "disabled":
                 warnings.warn(f"Medusa decoding does not support {reason}; using the base model's generate.")
@@ -406,6 +409,7 @@ class MedusaForASR(PreTrainedModel):
         """Greedy decode (one token a round); per row ``(tokens[T], hiddens[T, H])`` where
         ``hiddens[i]`` is the last-layer hidden state whose argmax produced ``tokens[i]``."""
         _check_inputs(inputs, self.backbone.required_inputs)
+        _check_max_new_tokens(max_new_tokens)
         process = self.backbone.make_logits_processor(None)
         state, max_new, _ = self.backbone.prefill(inputs, max_new_tokens, 1, process)
         hiddens = [[] for _ in range(state.hidden.shape[0])]
@@ -607,20 +611,99 @@ def _check_fits(config: MedusaConfig, backbone):
         )
 
 
+def _check_max_new_tokens(max_new_tokens):
+    """The base's generate refuses fewer than one new token; so do we (instead of emitting one anyway)."""
+    if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens < 1):
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r} (as in the base's "
+                         "generate); leave it unset for the base's default length.")
+
+
 def _check_inputs(inputs: dict, required):
     missing = [name for name in required if inputs.get(name) is None]
     if missing:
         raise ValueError(f"generate() is missing required input(s) {missing}; build them with the base's processor.")
 
 
-def _sampling_reason(kwargs) -> str | None:
-    if kwargs.get("do_sample"):
-        return "sampling"
-    if (kwargs.get("num_beams") or 1) > 1:
-        return "beam search"
-    if (kwargs.get("num_return_sequences") or 1) > 1:
-        return "num_return_sequences > 1"
+# Settings of the base's generate that change what greedy decoding emits and that the Medusa loop does not
+# implement, with the values that leave greedy decoding as it is. (Temperature, top-k/p and the like only act
+# when sampling, length_penalty only with beams: the generation mode covers them.)
+GREEDY_AS_IS = {
+    "repetition_penalty": (1.0,), "encoder_repetition_penalty": (1.0,), "no_repeat_ngram_size": (0,),
+    "encoder_no_repeat_ngram_size": (0,), "bad_words_ids": ([],), "sequence_bias": ({}, []),
+    "forced_bos_token_id": (), "forced_eos_token_id": (), "exponential_decay_length_penalty": (),
+    "min_length": (0,), "guidance_scale": (1.0,), "max_time": (), "stop_strings": ([], ""),
+    "watermarking_config": (), "token_healing": (False,), "num_return_sequences": (1,),
+    "return_dict_in_generate": (False,), "output_scores": (False,), "output_logits": (False,),
+    "output_attentions": (False,), "output_hidden_states": (False,),
+}
+# What each backbone leaves out (MERaLiON-2's decoder applies no token suppression or forced ids; Whisper's
+# short-form thresholds and token timestamps).
+FAMILY_GREEDY_AS_IS = {
+    "meralion2": {"suppress_tokens": ([],), "begin_suppress_tokens": ([],), "forced_decoder_ids": ([],)},
+    "whisper": {"compression_ratio_threshold": (), "logprob_threshold": (), "no_speech_threshold": (),
+                "return_token_timestamps": (False,), "return_segments": (False,)},
+}
+# Read by the backbones from the base's own generation config: a call that changes them goes to the base.
+BASE_CONFIG_SETTINGS = {
+    "meralion2": ("eos_token_id", "pad_token_id", "max_length"),
+    "whisper": ("eos_token_id", "pad_token_id", "max_length", "decoder_start_token_id", "suppress_tokens",
+                "begin_suppress_tokens", "forced_decoder_ids", "no_timestamps_token_id"),
+}
+# generate() arguments that are objects or callbacks the Medusa loop cannot apply.
+CALL_ONLY_OPTIONS = ("generation_config", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn",
+                     "assistant_model", "streamer", "negative_prompt_ids", "custom_generate")
+MODE_NAMES = {"sample": "sampling", "beam_sample": "beam sampling"}
+
+
+def _generation_fallback_reason(kwargs: dict, base_config, family: str) -> str | None:
+    """The first setting that makes the base's generate decode other than by the plain greedy search the
+    Medusa loop reproduces, named with where it came from; None when there is none. Settings are those of
+    the base's generation config updated with this call's, as the base's generate merges them."""
+    for name in CALL_ONLY_OPTIONS:
+        if kwargs.get(name) is not None:
+            return f"the {name} argument"
+    merged = copy.deepcopy(base_config)
+    for name, value in kwargs.items():
+        if hasattr(merged, name):
+            setattr(merged, name, value)
+
+    def named(name: str) -> str:
+        value = kwargs[name] if name in kwargs else getattr(merged, name, None)
+        origin = "" if name in kwargs else ", set in the base's generation_config"
+        return f"{name}={_short_repr(value)}{origin}"
+
+    mode = str(getattr(merged.get_generation_mode(), "value", "greedy_search"))
+    if mode != "greedy_search":
+        differs = [n for n in ("do_sample", "num_beams", "num_beam_groups", "penalty_alpha", "constraints",
+                               "force_words_ids", "dola_layers", "prompt_lookup_num_tokens", "assistant_early_exit")
+                   if not _is_mode_default(getattr(merged, n, None))]
+        return f"{MODE_NAMES.get(mode, mode.replace('_', ' '))} ({', '.join(named(n) for n in differs)})"
+    if family == "whisper" and not _is_greedy_whisper_temperature(kwargs.get("temperature")):
+        return f"sampling ({named('temperature')}: Whisper samples when the temperature is above 0)"
+    as_is = {**GREEDY_AS_IS, **FAMILY_GREEDY_AS_IS.get(family, {})}
+    for name, neutral in as_is.items():
+        value = kwargs[name] if name in kwargs else getattr(merged, name, None)
+        if not (value is None or (not torch.is_tensor(value) and value in neutral)):
+            return named(name)
+    for name in BASE_CONFIG_SETTINGS.get(family, ()):
+        if name in kwargs and kwargs[name] != getattr(base_config, name, None):
+            return f"{named(name)} (the decoder applies the base's own {name})"
     return None
+
+
+def _is_mode_default(value) -> bool:
+    return value is None or value is False or (type(value) in (int, float) and value in (0, 1))
+
+
+def _is_greedy_whisper_temperature(temperature) -> bool:
+    """Whisper's generate samples whenever its ``temperature`` argument (not the config's) is above 0."""
+    temperatures = temperature if isinstance(temperature, (list, tuple)) else [temperature]
+    return all(t is None or t == 0 for t in temperatures)
+
+
+def _short_repr(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _base_kwargs(kwargs, max_new_tokens, min_new_tokens) -> dict:
