@@ -1,7 +1,8 @@
 """Medusa keeps the base model's contract: it honours the base's generation config (or hands the call to the
-base's own generate), and refuses what the base refuses. Runs in both
+base's own generate), refuses what the base refuses, and its Gemma2 forward is the library's. Runs in both
 suites: Whisper under transformers 5.x, the MERaLiON-2 stand-in under 4.51."""
 
+import types
 import warnings
 
 import numpy as np
@@ -116,3 +117,34 @@ def test_max_new_tokens_below_one_is_refused_like_the_base(model, inputs, max_ne
             model.generate(**inputs, max_new_tokens=max_new_tokens, use_medusa=use_medusa)
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.collect_hidden_states(**inputs, max_new_tokens=max_new_tokens)
+
+
+def test_gemma2_decoder_forward_matches_the_library():
+    """Our cache-owning Gemma2 forward (MERaLiON-2's text decoder) against the library's own Gemma2ForCausalLM
+    on this transformers version: same logits, past the sliding window (5.x's embedding scales itself, 4.x's
+    model scales after the lookup: scaled once either way)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM, GenerationConfig
+
+    from backbone_meralion2 import MERaLiON2Backbone
+    from medusa_decoding import DecodeState, StaticKVCache
+
+    torch.manual_seed(0)
+    config = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
+                          sliding_window=4, final_logit_softcapping=30.0, attn_logit_softcapping=50.0)
+    config._attn_implementation = "eager"  # SDPA would drop the attention soft-cap
+    lm = Gemma2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, param in lm.named_parameters():
+            param.normal_(0.0, 0.2 if "norm" in name else param.shape[-1] ** -0.5)
+    base = types.SimpleNamespace(text_decoder=lm, config=types.SimpleNamespace(text_config=config),
+                                 generation_config=GenerationConfig(eos_token_id=1), device=torch.device("cpu"))
+    backbone = MERaLiON2Backbone(base)
+    tokens = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    zeros = torch.zeros(2, dtype=torch.long)
+    state = DecodeState(StaticKVCache(2, 2, 2, 12, 8, torch.float32, "cpu"), zeros, zeros.clone(), hidden=None,
+                        next_token=None)
+    with torch.no_grad():
+        ours = backbone.logits(backbone.decode(state, tokens, torch.arange(12), torch.ones(12, 12).tril().bool()))
+        theirs = lm(input_ids=tokens, use_cache=False).logits
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
