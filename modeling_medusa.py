@@ -410,6 +410,10 @@ class MedusaForASR(PreTrainedModel):
         ``hiddens[i]`` is the last-layer hidden state whose argmax produced ``tokens[i]``."""
         _check_inputs(inputs, self.backbone.required_inputs)
         _check_max_new_tokens(max_new_tokens)
+        reason = self.backbone.unsupported_reason(inputs)
+        if reason is not None:  # e.g. right padding: the rows' last prompt positions would be padding
+            raise ValueError(f"collect_hidden_states records the base's plain greedy decoding and cannot take "
+                             f"{reason}; build the inputs with prepare_audio_inputs.")
         process = self.backbone.make_logits_processor(None)
         state, max_new, _ = self.backbone.prefill(inputs, max_new_tokens, 1, process)
         hiddens = [[] for _ in range(state.hidden.shape[0])]
@@ -421,11 +425,22 @@ class MedusaForASR(PreTrainedModel):
     # ------------------------------------------------------------------ audio convenience
     def check_prompt_options(self, language: str | None = None, task: str | None = None) -> None:
         """ValueError naming the problem when this base cannot take the language or task."""
+        language, task = self._effective_prompt_options(language, task)
         if self.family == "whisper":
             self.backbone.check_prompt_options(language, task)
         elif language or task:
             raise ValueError("language/task apply to Whisper bases; MERaLiON-2 takes an instruction instead, "
                              "e.g. instruction='Please transcribe this speech.'")
+
+    def _effective_prompt_options(self, language, task) -> tuple:
+        """An English-only Whisper transcribes English: language en/english and task transcribe are what it
+        does anyway, so they are dropped instead of refused (translation or another language still fail)."""
+        english_only = self.family == "whisper" and not getattr(self.backbone.generation_config, "lang_to_id", None)
+        if english_only and language and language.strip("<|>").lower() in ("en", "english"):
+            language = None
+        if english_only and task == "transcribe":
+            task = None
+        return language, task
 
     def prepare_audio_inputs(self, audios, sampling_rate: int = 16000, instruction: str | None = None,
                              language: str | None = None, task: str | None = None):
@@ -437,14 +452,20 @@ class MedusaForASR(PreTrainedModel):
         if sampling_rate != 16000:
             raise ValueError(f"Audio must be 16 kHz (got {sampling_rate} Hz); resample it first.")
         self.check_prompt_options(language, task)
+        language, task = self._effective_prompt_options(language, task)
         if self.family == "whisper":
             inputs = dict(self.processor(list(audios), sampling_rate=16000, return_tensors="pt"))
             return {**inputs, **{k: v for k, v in (("language", language), ("task", task)) if v}}
         prompt = (f"Instruction: {instruction or 'Please transcribe this speech.'} \n"
                   "Follow the text instruction based on the following audio: <SpeechHere>")
         chat = [{"role": "user", "content": prompt}]
-        text = self.processor.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        return dict(self.processor(text=[text] * len(audios), audios=list(audios), sampling_rate=16000))
+        tokenizer = self.processor.tokenizer
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        side, tokenizer.padding_side = tokenizer.padding_side, "left"  # decoding continues each row at its end
+        try:
+            return dict(self.processor(text=[text] * len(audios), audios=list(audios), sampling_rate=16000))
+        finally:
+            tokenizer.padding_side = side
 
     def decode_text(self, sequences: torch.Tensor, inputs: dict | None = None) -> list[str]:
         tokenizer = getattr(self.processor, "tokenizer", self.processor)
