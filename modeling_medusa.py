@@ -148,9 +148,7 @@ class MedusaForASR(PreTrainedModel):
         return cls(config, base=base_model, processor=processor).eval()
 
     def load_heads(self, path):
-        from safetensors.torch import load_file
-
-        state = load_file(str(path))
+        state = _read_heads(path)
         expected = self.medusa_heads.state_dict()
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))
@@ -617,6 +615,21 @@ def _resolve_artifact(name_or_path, kwargs) -> str:
         return snapshot_download(str(name_or_path), revision=kwargs.get("revision"), token=kwargs.get("token"))
     except Exception as err:
         raise OSError(f"Could not find the Medusa artifact {name_or_path!r}: {err}") from err
+
+
+def _read_heads(path) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise ValueError(f"{path} is truncated or corrupt ({_first_line(err)}); download or export the heads "
+                         "again.") from err
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _check_fits(config: MedusaConfig, backbone):

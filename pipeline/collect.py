@@ -82,6 +82,27 @@ def atomic_torch_save(path: str, obj) -> None:
     _atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
+# --------------------------------------------------------------------------- command line
+EXIT_USER_ERROR, EXIT_INTERRUPTED = 2, 130
+
+
+def run_cli(main, argv=None) -> int:
+    """Run a pipeline command's ``main``: a user error (``SystemExit`` with a message) prints one
+    ``error:`` line and exits 2; Ctrl-C prints one line and exits 130 (writes are atomic, so what is on
+    disk is complete and a rerun resumes)."""
+    try:
+        main(argv)
+    except SystemExit as exit_:
+        if isinstance(exit_.code, str):
+            print(f"error: {exit_.code}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        return exit_.code or 0
+    except KeyboardInterrupt:
+        print("interrupted: finished files are kept; rerun the same command to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
+
+
 # --------------------------------------------------------------------------- shards
 def list_shards(folder: str) -> list[str]:
     """Finished shards in ``folder``, in index order."""
@@ -99,8 +120,11 @@ def read_shard_metadata(path: str) -> dict:
     """Shard metadata with ``utterance_ids`` decoded from JSON (tensors are not read)."""
     from safetensors import safe_open
 
-    with safe_open(path, framework="pt") as f:
-        meta = dict(f.metadata() or {})
+    def read(path):
+        with safe_open(path, framework="pt") as f:
+            return dict(f.metadata() or {})
+
+    meta = _read_shard(path, read)
     meta["utterance_ids"] = json.loads(meta.get("utterance_ids", "[]"))
     return meta
 
@@ -109,8 +133,19 @@ def load_shard(path: str):
     """-> (hiddens bf16 [N,H], tokens int64 [N], offsets int64 [U+1], metadata dict)."""
     from safetensors.torch import load_file
 
-    t = load_file(path)
+    t = _read_shard(path, load_file)
     return t["hiddens"], t["tokens"], t["offsets"], read_shard_metadata(path)
+
+
+def _read_shard(path: str, read):
+    """``read(path)``, or a one-line error naming a truncated or corrupt shard and how to redo it."""
+    from safetensors import SafetensorError
+
+    try:
+        return read(path)
+    except SafetensorError as err:
+        raise SystemExit(f"{path} is truncated or corrupt ({err}); delete it and rerun pipeline.collect, "
+                         "which collects its utterances again.") from err
 
 
 def write_shard(path: str, rows: list, meta: dict) -> None:
@@ -518,4 +553,4 @@ def main(argv=None, model=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -17,9 +17,10 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 
-from pipeline.collect import _summarise_entries, atomic_write_text, base_folder, import_medusa, parse_dtype
+from pipeline.collect import _summarise_entries, atomic_write_text, base_folder, import_medusa, parse_dtype, run_cli
 from pipeline.model_card import render_model_card
 
 HEAD_KEY = re.compile(r"^blocks\.(\d+)\.layers\.(\d+)\.weight$")
@@ -285,4 +286,4 @@ def main(argv=None, model=None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -23,10 +23,12 @@ import argparse
 import hashlib
 import math
 import os
+import sys
 import time
 
 from pipeline.collect import (
     atomic_save_safetensors,
+    run_cli,
     atomic_torch_save,
     atomic_write_json,
     base_folder,
@@ -238,6 +240,20 @@ def evaluate(model, data: Collected, utts, num_heads: int, dtype, max_positions:
     }
 
 
+def load_checkpoint(path: str) -> dict:
+    """``last.pt``, or a one-line error saying how to start over when it is truncated or corrupt."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise SystemExit(f"{path} is truncated or corrupt ({reason}); rerun with --no-resume to start over, "
+                         "or use another --out.") from err
+
+
 # --------------------------------------------------------------------------- schedule
 def lr_factor(step: int, warmup: int, total: int) -> float:
     if step < warmup:
@@ -357,7 +373,7 @@ def main(argv=None, model=None) -> dict:
     step, best, history = 0, None, []
 
     if args.resume and os.path.exists(last_path):
-        ckpt = torch.load(last_path, map_location="cpu", weights_only=True)
+        ckpt = load_checkpoint(last_path)
         if ckpt["settings"] != settings:
             changed = sorted(k for k in settings if ckpt["settings"].get(k) != settings[k])
             raise SystemExit(f"{last_path} was trained with different settings ({', '.join(changed)}); "
@@ -452,4 +468,4 @@ def main(argv=None, model=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -123,6 +123,26 @@ def test_missing_heads_file_is_a_clear_error(artifact, tmp_path):
         MedusaForASR.from_pretrained(str(broken))
 
 
+def test_truncated_heads_file_is_one_line_naming_it(artifact, tmp_path, capsys):
+    import example_inference
+    from modeling_medusa import MedusaForASR
+
+    broken = tmp_path / "truncated"
+    shutil.copytree(artifact, broken)
+    heads = broken / "medusa_heads.safetensors"
+    heads.write_bytes(heads.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="medusa_heads.safetensors is truncated or corrupt"):
+        MedusaForASR.from_pretrained(str(broken))
+    import numpy as np
+    import soundfile as sf
+
+    sf.write(tmp_path / "a.wav", np.zeros(1600, np.float32), 16000)
+    capsys.readouterr()
+    code = example_inference.main(["--model", str(broken), str(tmp_path / "a.wav"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == example_inference.EXIT_MODEL_ERROR and "truncated or corrupt" in err and "Traceback" not in err
+
+
 def test_heads_of_the_wrong_shape_are_a_clear_error(artifact, tmp_path):
     from safetensors.torch import load_file, save_file
 

@@ -200,6 +200,56 @@ def test_collect_crash_keeps_finished_shards(clips, shards, tmp_path):
     assert all(torch.equal(table[u][1], full[u][1]) for u in table)
 
 
+def test_corrupt_shard_or_checkpoint_is_one_line_naming_the_file(clips, shards, tmp_path, capsys):
+    """A truncated shard (collect, train) or last.pt (train): one 'error:' line naming the file and the fix,
+    exit status 2, no traceback."""
+    import shutil
+
+    broken = tmp_path / "collect"
+    shutil.copytree(shards, broken)
+    shard = collect.list_shards(str(broken))[1]
+    data = open(shard, "rb").read()
+    open(shard, "wb").write(data[: len(data) // 2])
+    capsys.readouterr()
+    code = collect.run_cli(lambda argv: collect.main(["--base", "fake/base", "--audio", clips, "--out", str(broken)],
+                                                     model=FakeMedusa()))
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: {shard} is truncated or corrupt")
+    assert "rerun pipeline.collect" in err
+    code = train.run_cli(lambda argv: train.main(["--data", str(broken), "--out", str(tmp_path / "ckpt")] + TRAIN_ARGS,
+                                                 model=FakeMedusa()))
+    assert code == 2 and f"error: {shard} is truncated or corrupt" in capsys.readouterr().err
+
+    ckpt = tmp_path / "ckpt2"
+    train.main(["--data", shards, "--out", str(ckpt), "--max-steps", "2"] + TRAIN_ARGS, model=FakeMedusa())
+    last = ckpt / "last.pt"
+    last.write_bytes(last.read_bytes()[:100])
+    capsys.readouterr()
+    code = train.run_cli(lambda argv: train.main(["--data", shards, "--out", str(ckpt)] + TRAIN_ARGS, model=FakeMedusa()))
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"{last} is truncated or corrupt" in err and "--no-resume" in err
+
+
+def test_ctrl_c_during_collect_is_one_line_and_keeps_only_whole_shards(clips, tmp_path, capsys):
+    class Interrupted(FakeMedusa):
+        calls = 0
+
+        def collect_hidden_states(self, **kw):
+            Interrupted.calls += 1
+            if Interrupted.calls == 3:
+                raise KeyboardInterrupt
+            return super().collect_hidden_states(**kw)
+
+    out = tmp_path / "collect"
+    code = collect.run_cli(lambda argv: collect.main(["--base", "fake/base", "--audio", clips, "--out", str(out),
+                                                      "--batch-size", "2", "--shard-size", "3", "--limit", "10"],
+                                                     model=Interrupted()))
+    err = capsys.readouterr().err
+    assert code == 130 and [line for line in err.splitlines() if line.startswith("interrupted")] and "Traceback" not in err
+    assert sorted(utterance_table(str(out))) == [f"utt{i:03d}" for i in range(4)]  # both decoded batches, whole
+    assert not [name for name in os.listdir(out) if name.startswith(".")]
+
+
 def test_collect_folder_without_manifest_and_missing_datasets(tmp_path):
     folder = tmp_path / "plain"
     folder.mkdir()
