@@ -40,7 +40,7 @@ DEFAULT_CLIP_TEXT = (
 )
 WARMUP_NEW_TOKENS = 8
 
-EXIT_OK, EXIT_FILE_FAILED, EXIT_MODEL_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FILE_FAILED, EXIT_USER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 # --------------------------------------------------------------------------- defaults
@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"formats: {', '.join(sorted(audio_io.SUPPORTED_EXTENSIONS))}",
     )
     parser.add_argument("--model", default=None, help=f"Hub repo id or local folder with the heads (default: {DEFAULT_MODEL})")
+    parser.add_argument("--base", default=None,
+                        help="base model folder or Hub id (default: the one the heads name; Whisper tiny.en and base "
+                        "are converted from PyPI on first use)")
     parser.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     parser.add_argument(
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -147,25 +150,60 @@ def resolve_dtype(name: str, device: str):
     return getattr(torch, name)
 
 
-def load_model(model_path: str, device: str, dtype):
-    """Load ``MedusaForASR`` (imported lazily so ``--help`` and tests need no model code)."""
+def load_model(model_path: str, device: str, dtype, base: str | None = None):
+    """Load ``MedusaForASR`` (imported lazily so ``--help`` and tests need no model code); ``base`` replaces
+    the base model the heads name."""
     if _looks_like_local_path(model_path) and not Path(model_path).expanduser().is_dir():
         raise FileNotFoundError(f"no such folder {model_path}; pass --model with a Hub repo id or a folder with heads")
-    from modeling_medusa import MedusaForASR
+    from modeling_medusa import BaseModelNotFound, MedusaForASR
 
-    return MedusaForASR.from_pretrained(model_path, torch_dtype=dtype, device_map=device,
-                                        base_model_name_or_path=_offline_base(model_path))
+    try:
+        return MedusaForASR.from_pretrained(model_path, torch_dtype=dtype, device_map=device,
+                                            base_model_name_or_path=_local_base(model_path, base))
+    except BaseModelNotFound as error:
+        raise OSError(error.message("pass --base with a local folder or Hub id of the base model")) from error
 
 
-def _offline_base(model_path: str) -> str | None:
-    """Without the Hub, a Whisper base named by id comes from the converted PyPI copy (pipeline.real_whisper)."""
+def _local_base(model_path: str, base: str | None) -> str | None:
+    """The base to load (``--base``, else the one the heads name): a Whisper tiny.en/base named by Hub id comes
+    from the copy converted from its PyPI wheel (``pipeline.real_whisper``, converted on first use)."""
     config_file = Path(model_path).expanduser() / "config.json"
-    if not config_file.is_file():
-        return None
+    try:
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    except ValueError:
+        config = {}  # from_pretrained says what is wrong with it
     from pipeline.real_whisper import offline_base
 
-    config = json.loads(config_file.read_text())
-    return offline_base(config.get("base_model_name_or_path", ""), config.get("base_family", ""))
+    name = base or config.get("base_model_name_or_path", "")
+    return offline_base(name, config.get("base_family", "")) or base
+
+
+def output_folder_problem(folder: Path) -> str | None:
+    """Why transcripts could not be written into ``folder``, or None; checked before the model loads, not
+    after every file was transcribed. A missing folder is checked through its nearest existing parent (it is
+    created when the first transcript is written)."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        return f"--output {folder}: {existing} is a file, not a folder; pass a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        return f"cannot write to --output {folder} ({error.strerror or error}); pass a writable folder"
+    return None
+
+
+def window_token_budget(model, asked: int | None, prompt_options: dict) -> int:
+    """New tokens per window: ``--max-new-tokens``, else the family's default; ValueError, once and before any
+    file, when asked for more than the model can decode (Whisper: its decoder positions minus the prompt)."""
+    limit = model.max_new_tokens_limit(**prompt_options) if hasattr(model, "max_new_tokens_limit") else None
+    if asked is None:
+        default = model.default_max_new_tokens
+        return default if limit is None else min(default, limit)
+    if limit is not None and asked > limit:
+        raise ValueError(f"--max-new-tokens {asked} is beyond this model's {limit} new tokens per window (its "
+                         f"decoder positions minus the prompt); pass --max-new-tokens {limit} or less")
+    return asked
 
 
 def _looks_like_local_path(name: str) -> bool:
@@ -559,24 +597,32 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
         log(f"Summary: 0 done, {len(input_errors)} failed: no audio files to transcribe")
         return EXIT_FILE_FAILED
 
+    problem = args.output is not None and output_folder_problem(args.output)
+    if problem:
+        log(f"error: {problem}")
+        return EXIT_USER_ERROR
     model_name = args.model or default_model_path()
     started = time.perf_counter()
     try:
         device = resolve_device(args.device)
-        model = model_loader(model_name, device, resolve_dtype(args.dtype, device))
+        model = model_loader(model_name, device, resolve_dtype(args.dtype, device), base=args.base)
     except (FileNotFoundError, ValueError, OSError, ImportError) as error:
         log(f"error: cannot load model {model_name!r}: {' '.join(str(error).split())}")
-        return EXIT_MODEL_ERROR
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        log("interrupted while loading the model; nothing was written")
+        return EXIT_INTERRUPTED
     load_seconds = time.perf_counter() - started
     prompt_options = {k: v for k, v in (("language", args.language), ("task", args.task)) if v}
-    if prompt_options:
-        try:
+    try:
+        if prompt_options:
             model.check_prompt_options(**prompt_options)
-        except ValueError as error:
-            log(f"error: {error}")
-            return EXIT_MODEL_ERROR
-    transcriber = Transcriber(model, args.max_new_tokens or model.default_max_new_tokens, not args.no_medusa,
-                              compile=args.compile, prompt_options=prompt_options)
+        max_new_tokens = window_token_budget(model, args.max_new_tokens, prompt_options)
+    except ValueError as error:
+        log(f"error: {error}")
+        return EXIT_USER_ERROR
+    transcriber = Transcriber(model, max_new_tokens, not args.no_medusa, compile=args.compile,
+                              prompt_options=prompt_options)
 
     if not args.audio:
         return run_demo(transcriber, model_name)

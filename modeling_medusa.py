@@ -48,6 +48,7 @@ AUTO_TREE_SIZES = (8, 32, 64)  # draft nodes of the extra trees draft="auto" tim
 # half its 448 decoder positions, room for a fast-spoken 30 s window; MERaLiON-2: its windows are 300 s long.
 DEFAULT_MAX_NEW_TOKENS = {"whisper": 224, "meralion2": 1536}
 CACHE_ENV = "MEDUSA_ASR_CACHE"
+CONVERSION_MARKER = "conversion.json"  # written last into a base folder converted by pipeline.real_whisper
 TRAIN_HINT = ("Train heads for this base with: python -m pipeline.collect --base BASE --audio AUDIO && "
               "python -m pipeline.train ... && python -m pipeline.export ... (see README.md).")
 
@@ -116,6 +117,7 @@ class MedusaForASR(PreTrainedModel):
         if getattr(config, "model_type", None) == MedusaConfig.model_type:  # e.g. from AutoConfig, kwargs applied
             config = config if isinstance(config, MedusaConfig) else MedusaConfig.from_dict(config.to_dict())
         else:
+            _check_is_artifact(folder)
             config = MedusaConfig.from_pretrained(folder)
         heads_path = Path(folder) / HEADS_FILE
         if not heads_path.is_file():
@@ -430,6 +432,18 @@ class MedusaForASR(PreTrainedModel):
             raise ValueError("language/task apply to Whisper bases; MERaLiON-2 takes an instruction instead, "
                              "e.g. instruction='Please transcribe this speech.'")
 
+    @torch.no_grad()
+    def max_new_tokens_limit(self, language: str | None = None, task: str | None = None) -> int | None:
+        """The most new tokens one call can ask for with this language/task, or None where this base sets no
+        limit here. Whisper: its decoder positions minus the prompt, whose length is measured by building it
+        (language detection runs over one silent encoder frame)."""
+        if self.family != "whisper":
+            return None
+        language, task = self._effective_prompt_options(language, task)
+        silence = torch.zeros(1, 1, self.backbone.hidden_size, dtype=self.dtype, device=self.device)
+        prompt = self.backbone.decoder_prompt(self.backbone._cross_attention_kv(silence), 1, language, task)
+        return self.base.config.max_target_positions - prompt.shape[1]
+
     def _effective_prompt_options(self, language, task) -> tuple:
         """An English-only Whisper transcribes English: language en/english and task transcribe are what it
         does anyway, so they are dropped instead of refused (translation or another language still fail)."""
@@ -524,11 +538,26 @@ def detect_family(base) -> str:
     raise ValueError(f"Cannot tell the family of {type(base).__name__}; pass family='whisper' or 'meralion2'.")
 
 
+class BaseModelNotFound(OSError):
+    """The base model could not be loaded from a folder, a converted copy or the Hub (or its cache)."""
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+        super().__init__(self.message("pass base_model_name_or_path=<local folder>"))
+
+    def message(self, how_to_point: str) -> str:
+        return (f"Could not load the base model {self.name!r} ({self.reason}). It is not a local folder, "
+                f"{converted_base_folder(self.name)} holds no converted copy, and the Hub or its cache does not "
+                f"have it: download it, convert it (Whisper tiny.en/base: python -m pipeline.real_whisper "
+                f"{self.name}), or {how_to_point}.")
+
+
 def load_base_model(name_or_path: str, family: str | None = None, **kwargs):
     """Load a base model (+ its processor) by Hub id or folder; a PEFT adapter folder is merged."""
     load_kwargs = {k: v for k, v in kwargs.items() if k in BASE_LOAD_KWARGS and v is not None}
+    name_or_path = resolve_base(name_or_path)
     adapter = _peft_adapter_base(name_or_path, load_kwargs)
-    source = adapter or name_or_path
+    source = resolve_base(adapter) if adapter else name_or_path
     family = family or _family_from_config(source, load_kwargs)
     try:
         if family == "meralion2":
@@ -541,14 +570,30 @@ def load_base_model(name_or_path: str, family: str | None = None, **kwargs):
 
             base = WhisperForConditionalGeneration.from_pretrained(source, **load_kwargs)
     except OSError as err:
-        raise OSError(
-            f"Could not load the base model {source!r} ({err.__class__.__name__}: {str(err).splitlines()[0]}). "
-            "Offline? Pass base_model_name_or_path=<local folder> or download it first."
-        ) from err
+        raise BaseModelNotFound(str(source), f"{type(err).__name__}: {_first_line(err)}") from err
     if adapter:
         base = _merge_adapter(base, name_or_path)
     base.eval()
     return base, _load_processor(source, family, load_kwargs)
+
+
+def resolve_base(name_or_path: str) -> str:
+    """A folder as it is; a Hub id converted offline into ``cache_dir()`` (``pipeline.real_whisper``) as that
+    copy, found before any Hub request; any other Hub id as it is (the Hub, or its cache when offline)."""
+    path = Path(str(name_or_path)).expanduser()
+    if path.is_dir():
+        return str(path)
+    converted = converted_base_folder(str(name_or_path))
+    try:
+        marker = json.loads((converted / CONVERSION_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return str(name_or_path)
+    return str(converted) if marker.get("hub_id") == str(name_or_path) else str(name_or_path)
+
+
+def converted_base_folder(hub_id: str) -> Path:
+    """Where ``pipeline.real_whisper`` converts ``hub_id`` (``cache_dir()/<last part of the id>``)."""
+    return cache_dir() / str(hub_id).rstrip("/").split("/")[-1]
 
 
 def _merge_adapter(base, adapter_path):
@@ -594,10 +639,7 @@ def _family_from_config(source, load_kwargs) -> str:
         config = AutoConfig.from_pretrained(source, trust_remote_code=True,
                                             **{k: v for k, v in load_kwargs.items() if k in ("revision", "token")})
     except (OSError, ValueError) as err:
-        raise OSError(
-            f"Could not resolve the base model {source!r}: {str(err).splitlines()[0]}. "
-            "Offline? Point base_model_name_or_path at a local copy of the base model."
-        ) from err
+        raise BaseModelNotFound(str(source), _first_line(err)) from err
     model_type = getattr(config, "model_type", "")
     if model_type == "whisper":
         return "whisper"
@@ -630,6 +672,21 @@ def _read_heads(path) -> dict:
 
 def _first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _check_is_artifact(folder) -> None:
+    """A folder that is not a Medusa artifact (e.g. a plain Whisper model) named as what it is, not read as an
+    artifact with default settings (which would report missing heads for MERaLiON-2-3B)."""
+    try:
+        model_type = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError) as err:
+        raise FileNotFoundError(f"{folder} is not a Medusa artifact: no readable config.json ({_first_line(err)}); "
+                                f"give the folder that holds config.json and {HEADS_FILE}.") from err
+    if model_type != MedusaConfig.model_type:
+        heads = "" if (Path(folder) / HEADS_FILE).is_file() else f" and there is no {HEADS_FILE}"
+        raise ValueError(f"{folder} is a {model_type!r} model, not a Medusa artifact: its config.json has model_type "
+                         f"{model_type!r}, not {MedusaConfig.model_type!r}{heads}. Give the folder of trained heads "
+                         "(e.g. heads/whisper-tiny.en); this folder can be their base.")
 
 
 def _check_fits(config: MedusaConfig, backbone):

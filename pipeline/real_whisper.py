@@ -74,7 +74,7 @@ ALIASES = {
     "whisper-base": "openai/whisper-base",
 }
 
-MARKER = "conversion.json"  # written last into a finished folder
+MARKER = "conversion.json"  # written last into a finished folder (modeling_medusa.CONVERSION_MARKER: loading looks for it)
 # Bumped when the converted output changes; folders written by another version are converted again.
 # 2: multilingual generation config forces <|transcribe|> after the detected language, as the Hub's does.
 CONVERTER_VERSION = 2
@@ -536,12 +536,15 @@ def _hub_cached(hub_id: str) -> str | None:
 
 
 def resolve_whisper(name_or_path: str | os.PathLike) -> str:
-    """Local folder -> itself; Hub-cached copy (offline) -> its snapshot; known model -> converted folder."""
+    """Local folder -> itself; known model converted already -> that copy (where loading the artifact looks
+    first too); Hub-cached copy (offline) -> its snapshot; known model -> converted now."""
     path = Path(name_or_path)
     if path.is_dir():
         return str(path)
     name = str(name_or_path)
     hub_id = canonical_id(name)
+    if hub_id in KNOWN_MODELS and _finished_conversion(cache_root() / folder_name(hub_id)):
+        return str(cache_root() / folder_name(hub_id))
     cached = _hub_cached(hub_id)
     if cached:
         return cached

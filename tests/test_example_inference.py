@@ -84,7 +84,7 @@ def write_wav(path: Path, seconds: float = 1.0, seed: int = 0, rate: int = SR) -
 
 def run(argv, model=None, capsys=None):
     model = model or FakeModel()
-    loader = lambda path, device, dtype: model  # noqa: E731
+    loader = lambda path, device, dtype, base=None: model  # noqa: E731
     code = example_inference.main([*map(str, argv), "--quiet"], model_loader=loader)
     out, err = capsys.readouterr() if capsys else ("", "")
     return code, model, out, err
@@ -120,7 +120,7 @@ def test_language_and_task_reach_the_model_and_bad_ones_stop_early(tmp_path, cap
     code, model, _, _ = run([audio], capsys=capsys)
     assert code == 0 and model.prompt_options == {}
     code, model, out, err = run([audio, "--language", "xx"], capsys=capsys)
-    assert code == example_inference.EXIT_MODEL_ERROR and model.batches == [] and out == ""
+    assert code == example_inference.EXIT_USER_ERROR and model.batches == [] and out == ""
     assert "Unknown Whisper language 'xx'" in err
 
 
@@ -233,8 +233,49 @@ def test_model_failure_on_one_batch_fails_only_those_files(tmp_path, capsys):
     assert f"{bad}: model failed on this audio (RuntimeError: CUDA out of memory)" in err
 
 
+@pytest.mark.parametrize("output", ["a file", "/proc/x"])
+def test_unwritable_output_is_refused_before_the_model_loads(tmp_path, capsys, output):
+    audio = write_wav(tmp_path / "a.wav")
+    if output == "a file":
+        output = tmp_path / "taken.txt"
+        output.write_text("not a folder")
+
+    def loader(*args, **kwargs):
+        raise AssertionError("the model was loaded although the output cannot be written")
+
+    code = example_inference.main([str(audio), "--output", str(output), "--quiet"], model_loader=loader)
+    err = capsys.readouterr().err
+    assert code == example_inference.EXIT_USER_ERROR and err.count("\n") == 1 and str(output) in err
+
+
+def test_max_new_tokens_beyond_the_model_limit_is_refused_once_up_front(tmp_path, capsys):
+    class Limited(FakeModel):
+        def max_new_tokens_limit(self, language=None, task=None):
+            return 100
+
+    files = [write_wav(tmp_path / f"{n}.wav") for n in "ab"]
+    code, model, _, err = run([*files, "--max-new-tokens", "101"], model=Limited(), capsys=capsys)
+    assert code == example_inference.EXIT_USER_ERROR and model.batches == []
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        "error: --max-new-tokens 101 is beyond this model's 100 new tokens per window (its decoder positions minus "
+        "the prompt); pass --max-new-tokens 100 or less"]
+    code, model, _, _ = run([*files, "--max-new-tokens", "100"], model=Limited(), capsys=capsys)
+    assert code == 0 and len(model.batches) == 2
+
+
+def test_ctrl_c_while_loading_the_model_is_one_line(tmp_path, capsys):
+    def loader(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    code = example_inference.main([str(write_wav(tmp_path / "a.wav")), "--output", str(tmp_path / "out")],
+                                  model_loader=loader)
+    err = capsys.readouterr().err
+    assert code == example_inference.EXIT_INTERRUPTED and err.startswith("interrupted") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
 def test_model_without_heads_exits_2(tmp_path, capsys):
-    def loader(path, device, dtype):
+    def loader(path, device, dtype, base=None):
         raise FileNotFoundError(f"{path} has no medusa_heads.safetensors")
 
     code = example_inference.main([str(write_wav(tmp_path / "a.wav")), "--model", str(tmp_path)], model_loader=loader)
