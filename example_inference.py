@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,8 +74,7 @@ def synthesize_speech(text: str, target: Path) -> None:
             "install flite (apt-get install flite) or pass an audio file"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp_name = tempfile.mkstemp(prefix=".clip.", suffix=".wav", dir=target.parent)
-    os.close(fd)
+    temp_name = str(target.parent / f".clip.{uuid.uuid4().hex}.wav")  # flite creates it: umask permissions
     try:
         subprocess.run([flite, "-t", text, "-o", temp_name], check=True, capture_output=True)
         os.replace(temp_name, target)

@@ -11,8 +11,8 @@ import copy
 import json
 import os
 import shutil
-import tempfile
 import time
+import uuid
 import warnings
 from pathlib import Path
 
@@ -172,11 +172,12 @@ class MedusaForASR(PreTrainedModel):
 
     def save_pretrained(self, save_directory, **kwargs):
         """Write config.json, the heads and the code files (never the base weights), atomically."""
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         target = Path(save_directory)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+        tmp = target.parent / f".tmp-{target.name}-{uuid.uuid4().hex}"
+        tmp.mkdir()  # not mkdtemp: its 0700 would make the artifact unreadable to others; mkdir keeps the umask
         try:
             if target.is_dir():
                 shutil.copytree(target, tmp, dirs_exist_ok=True)
@@ -185,7 +186,7 @@ class MedusaForASR(PreTrainedModel):
             self.config.architectures = ["MedusaForASR"]
             self.config.save_pretrained(tmp)
             heads = {k: v.detach().contiguous().cpu() for k, v in self.medusa_heads.state_dict().items()}
-            save_file(heads, str(tmp / HEADS_FILE), metadata={"format": "pt"})
+            (tmp / HEADS_FILE).write_bytes(save(heads, metadata={"format": "pt"}))  # save_file would make it 0600
             here = Path(__file__).parent
             for name in CODE_FILES:
                 shutil.copy2(here / name, tmp / name)

@@ -49,6 +49,7 @@ def _atomic_write(path: str, write: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        apply_umask(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -56,6 +57,22 @@ def _atomic_write(path: str, write: Callable[[str], None]) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def apply_umask(path) -> None:
+    """Give ``path`` (a folder: and everything in it) the permissions open() and mkdir() give under the
+    current umask, readable by others like any download: mkstemp, mkdtemp and safetensors' save_file
+    make 0600/0700. (Nothing the pipeline writes is meant to be executable.)"""
+    umask = os.umask(0)
+    os.umask(umask)
+    if not os.path.isdir(path):
+        os.chmod(path, 0o666 & ~umask)
+        return
+    for root, _, files in os.walk(path):
+        os.chmod(root, 0o777 & ~umask)
+        for name in files:
+            if not os.path.islink(os.path.join(root, name)):
+                os.chmod(os.path.join(root, name), 0o666 & ~umask)
 
 
 def atomic_write_text(path: str, text: str) -> None:

@@ -20,7 +20,8 @@ import shutil
 import sys
 import tempfile
 
-from pipeline.collect import _summarise_entries, atomic_write_text, base_folder, import_medusa, parse_dtype, run_cli
+from pipeline.collect import (_summarise_entries, apply_umask, atomic_write_text, base_folder, import_medusa,
+                              parse_dtype, run_cli)
 from pipeline.model_card import render_model_card
 
 HEAD_KEY = re.compile(r"^blocks\.(\d+)\.layers\.(\d+)\.weight$")
@@ -274,6 +275,7 @@ def main(argv=None, model=None) -> str:
             print("[export] WARNING: save_pretrained wrote no medusa_heads.safetensors")
         atomic_write_text(os.path.join(staged, "README.md"),
                           render_model_card(cfg, repo_id=args.repo_id, license=args.license))
+        apply_umask(staged)
         install_folder(staged, out)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)

@@ -404,13 +404,15 @@ def locate_files(hub_id: str, root: Path) -> dict[str, Path]:
 
 
 def _make_tmp_dir(parent: Path, prefix: str) -> Path:
-    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    tmp.chmod(0o755)  # mkdtemp makes 0700; the final folder should be readable like any cache
-    return tmp
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
-    """Atomically move a finished folder into place; if another process won the race keep theirs."""
+    """Atomically move a finished folder into place, readable like any download (mkdtemp and safetensors make
+    0700/0600); if another process won the race keep theirs."""
+    from pipeline.collect import apply_umask
+
+    apply_umask(src)
     try:
         os.replace(src, dst)
     except OSError:

@@ -91,6 +91,21 @@ def test_automodel_loads_the_artifact_with_trust_remote_code(artifact, base_fold
                                                 else model.base.text_decoder.lm_head)
 
 
+def test_save_pretrained_folder_keeps_the_umask(artifact, tmp_path):
+    import os
+
+    from modeling_medusa import MedusaForASR
+
+    model = MedusaForASR.from_pretrained(str(artifact))
+    previous = os.umask(0o022)
+    try:
+        model.save_pretrained(tmp_path / "saved")
+    finally:
+        os.umask(previous)
+    assert oct((tmp_path / "saved").stat().st_mode & 0o777) == "0o755"
+    assert {oct(p.stat().st_mode & 0o777) for p in (tmp_path / "saved").iterdir()} == {"0o644"}
+
+
 def test_round_trip_keeps_the_heads(artifact, tmp_path):
     from modeling_medusa import MedusaForASR
 

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -426,6 +427,32 @@ def test_export_artifact_and_model_card(shards, tmp_path):
     export.main(args, model=FakeMedusa())
     assert (tmp_path / "artifact" / "NOTES.txt").read_text() == "keep me"
     assert isinstance(json.load(open(os.path.join(art, "config.json")))["tree"], list)
+
+
+def modes(folder) -> dict:
+    """Permission bits of a folder and everything in it, by path relative to the folder."""
+    paths = [Path(folder), *sorted(p for p in Path(folder).rglob("*") if not p.is_symlink())]
+    return {os.path.relpath(p, folder): oct(p.stat().st_mode & 0o777) for p in paths}
+
+
+def test_pipeline_outputs_are_world_readable_like_any_download(clips, tmp_path):
+    """Under umask 022 every file collect, train and export write is 0644 and every folder 0755 (mkstemp and
+    mkdtemp made them 0600/0700)."""
+    previous = os.umask(0o022)
+    try:
+        col, ckpt, art = (str(tmp_path / d) for d in ("collect", "ckpt", "artifact"))
+        collect.main(["--base", "fake/base", "--audio", clips, "--out", col, "--limit", "6", "--shard-size", "4"],
+                     model=FakeMedusa())
+        train.main(["--data", col, "--out", ckpt] + TRAIN_ARGS[:2] + ["--epochs", "1", "--device", "cpu"],
+                   model=FakeMedusa())
+        export.main(["--base", "fake/base", "--heads", os.path.join(ckpt, "best.safetensors"), "--out", art],
+                    model=FakeMedusa())
+    finally:
+        os.umask(previous)
+    for folder in (col, ckpt, art):
+        found = modes(folder)
+        assert {m for p, m in found.items() if os.path.isdir(os.path.join(folder, p))} == {"0o755"}, found
+        assert {m for p, m in found.items() if os.path.isfile(os.path.join(folder, p))} == {"0o644"}, found
 
 
 def test_model_card_uses_the_family_default_max_new_tokens():
