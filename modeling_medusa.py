@@ -104,6 +104,7 @@ class MedusaForASR(PreTrainedModel):
         self.backbone = BACKBONES[config.base_family](base) if base is not None else None
         if base is not None:
             _check_fits(config, self.backbone)
+            _check_on_one_device(base)
             base.requires_grad_(False)
             param = next(base.parameters())
             self.medusa_heads.to(device=param.device, dtype=param.dtype)
@@ -614,7 +615,9 @@ def _load_processor(source, family, load_kwargs):
     keep = {k: v for k, v in load_kwargs.items() if k in ("revision", "token", "cache_dir", "local_files_only")}
     try:
         return AutoProcessor.from_pretrained(source, trust_remote_code=family == "meralion2", **keep)
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        warnings.warn(f"Loaded {source} without a processor ({type(err).__name__}: {_first_line(err)}); "
+                      "prepare_audio_inputs and decode_text need one: pass processor= to from_pretrained.")
         return None
 
 
@@ -688,6 +691,16 @@ def _check_is_artifact(folder) -> None:
         raise ValueError(f"{folder} is a {model_type!r} model, not a Medusa artifact: its config.json has model_type "
                          f"{model_type!r}, not {MedusaConfig.model_type!r}{heads}. Give the folder of trained heads "
                          "(e.g. heads/whisper-tiny.en); this folder can be their base.")
+
+
+def _check_on_one_device(base) -> None:
+    """The decode loop runs the base's layers itself, past accelerate's dispatch hooks, so a base split over
+    several devices or offloaded (device_map) would compute with weights that are not where it runs."""
+    placed = {str(device) for device in (getattr(base, "hf_device_map", None) or {}).values()}
+    if len(placed) > 1 or placed & {"disk", "meta"}:
+        raise ValueError(f"The base model is spread over {sorted(placed)} by its device_map; Medusa runs the base's "
+                         "layers itself (without accelerate's hooks), so the whole base must sit on one device: "
+                         "load it with one device, e.g. device_map='cuda:0' or 'cpu'.")
 
 
 def _check_fits(config: MedusaConfig, backbone):

@@ -106,6 +106,29 @@ def test_save_pretrained_folder_keeps_the_umask(artifact, tmp_path):
     assert {oct(p.stat().st_mode & 0o777) for p in (tmp_path / "saved").iterdir()} == {"0o644"}
 
 
+@pytest.mark.parametrize("device_map", [{"model.encoder": 0, "model.decoder": 1}, {"": "cpu", "lm_head": "disk"}])
+def test_a_base_spread_over_devices_or_offloaded_is_refused(base_folder, device_map):
+    from modeling_medusa import MedusaForASR, load_base_model
+
+    base, processor = load_base_model(str(base_folder[0]), base_folder[1])
+    base.hf_device_map = device_map  # what accelerate's dispatch leaves on the model
+    with pytest.raises(ValueError, match="one device"):
+        MedusaForASR.from_base(str(base_folder[0]), base_model=base, processor=processor)
+    base.hf_device_map = {"": "cpu"}
+    assert MedusaForASR.from_base(str(base_folder[0]), base_model=base, processor=processor).base is base
+
+
+@requires_transformers5
+def test_a_processor_that_fails_to_load_is_a_warning_with_its_cause(base_folder, tmp_path):
+    from modeling_medusa import MedusaForASR
+
+    folder = shutil.copytree(base_folder[0], tmp_path / "no_processor")
+    (folder / "preprocessor_config.json").unlink()
+    with pytest.warns(UserWarning, match=r"without a processor \(\w+Error: "):
+        model = MedusaForASR.from_base(str(folder))
+    assert model.processor is None
+
+
 def test_round_trip_keeps_the_heads(artifact, tmp_path):
     from modeling_medusa import MedusaForASR
 
