@@ -148,13 +148,18 @@ def _make_unique(names: dict[AudioSource, str]) -> dict[AudioSource, str]:
     taken: set[str] = set()
     unique = {}
     for source, name in names.items():
-        candidate, n = name, 1
-        while candidate.lower() in taken:
-            stem, dot, ext = name.rpartition(".")
-            candidate, n = f"{stem}-{n}{dot}{ext}", n + 1
-        taken.add(candidate.lower())
-        unique[source] = candidate
+        unique[source] = unused_name(name, lambda candidate: candidate.lower() in taken)
+        taken.add(unique[source].lower())
     return unique
+
+
+def unused_name(name: str, is_used) -> str:
+    """``name``, else ``stem-1.ext``, ``stem-2.ext``, ... : the first that ``is_used`` does not claim."""
+    candidate, n = name, 1
+    while is_used(candidate):
+        stem, dot, ext = name.rpartition(".")
+        candidate, n = f"{stem}-{n}{dot}{ext}", n + 1
+    return candidate
 
 
 # --------------------------------------------------------------------------- decoding

@@ -8,8 +8,9 @@ report the speed-up of Medusa decoding over plain greedy decoding on it.
     python example_inference.py talk.mp3 recordings/ "calls/**/*.m4a" --format srt --output subs/
 
 Long files are transcribed whole, window by window; windows of several files are batched.
-With --output, each input gets one output file, and a rerun of the same command resumes,
-skipping inputs whose output already exists.
+With --output, each input gets its own output file, and a rerun resumes: an input is skipped when
+its output exists and was made from the same audio (path, size, modification time) with the same
+model and options, recorded in OUTPUT/.medusa-asr-outputs.jsonl; anything else is transcribed again.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="torch.compile the decoding rounds: faster on a GPU after a one-off compile per batch size")
     parser.add_argument("--format", default="txt", choices=audio_io.OUTPUT_FORMATS, help="output format (default: txt)")
     parser.add_argument("--output", type=Path, default=None, metavar="DIR", help="write <stem>.<format> files here instead of stdout")
-    parser.add_argument("--overwrite", action="store_true", help="with --output: transcribe again even if the output exists")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="with --output: transcribe again even where the output is up to date")
     parser.add_argument("--max-new-tokens", type=_positive_int, default=None, help="per window (default: by model family, modeling_medusa.DEFAULT_MAX_NEW_TOKENS)")
     parser.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -308,6 +310,63 @@ def _synchronize(model) -> None:
 # --------------------------------------------------------------------------- batch transcription
 
 
+RECORDS_FILE = ".medusa-asr-outputs.jsonl"
+
+
+class OutputRecords:
+    """What each transcript in an ``--output`` folder was made from: the audio (path, size, modification
+    time) and the settings that shape the transcript. An append-only JSON-lines file, the last line for an
+    output winning (a torn last line, from an interrupted write, is ignored), so concurrent or interrupted
+    runs never lose an earlier record."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / RECORDS_FILE
+        self.by_output: dict[str, dict] = {}
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            lines = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+                self.by_output[record["output"]] = record
+            except (ValueError, KeyError, TypeError):
+                continue
+
+    def output_names(self, sources: list[AudioSource], extension: str) -> dict[AudioSource, str]:
+        """An input keeps the output it had; a new one gets the usual name unless another input's output
+        holds it (then ``name-1.ext``, ...): two inputs never share an output."""
+        owners = {name.lower(): record["source"]["path"] for name, record in self.by_output.items()}
+        earlier = {record["source"]["path"]: name for name, record in self.by_output.items()
+                   if name.endswith(f".{extension}")}
+        names, taken = {}, set()
+        for source, proposed in audio_io.output_names(sources, extension).items():
+            path = str(source.path)
+            name = audio_io.unused_name(earlier.get(path, proposed), lambda candidate: candidate.lower() in taken
+                                        or owners.get(candidate.lower(), path) != path)
+            taken.add(name.lower())
+            names[source] = name
+        return names
+
+    def up_to_date(self, name: str, source: AudioSource, settings: dict) -> bool:
+        return (self.path.parent / name).is_file() and self.by_output.get(name) == self.record(name, source, settings)
+
+    def add(self, name: str, source: AudioSource, settings: dict) -> None:
+        record = self.record(name, source, settings)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.by_output[name] = record
+
+    @staticmethod
+    def record(name: str, source: AudioSource, settings: dict) -> dict:
+        try:
+            stat = source.path.stat()
+        except OSError:
+            return {}
+        return {"output": name, "source": {"path": str(source.path), "size": stat.st_size,
+                                           "mtime_ns": stat.st_mtime_ns}, "settings": settings}
+
+
 @dataclass
 class FileJob:
     source: AudioSource
@@ -329,7 +388,7 @@ class WindowTask:
 class RunSummary:
     done: int = 0
     failed: int = 0
-    skipped_existing: int = 0
+    skipped_done: int = 0
     skipped_silent: int = 0
     audio_seconds: float = 0.0
     wall_seconds: float = 0.0
@@ -338,13 +397,13 @@ class RunSummary:
     failures: list[str] = field(default_factory=list)
 
     def line(self, decode: DecodeStats, use_medusa: bool) -> str:
-        skipped = self.skipped_existing + self.skipped_silent
+        skipped = self.skipped_done + self.skipped_silent
         rtf = f"{self.wall_seconds / self.audio_seconds:.3f}" if self.audio_seconds else "n/a"
         mean = decode.mean_accepted_per_round
         accepted = "off (--no-medusa)" if not use_medusa else ("n/a" if mean is None else f"{mean:.2f}")
         return (
             f"Summary: {self.done} done, {self.failed} failed, {skipped} skipped "
-            f"({self.skipped_existing} output already exists, {self.skipped_silent} silent); "
+            f"({self.skipped_done} output up to date, {self.skipped_silent} silent); "
             f"audio {self.audio_seconds / 3600:.3f} h; wall {self.wall_seconds:.1f} s "
             f"(+{self.load_seconds:.1f} s model load); real-time factor {rtf}; "
             f"mean accepted tokens/round {accepted}"
@@ -359,7 +418,10 @@ class TranscriptionRun:
         self.args = args
         self.sources = sources
         self.model_name = model_name
-        self.names = audio_io.output_names(sources, args.format)
+        self.records = OutputRecords(args.output) if args.output else None
+        self.names = (self.records.output_names(sources, args.format) if self.records
+                      else audio_io.output_names(sources, args.format))
+        self.settings = transcript_settings(args, model_name, transcriber)
         self.max_seconds = float(transcriber.model.max_audio_seconds)
         self.summary = RunSummary()
         self.queue: list[WindowTask] = []
@@ -393,9 +455,9 @@ class TranscriptionRun:
         return self.args.output / self.names[source] if self.args.output else None
 
     def add_file(self, source: AudioSource) -> None:
-        output = self.output_path(source)
-        if output is not None and output.exists() and not self.args.overwrite:
-            self.summary.skipped_existing += 1
+        if self.records and not self.args.overwrite and self.records.up_to_date(self.names[source], source,
+                                                                                 self.settings):
+            self.summary.skipped_done += 1
             self.file_bar.update(1)
             return
         try:
@@ -466,6 +528,8 @@ class TranscriptionRun:
         rendered = audio_io.render_transcript(self.args.format, text, segments, self.json_record(job, text, segments))
         try:
             self.emit(job.source, rendered)
+            if self.records:
+                self.records.add(self.names[job.source], job.source, self.settings)
         except OSError as error:
             self.fail_file(f"{job.source.path}: cannot write output ({error})", job)
             return
@@ -495,6 +559,14 @@ class TranscriptionRun:
         elif len(self.sources) > 1:
             rendered = f"==> {source.path} <==\n{rendered}"
         tqdm.write(rendered.rstrip("\n"), file=sys.stdout)
+
+
+def transcript_settings(args, model_name: str, transcriber: Transcriber) -> dict:
+    """What shapes a transcript besides the audio (Medusa on or off does not: its output is the base's)."""
+    local = Path(model_name).expanduser()
+    return {"model": str(local.resolve()) if local.is_dir() else model_name, "base": args.base,
+            "dtype": str(getattr(transcriber.model, "dtype", args.dtype)), "format": args.format,
+            "max_new_tokens": transcriber.max_new_tokens, **transcriber.prompt_options}
 
 
 def _one_line(error: BaseException) -> str:

@@ -171,7 +171,7 @@ def test_folders_globs_and_duplicate_stems(tmp_path, capsys):
     write_wav(tmp_path / "in" / "b" / "y.wav")
     code, model, _, _ = run([tmp_path / "in" / "a", str(tmp_path / "in" / "b" / "*.wav"), "--output", tmp_path / "out"], capsys=capsys)
     assert code == 0 and len(model.windows_seen) == 3
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a__x.txt", "b__x.txt", "y.txt"]
+    assert outputs(tmp_path / "out") == ["a__x.txt", "b__x.txt", "y.txt"]
 
 
 # --------------------------------------------------------------------------- bad input
@@ -184,7 +184,7 @@ def test_corrupt_file_among_good_ones(tmp_path, capsys):
     code, model, _, err = run([good[0], corrupt, good[1], "--output", tmp_path / "out"], capsys=capsys)
 
     assert code == 1
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["good0.txt", "good1.txt"]
+    assert outputs(tmp_path / "out") == ["good0.txt", "good1.txt"]
     error_lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and str(corrupt) in error_lines[0] and "cannot decode" in error_lines[0]
     assert "2 done, 1 failed" in err
@@ -214,7 +214,7 @@ def test_silent_file_is_skipped_without_running_the_model(tmp_path, capsys):
     sf.write(str(silent), np.zeros(SR, dtype=np.float32), SR)
     code, model, out, err = run([silent], capsys=capsys)
     assert code == 0 and model.batches == [] and out == ""
-    assert f"{silent}: silent" in err and "1 skipped (0 output already exists, 1 silent)" in err
+    assert f"{silent}: silent" in err and "1 skipped (0 output up to date, 1 silent)" in err
 
 
 def test_silent_window_of_long_file_is_not_sent_to_the_model(tmp_path, capsys):
@@ -286,23 +286,59 @@ def test_model_without_heads_exits_2(tmp_path, capsys):
 # --------------------------------------------------------------------------- resume
 
 
+def outputs(folder: Path) -> list[str]:
+    """The transcripts in an --output folder (not its hidden record of what they came from)."""
+    return sorted(p.name for p in folder.iterdir() if p.name != example_inference.RECORDS_FILE)
+
+
 def test_rerun_skips_files_already_transcribed(tmp_path, capsys):
     files = [write_wav(tmp_path / "in" / f"{n}.wav", seed=i) for i, n in enumerate("abc")]
     out_dir = tmp_path / "out"
     (out_dir).mkdir()
-    (out_dir / "b.txt").write_text("from an interrupted run\n")  # b finished before the interruption
+    (out_dir / "b.txt").write_text("no record of what this came from\n")  # e.g. written by an older version
     code, first, _, err = run([tmp_path / "in", "--output", out_dir], capsys=capsys)
-    assert code == 0 and len(first.windows_seen) == 2
-    assert "2 done, 0 failed, 1 skipped (1 output already exists" in err
+    assert code == 0 and len(first.windows_seen) == 3 and "3 done, 0 failed, 0 skipped" in err
+    assert (out_dir / "b.txt").read_text() == "16000 samples\n"
 
     code, second, _, err = run([tmp_path / "in", "--output", out_dir], capsys=capsys)
     assert code == 0 and second.batches == []
-    assert "0 done, 0 failed, 3 skipped (3 output already exists" in err
-    assert (out_dir / "b.txt").read_text() == "from an interrupted run\n"
+    assert "0 done, 0 failed, 3 skipped (3 output up to date" in err
 
     code, third, _, _ = run([*files, "--output", out_dir, "--overwrite"], capsys=capsys)
     assert len(third.windows_seen) == 3
-    assert sorted(p.name for p in out_dir.iterdir()) == ["a.txt", "b.txt", "c.txt"]  # no temp files left
+    assert sorted(p.name for p in out_dir.iterdir()) == [example_inference.RECORDS_FILE, "a.txt", "b.txt", "c.txt"]
+
+
+def test_same_name_from_another_folder_gets_its_own_output(tmp_path, capsys):
+    """d1/x.wav and d2/x.wav (different audio) into one --output in two runs: two outputs, each its own."""
+    first, second = write_wav(tmp_path / "d1" / "x.wav", seconds=1.0), write_wav(tmp_path / "d2" / "x.wav", seconds=2.0)
+    out_dir = tmp_path / "out"
+    assert run([first, "--output", out_dir], capsys=capsys)[0] == 0
+    code, model, _, err = run([second, "--output", out_dir], capsys=capsys)
+    assert code == 0 and model.windows_seen == [2 * SR] and "1 done" in err
+    assert outputs(out_dir) == ["x-1.txt", "x.txt"]
+    assert (out_dir / "x.txt").read_text() == "16000 samples\n" and (out_dir / "x-1.txt").read_text() == "32000 samples\n"
+    for audio in (first, second):  # each rerun finds its own output
+        code, model, _, err = run([audio, "--output", out_dir], capsys=capsys)
+        assert code == 0 and model.batches == [] and "1 output up to date" in err
+
+
+def test_changed_audio_or_settings_are_transcribed_again(tmp_path, capsys):
+    audio = write_wav(tmp_path / "in" / "a.wav", seconds=1.0)
+    out_dir = tmp_path / "out"
+    assert run([audio, "--output", out_dir], capsys=capsys)[0] == 0
+    write_wav(audio, seconds=2.0, seed=5)  # the same file name, other audio
+    code, model, _, _ = run([audio, "--output", out_dir], capsys=capsys)
+    assert model.windows_seen == [2 * SR] and (out_dir / "a.txt").read_text() == "32000 samples\n"
+    code, model, _, _ = run([audio, "--output", out_dir, "--max-new-tokens", "50"], capsys=capsys)
+    assert model.windows_seen == [2 * SR]  # another option that shapes the transcript
+    code, model, _, _ = run([audio, "--output", out_dir, "--max-new-tokens", "50", "--no-medusa"], capsys=capsys)
+    assert model.batches == []  # Medusa on or off gives the same transcript
+    (tmp_path / "in" / "a.wav").unlink()
+    replaced = write_wav(tmp_path / "in" / "a.flac", seconds=3.0)  # a new file where the old one was
+    code, model, _, _ = run([tmp_path / "in", "--output", out_dir], capsys=capsys)
+    assert model.windows_seen == [3 * SR] and outputs(out_dir) == ["a-1.txt", "a.txt"]
+    assert (out_dir / "a-1.txt").read_text() == "48000 samples\n" and replaced.exists()
 
 
 def test_interrupted_run_keeps_finished_outputs_and_resumes(tmp_path, capsys):
@@ -310,11 +346,11 @@ def test_interrupted_run_keeps_finished_outputs_and_resumes(tmp_path, capsys):
     out_dir = tmp_path / "out"
     code, _, _, err = run([*files, "--output", out_dir], model=FakeModel(interrupt_on_samples=2 * SR), capsys=capsys)
     assert code == 130 and "interrupted" in err and "rerun the same command" in err
-    assert sorted(p.name for p in out_dir.iterdir()) == ["a.txt"]
+    assert outputs(out_dir) == ["a.txt"]
 
     code, resumed, _, err = run([*files, "--output", out_dir], capsys=capsys)
     assert code == 0 and resumed.windows_seen == [2 * SR, 3 * SR]  # only b and c
-    assert "2 done, 0 failed, 1 skipped (1 output already exists" in err
+    assert "2 done, 0 failed, 1 skipped (1 output up to date" in err
 
 
 def test_output_write_is_atomic(tmp_path, capsys, monkeypatch):
