@@ -469,6 +469,58 @@ def test_model_card_uses_the_family_default_max_new_tokens():
         assert MedusaForASR.default_max_new_tokens.fget(types.SimpleNamespace(family=family)) == tokens
 
 
+def test_export_never_replaces_a_foreign_or_committed_folder_unless_forced(shards, tmp_path, capsys):
+    """An existing --out must be empty or a previous export that git does not track (a shipped artifact);
+    --force overrides."""
+    import shutil
+    import subprocess
+
+    ckpt = str(tmp_path / "ckpt")
+    train.main(["--data", shards, "--out", ckpt] + TRAIN_ARGS, model=FakeMedusa())
+    export_to = lambda out, *extra: export.run_cli(lambda argv: export.main(  # noqa: E731
+        ["--base", "fake/base", "--heads", os.path.join(ckpt, "best.safetensors"), "--out", str(out), *extra],
+        model=FakeMedusa()))
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "NOTES.txt").write_text("mine")
+    capsys.readouterr()
+    assert export_to(foreign) == 2 and "not a previous export" in capsys.readouterr().err
+    assert os.listdir(foreign) == ["NOTES.txt"]
+    assert export_to(foreign, "--force") == 0 and (foreign / "medusa_heads.safetensors").is_file()
+    assert (foreign / "NOTES.txt").read_text() == "mine"
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    shipped = tmp_path / "repo" / "heads" / "x"
+    assert export_to(shipped) == 0 and export_to(shipped) == 0  # a previous export is replaced
+    git = ["git", "-C", str(tmp_path / "repo"), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "ship"], check=True)
+    before = (shipped / "medusa_heads.safetensors").read_bytes()
+    capsys.readouterr()
+    assert export_to(shipped) == 2 and "committed to git" in capsys.readouterr().err
+    assert (shipped / "medusa_heads.safetensors").read_bytes() == before
+    assert export_to(shipped, "--force") == 0
+
+
+def test_train_heads_sh_exports_to_a_work_folder_by_default(tmp_path):
+    """pipeline/train_heads.sh BASE wrote into heads/<base name>, replacing the shipped artifact; its default
+    is now WORK_DIR/artifacts/<base name>, and FORCE=1 passes --force."""
+    import subprocess
+
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
+    fake_python.chmod(0o755)
+    script = os.path.join(ROOT, "pipeline", "train_heads.sh")
+    for env in ({}, {"FORCE": "1"}):
+        subprocess.run(["bash", script, "/models/whisper-tiny.en"], cwd=tmp_path, check=True,
+                       env={**os.environ, "PYTHON": str(fake_python), **env})
+    exports = [line.split() for line in (tmp_path / "calls").read_text().splitlines() if "pipeline.export" in line]
+    assert [call[call.index("--out") + 1] for call in exports] == ["work_data/artifacts/whisper-tiny.en"] * 2
+    assert ["--force" in call for call in exports] == [False, True]
+
+
 def test_model_card_minimal_config():
     card = render_model_card(MedusaConfig(base_model_name_or_path="/local/base", base_family="whisper",
                                           hidden_size=8, vocab_size=10))
