@@ -117,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", type=Path, default=None, metavar="DIR", help="write <stem>.<format> files here instead of stdout")
     parser.add_argument("--overwrite", action="store_true",
                         help="with --output: transcribe again even where the output is up to date")
-    parser.add_argument("--max-new-tokens", type=_positive_int, default=None, help="per window (default: by model family, modeling_medusa.DEFAULT_MAX_NEW_TOKENS)")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=None,
+                        help="per window (default: by model family, modeling_medusa.DEFAULT_MAX_NEW_TOKENS)")
     parser.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser

@@ -742,11 +742,11 @@ GREEDY_AS_IS = {
     "output_attentions": (False,), "output_hidden_states": (False,),
 }
 # What each backbone leaves out (MERaLiON-2's decoder applies no token suppression or forced ids; Whisper's
-# short-form thresholds and token timestamps).
+# short-form thresholds and timestamps).
 FAMILY_GREEDY_AS_IS = {
     "meralion2": {"suppress_tokens": ([],), "begin_suppress_tokens": ([],), "forced_decoder_ids": ([],)},
     "whisper": {"compression_ratio_threshold": (), "logprob_threshold": (), "no_speech_threshold": (),
-                "return_token_timestamps": (False,), "return_segments": (False,)},
+                "return_timestamps": (False,), "return_token_timestamps": (False,), "return_segments": (False,)},
 }
 # Read by the backbones from the base's own generation config: a call that changes them goes to the base.
 BASE_CONFIG_SETTINGS = {

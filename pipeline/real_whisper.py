@@ -74,7 +74,7 @@ ALIASES = {
     "whisper-base": "openai/whisper-base",
 }
 
-MARKER = "conversion.json"  # written last into a finished folder (modeling_medusa.CONVERSION_MARKER: loading looks for it)
+MARKER = "conversion.json"  # written last into a finished folder; = modeling_medusa.CONVERSION_MARKER
 # Bumped when the converted output changes; folders written by another version are converted again.
 # 2: multilingual generation config forces <|transcribe|> after the detected language, as the Hub's does.
 CONVERTER_VERSION = 2

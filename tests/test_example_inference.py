@@ -317,7 +317,8 @@ def test_same_name_from_another_folder_gets_its_own_output(tmp_path, capsys):
     code, model, _, err = run([second, "--output", out_dir], capsys=capsys)
     assert code == 0 and model.windows_seen == [2 * SR] and "1 done" in err
     assert outputs(out_dir) == ["x-1.txt", "x.txt"]
-    assert (out_dir / "x.txt").read_text() == "16000 samples\n" and (out_dir / "x-1.txt").read_text() == "32000 samples\n"
+    assert (out_dir / "x.txt").read_text() == "16000 samples\n"
+    assert (out_dir / "x-1.txt").read_text() == "32000 samples\n"
     for audio in (first, second):  # each rerun finds its own output
         code, model, _, err = run([audio, "--output", out_dir], capsys=capsys)
         assert code == 0 and model.batches == [] and "1 output up to date" in err

@@ -178,20 +178,27 @@ def test_collect_language_and_task_reach_the_model_and_resume_must_match(clips, 
         collect.main([*common, "--language", "en"], model=FakeMedusa())
 
 
-def test_collect_crash_keeps_finished_shards(clips, shards, tmp_path):
-    class Crashing(FakeMedusa):
+def fails_on_call(call: int, error: BaseException) -> FakeMedusa:
+    """A FakeMedusa whose ``call``-th collect_hidden_states raises ``error``."""
+
+    class Failing(FakeMedusa):
         calls = 0
 
         def collect_hidden_states(self, **kw):
-            Crashing.calls += 1
-            if Crashing.calls == 4:
-                raise RuntimeError("out of memory (simulated)")
+            self.calls += 1
+            if self.calls == call:
+                raise error
             return super().collect_hidden_states(**kw)
 
+    return Failing()
+
+
+def test_collect_crash_keeps_finished_shards(clips, shards, tmp_path):
     out = str(tmp_path / "crash")
+    crashing = fails_on_call(4, RuntimeError("out of memory (simulated)"))
     with pytest.raises(RuntimeError, match="simulated"):
         collect.main(["--base", "fake/base", "--audio", clips, "--out", out, "--batch-size", "2",
-                      "--shard-size", "4", "--limit", "12"], model=Crashing())
+                      "--shard-size", "4", "--limit", "12"], model=crashing)
     # the 6 clips decoded before the crash are kept (a full shard of 4 + the 2 pending)
     assert len(utterance_table(out)) == 6 and not [n for n in os.listdir(out) if n.endswith(".tmp")]
     collect.main(["--base", "fake/base", "--audio", clips, "--out", out, "--batch-size", "2",
@@ -226,27 +233,20 @@ def test_corrupt_shard_or_checkpoint_is_one_line_naming_the_file(clips, shards, 
     last = ckpt / "last.pt"
     last.write_bytes(last.read_bytes()[:100])
     capsys.readouterr()
-    code = train.run_cli(lambda argv: train.main(["--data", shards, "--out", str(ckpt)] + TRAIN_ARGS, model=FakeMedusa()))
+    code = train.run_cli(lambda argv: train.main(["--data", shards, "--out", str(ckpt)] + TRAIN_ARGS,
+                                                 model=FakeMedusa()))
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and f"{last} is truncated or corrupt" in err and "--no-resume" in err
 
 
 def test_ctrl_c_during_collect_is_one_line_and_keeps_only_whole_shards(clips, tmp_path, capsys):
-    class Interrupted(FakeMedusa):
-        calls = 0
-
-        def collect_hidden_states(self, **kw):
-            Interrupted.calls += 1
-            if Interrupted.calls == 3:
-                raise KeyboardInterrupt
-            return super().collect_hidden_states(**kw)
-
     out = tmp_path / "collect"
     code = collect.run_cli(lambda argv: collect.main(["--base", "fake/base", "--audio", clips, "--out", str(out),
                                                       "--batch-size", "2", "--shard-size", "3", "--limit", "10"],
-                                                     model=Interrupted()))
+                                                     model=fails_on_call(3, KeyboardInterrupt())))
     err = capsys.readouterr().err
-    assert code == 130 and [line for line in err.splitlines() if line.startswith("interrupted")] and "Traceback" not in err
+    assert code == 130 and "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("interrupted")]
     assert sorted(utterance_table(str(out))) == [f"utt{i:03d}" for i in range(4)]  # both decoded batches, whole
     assert not [name for name in os.listdir(out) if name.startswith(".")]
 

@@ -147,7 +147,8 @@ def test_one_cache_folder_for_converted_models_packages_and_the_demo_clip(monkey
     folder = tmp_path / "xdg" / "medusa-asr"
     assert rw.cache_root() == synth_speech.cache_root() == example_inference.default_clip_path().parent == folder
     monkeypatch.setenv("MEDUSA_ASR_CACHE", str(tmp_path / "mine"))
-    assert rw.cache_root() == synth_speech.cache_root() == example_inference.default_clip_path().parent == tmp_path / "mine"
+    mine = tmp_path / "mine"
+    assert rw.cache_root() == synth_speech.cache_root() == example_inference.default_clip_path().parent == mine
 
 
 @pytest.mark.parametrize("umask, folder_mode, file_mode", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
