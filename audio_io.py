@@ -3,7 +3,7 @@
 Everything here is model-agnostic:
 
 * finding audio files from command-line specs (files, folders, globs);
-* decoding WAV/FLAC/MP3/OGG/Opus with soundfile (libsndfile) and M4A/AAC with PyAV,
+* decoding WAV/FLAC/MP3/OGG/Opus/AIFF with soundfile (libsndfile) and M4A/AAC/MP4/WebM/MKV/MOV/AVI with PyAV,
   down-mixing to mono and resampling to 16 kHz with soxr;
 * splitting long audio into windows, cut at a quiet point near each boundary;
 * rendering transcripts as txt/json/srt/vtt and writing them atomically.
@@ -25,8 +25,8 @@ import soxr
 TARGET_SAMPLE_RATE = 16_000
 
 # Decoded by libsndfile first (PyAV is the fallback), or by PyAV only.
-SOUNDFILE_EXTENSIONS = frozenset({".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus"})
-PYAV_EXTENSIONS = frozenset({".m4a", ".aac", ".mp4", ".webm"})
+SOUNDFILE_EXTENSIONS = frozenset({".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".aiff", ".aif"})
+PYAV_EXTENSIONS = frozenset({".m4a", ".aac", ".mp4", ".webm", ".mkv", ".mov", ".avi"})  # audio tracks of videos too
 SUPPORTED_EXTENSIONS = SOUNDFILE_EXTENSIONS | PYAV_EXTENSIONS
 
 SILENCE_PEAK = 1e-4  # about -80 dBFS: below a 16-bit LSB of dither, i.e. "all samples ~0"
@@ -148,13 +148,18 @@ def _make_unique(names: dict[AudioSource, str]) -> dict[AudioSource, str]:
     taken: set[str] = set()
     unique = {}
     for source, name in names.items():
-        candidate, n = name, 1
-        while candidate.lower() in taken:
-            stem, dot, ext = name.rpartition(".")
-            candidate, n = f"{stem}-{n}{dot}{ext}", n + 1
-        taken.add(candidate.lower())
-        unique[source] = candidate
+        unique[source] = unused_name(name, lambda candidate: candidate.lower() in taken)
+        taken.add(unique[source].lower())
     return unique
+
+
+def unused_name(name: str, is_used) -> str:
+    """``name``, else ``stem-1.ext``, ``stem-2.ext``, ... : the first that ``is_used`` does not claim."""
+    candidate, n = name, 1
+    while is_used(candidate):
+        stem, dot, ext = name.rpartition(".")
+        candidate, n = f"{stem}-{n}{dot}{ext}", n + 1
+    return candidate
 
 
 # --------------------------------------------------------------------------- decoding

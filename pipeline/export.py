@@ -1,13 +1,15 @@
 """Stage 3: package trained heads as a Hub-ready Medusa artifact folder.
 
     python -m pipeline.export --base openai/whisper-tiny.en --heads work_data/ckpt/best.safetensors \\
-        --out heads/whisper-tiny.en [--tree auto|chain] [--benchmark bench.json] [--data-info extra.json]
+        --out work_data/artifacts/whisper-tiny.en [--tree auto|chain] [--benchmark bench.json] [--data-info extra.json]
 
 Builds ``MedusaForASR.from_base`` + the trained heads, records provenance in the config
 (``training_data`` from the collect folder's ``collect_info.json`` and the training metrics,
 ``head_accuracy`` from ``metrics.json``, ``benchmark`` from ``--benchmark``), picks the draft tree
 from the measured per-head top-k accuracy, saves everything into a temporary folder with a
-generated README.md model card, and only then moves it into ``--out``.
+generated README.md model card, and only then moves it into ``--out``. An existing, non-empty ``--out``
+must be a previous export that git does not track (``--force`` overrides): a shipped artifact is never
+replaced by accident.
 """
 
 from __future__ import annotations
@@ -17,9 +19,12 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 
-from pipeline.collect import _summarise_entries, atomic_write_text, base_folder, import_medusa, parse_dtype
+from pipeline.collect import (_summarise_entries, apply_umask, atomic_write_text, base_folder, import_medusa,
+                              parse_dtype, run_cli)
 from pipeline.model_card import render_model_card
 
 HEAD_KEY = re.compile(r"^blocks\.(\d+)\.layers\.(\d+)\.weight$")
@@ -175,6 +180,39 @@ def install_folder(staged: str, out: str) -> None:
     shutil.rmtree(staged, ignore_errors=True)
 
 
+def check_target(out: str, force: bool) -> None:
+    """Refuse, unless forced, to write into a non-empty ``out`` that is not a previous export, or one that git
+    tracks (a shipped artifact such as heads/whisper-tiny.en: re-exporting there would replace it)."""
+    if force or not os.path.exists(out) or (os.path.isdir(out) and not os.listdir(out)):
+        return
+    if not _is_previous_export(out):
+        raise SystemExit(f"{out} is not empty and is not a previous export (no Medusa config.json with "
+                         "medusa_heads.safetensors); choose another --out, or pass --force to write the exported "
+                         "files into it")
+    committed = _committed_files(out)
+    if committed:
+        raise SystemExit(f"{out} is an artifact committed to git ({len(committed)} tracked files, e.g. "
+                         f"{committed[0]}); export elsewhere (pipeline/train_heads.sh: work_data/artifacts/NAME), "
+                         "or pass --force to overwrite it")
+
+
+def _is_previous_export(out: str) -> bool:
+    try:
+        config = _read_json(os.path.join(out, "config.json"))
+    except (OSError, ValueError):
+        return False
+    return config.get("model_type") == "medusa_asr" and os.path.isfile(os.path.join(out, "medusa_heads.safetensors"))
+
+
+def _committed_files(out: str) -> list[str]:
+    """Files under ``out`` that git tracks (none without git or outside a repository)."""
+    try:
+        listed = subprocess.run(["git", "-C", out, "ls-files"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return listed.stdout.split() if listed.returncode == 0 else []
+
+
 BENCHMARK_FIELDS = ("speedup_sum_latency", "baseline_tokens_per_s", "medusa_tokens_per_s", "mean_accepted_per_round",
                     "acceptance_rate", "exact_match_rate", "baseline_wer", "medusa_wer", "clips", "audio_seconds_total")
 
@@ -219,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "The collect folder recorded in metrics.json is read automatically.")
     p.add_argument("--license", default=None, help="licence id for the model card front matter (default: other)")
     p.add_argument("--repo-id", default=None, help="Hub repo id for the usage snippet")
+    p.add_argument("--force", action="store_true",
+                   help="replace the exported files in --out even when it is not a previous export or is committed "
+                        "to git (e.g. a shipped heads/ folder)")
     p.add_argument("--dtype", default="float32", help="dtype to build the model in (heads are saved in it)")
     p.add_argument("--device", default="cpu")
     return p
@@ -227,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None, model=None) -> str:
     """Export; returns the artifact folder. ``model`` (fresh MedusaForASR-like) may be injected."""
     args = build_parser().parse_args(argv)
+    check_target(args.out, args.force)
     import torch
     from safetensors.torch import load_file
 
@@ -295,6 +337,7 @@ def main(argv=None, model=None) -> str:
             print("[export] WARNING: save_pretrained wrote no medusa_heads.safetensors")
         atomic_write_text(os.path.join(staged, "README.md"),
                           render_model_card(cfg, repo_id=args.repo_id, license=args.license))
+        apply_umask(staged)
         install_folder(staged, out)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
@@ -307,4 +350,4 @@ def main(argv=None, model=None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

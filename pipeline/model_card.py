@@ -196,7 +196,8 @@ def render_model_card(config, repo_id: str | None = None, license: str | None = 
                     f"model = AutoModel.from_pretrained(\"{repo}\", trust_remote_code=True)  # base + heads\n"
                     "audio, sr = sf.read(\"speech.wav\", dtype=\"float32\")  # 16 kHz mono\n"
                     "inputs = model.prepare_audio_inputs([audio])\n"
-                    "sequences, stats = model.generate(**inputs, max_new_tokens=128, return_stats=True)\n"
+                    "sequences, stats = model.generate(**inputs, max_new_tokens=model.default_max_new_tokens, "
+                    "return_stats=True)\n"
                     "print(model.decode_text(sequences, inputs)[0])\n"
                     "print(stats)  # drafted / accepted tokens per round\n"
                     "```\n\nOr from the command line: `python example_inference.py speech.wav`.")

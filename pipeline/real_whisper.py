@@ -74,7 +74,7 @@ ALIASES = {
     "whisper-base": "openai/whisper-base",
 }
 
-MARKER = "conversion.json"  # written last into a finished folder
+MARKER = "conversion.json"  # written last into a finished folder; = modeling_medusa.CONVERSION_MARKER
 # Bumped when the converted output changes; folders written by another version are converted again.
 # 2: multilingual generation config forces <|transcribe|> after the detected language, as the Hub's does.
 CONVERTER_VERSION = 2
@@ -88,10 +88,13 @@ class ConversionError(RuntimeError):
 
 
 def cache_root(cache_dir: Path | None = None) -> Path:
+    """``cache_dir``, else the project's one cache folder (``modeling_medusa.cache_dir``), where loading the
+    artifact looks for converted bases."""
     if cache_dir is not None:
         return Path(cache_dir)
-    env = os.environ.get("MEDUSA_ASR_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "medusa-asr"
+    from modeling_medusa import cache_dir as project_cache_dir
+
+    return project_cache_dir()
 
 
 def canonical_id(hub_id: str) -> str:
@@ -401,13 +404,15 @@ def locate_files(hub_id: str, root: Path) -> dict[str, Path]:
 
 
 def _make_tmp_dir(parent: Path, prefix: str) -> Path:
-    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    tmp.chmod(0o755)  # mkdtemp makes 0700; the final folder should be readable like any cache
-    return tmp
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
-    """Atomically move a finished folder into place; if another process won the race keep theirs."""
+    """Atomically move a finished folder into place, readable like any download (mkdtemp and safetensors make
+    0700/0600); if another process won the race keep theirs."""
+    from pipeline.collect import apply_umask
+
+    apply_umask(src)
     try:
         os.replace(src, dst)
     except OSError:
@@ -533,12 +538,15 @@ def _hub_cached(hub_id: str) -> str | None:
 
 
 def resolve_whisper(name_or_path: str | os.PathLike) -> str:
-    """Local folder -> itself; Hub-cached copy (offline) -> its snapshot; known model -> converted folder."""
+    """Local folder -> itself; known model converted already -> that copy (where loading the artifact looks
+    first too); Hub-cached copy (offline) -> its snapshot; known model -> converted now."""
     path = Path(name_or_path)
     if path.is_dir():
         return str(path)
     name = str(name_or_path)
     hub_id = canonical_id(name)
+    if hub_id in KNOWN_MODELS and _finished_conversion(cache_root() / folder_name(hub_id)):
+        return str(cache_root() / folder_name(hub_id))
     cached = _hub_cached(hub_id)
     if cached:
         return cached
@@ -566,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", nargs="?", default="openai/whisper-tiny.en",
                         help="Hub id, alias (tiny.en, base) or local folder")
     parser.add_argument("--cache-dir", type=Path, default=None,
-                        help="conversion cache root (default $MEDUSA_ASR_CACHE or ~/.cache/medusa-asr)")
+                        help="conversion cache root (default $MEDUSA_ASR_CACHE, else ~/.cache/medusa-asr)")
     args = parser.parse_args(argv)
     try:
         if args.cache_dir is not None and canonical_id(args.model) in KNOWN_MODELS:

@@ -80,8 +80,9 @@ class SynthError(RuntimeError):
 
 
 def cache_root() -> Path:
-    env = os.environ.get("MEDUSA_ASR_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "medusa-asr"
+    from modeling_medusa import cache_dir  # the project's one cache folder
+
+    return cache_dir()
 
 
 def fetch_deb(package: str, dest: Path) -> Path:
@@ -388,7 +389,7 @@ class Synthesizer:
                              "festvox-us-slt-hts` or --festival-fraction 0")
 
     def synthesize(self, job: Job, wav_path: Path, workdir: Path) -> None:
-        text_path = workdir / f".{job.id}.txt"
+        text_path = workdir / f".{job.id}.text-{os.getpid()}.txt"
         text_path.write_text(job.text + "\n", encoding="utf-8")
         try:
             if job.voice == FESTIVAL_VOICE:
@@ -457,6 +458,31 @@ def run_job(job: Job, out: Path, synth: Synthesizer) -> dict:
 
 
 # ============================================================================= state (resume) and manifest
+
+TEMP_NAME = re.compile(r"^\..+\.(?:raw|text|tmp)-(\d+)")  # .<name>.<kind>-<pid>...: a temp file of process <pid>
+
+
+def remove_stale_temp_files(out: Path) -> int:
+    """Delete the temporary files of runs that were killed before they could (kill -9): those whose
+    process is gone. Returns how many."""
+    stale = [path for path in (*out.glob(".*"), *out.glob("shard_*/.*"))
+             if (match := TEMP_NAME.match(path.name)) and path.is_file() and not _process_alive(int(match.group(1)))]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale)
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
 
 
 def rows_path(out: Path, shard: str) -> Path:
@@ -534,6 +560,7 @@ def make_flite_bundle(dest: Path, flite_bin: str | None = None) -> Path:
 def synthesize_corpus(args: argparse.Namespace) -> dict:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(out)
     sentences, origin = corpus_sentences(args.text_file)
     voices = parse_voices(args.voices)
     synth = Synthesizer(args.flite_bin, args.text2wave_bin)

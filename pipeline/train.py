@@ -32,6 +32,7 @@ import argparse
 import hashlib
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -46,6 +47,7 @@ from pipeline.collect import (
     load_shard,
     load_shard_speech,
     parse_dtype,
+    run_cli,
 )
 
 TOPK = 10
@@ -344,6 +346,20 @@ def replay_candidates(model, recordings, trees) -> list[dict]:
     return rows
 
 
+def load_checkpoint(path: str) -> dict:
+    """``last.pt``, or a one-line error saying how to start over when it is truncated or corrupt."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise SystemExit(f"{path} is truncated or corrupt ({reason}); rerun with --no-resume to start over, "
+                         "or use another --out.") from err
+
+
 # --------------------------------------------------------------------------- schedule
 def epoch_order(n: int, seed: int, epoch: int):
     import torch
@@ -459,9 +475,8 @@ class Trainer:
         return torch.arange(vocab_size)
 
     def resume(self):
-        import torch
 
-        ckpt = torch.load(self.paths["last.pt"], map_location="cpu", weights_only=True)
+        ckpt = load_checkpoint(self.paths["last.pt"])
         if ckpt["settings"] != self.settings:
             changed = sorted(k for k in self.settings if ckpt["settings"].get(k) != self.settings[k])
             raise SystemExit(f"{self.paths['last.pt']} was trained with different settings ({', '.join(changed)}); "
@@ -627,4 +642,4 @@ def main(argv=None, model=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

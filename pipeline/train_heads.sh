@@ -3,15 +3,18 @@
 # hidden states -> train the heads -> export a Hub-ready artifact. Every step resumes where it stopped.
 #
 #   pipeline/train_heads.sh BASE [WORK_DIR] [ARTIFACT_DIR]
-#   e.g. pipeline/train_heads.sh "$(python -m pipeline.real_whisper openai/whisper-tiny.en)" work_data heads/whisper-tiny.en
+#   e.g. pipeline/train_heads.sh "$(python -m pipeline.real_whisper openai/whisper-tiny.en)" work_data
+#
+# ARTIFACT_DIR defaults to WORK_DIR/artifacts/<base name>: a shipped (git-tracked) artifact such as
+# heads/whisper-tiny.en is replaced only when named and forced (FORCE=1).
 #
 # Environment: NUM_UTTERANCES (10000), WORKERS (2), DEVICE (cpu), BATCH (16), EPOCHS (3), BASE_ID (Hub id
 # recorded in the artifact when BASE is a local folder), FLITE_BIN, TEXT_FILE + TEXT_LICENCE, PYTHON,
-# LANGUAGE / TASK (multilingual Whisper; default: detect the language, transcribe).
+# LANGUAGE / TASK (multilingual Whisper; default: detect the language, transcribe), FORCE (export over anything).
 set -euo pipefail
 BASE=${1:?usage: pipeline/train_heads.sh BASE [WORK_DIR] [ARTIFACT_DIR]}
 WORK=${2:-work_data}
-OUT=${3:-heads/$(basename "$BASE")}
+OUT=${3:-$WORK/artifacts/$(basename "$BASE")}
 PY=${PYTHON:-python}
 
 $PY -m pipeline.synth_speech --out "$WORK/train_speech" --num-utterances "${NUM_UTTERANCES:-10000}" \
@@ -22,4 +25,5 @@ $PY -m pipeline.collect --base "$BASE" --audio "$WORK/train_speech" --out "$WORK
 $PY -m pipeline.train --data "$WORK/collect" --base "$BASE" --out "$WORK/ckpt" \
     --epochs "${EPOCHS:-3}" --device "${DEVICE:-cpu}"
 $PY -m pipeline.export --base "$BASE" ${BASE_ID:+--base-id "$BASE_ID"} \
-    --heads "$WORK/ckpt/best.safetensors" --out "$OUT" --data-info "$WORK/train_speech/manifest.jsonl"
+    --heads "$WORK/ckpt/best.safetensors" --out "$OUT" --data-info "$WORK/train_speech/manifest.jsonl" \
+    ${FORCE:+--force}

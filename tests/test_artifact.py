@@ -53,6 +53,20 @@ def artifact(base_folder, tmp_path_factory):
     return make_artifact(tmp_path_factory.mktemp("artifact") / "repo", folder, family)
 
 
+def test_remote_code_imports_only_what_transformers_and_torch_bring():
+    """transformers refuses to load remote code whose files import a package that is missing, imports inside
+    try blocks excepted: optional packages (peft, accelerate) must not be among them."""
+    import sys
+
+    from transformers.dynamic_module_utils import get_imports
+
+    from modeling_medusa import CODE_FILES
+
+    for name in CODE_FILES:
+        packages = set(get_imports(ROOT / name)) - set(sys.stdlib_module_names)
+        assert packages <= {"torch", "transformers", "safetensors", "huggingface_hub"}, (name, packages)
+
+
 def test_save_pretrained_writes_config_heads_and_code_only(artifact):
     names = sorted(p.name for p in artifact.iterdir())
     assert names == sorted(["config.json", "medusa_heads.safetensors", *CODE_FILES])
@@ -76,6 +90,44 @@ def test_automodel_loads_the_artifact_with_trust_remote_code(artifact, base_fold
     assert all(p.shape[0] != projection.shape[0] for p in model.medusa_heads.parameters())
     assert model.backbone.output_projection is (model.base.proj_out if base_folder[1] == "whisper"
                                                 else model.base.text_decoder.lm_head)
+
+
+def test_save_pretrained_folder_keeps_the_umask(artifact, tmp_path):
+    import os
+
+    from modeling_medusa import MedusaForASR
+
+    model = MedusaForASR.from_pretrained(str(artifact))
+    previous = os.umask(0o022)
+    try:
+        model.save_pretrained(tmp_path / "saved")
+    finally:
+        os.umask(previous)
+    assert oct((tmp_path / "saved").stat().st_mode & 0o777) == "0o755"
+    assert {oct(p.stat().st_mode & 0o777) for p in (tmp_path / "saved").iterdir()} == {"0o644"}
+
+
+@pytest.mark.parametrize("device_map", [{"model.encoder": 0, "model.decoder": 1}, {"": "cpu", "lm_head": "disk"}])
+def test_a_base_spread_over_devices_or_offloaded_is_refused(base_folder, device_map):
+    from modeling_medusa import MedusaForASR, load_base_model
+
+    base, processor = load_base_model(str(base_folder[0]), base_folder[1])
+    base.hf_device_map = device_map  # what accelerate's dispatch leaves on the model
+    with pytest.raises(ValueError, match="one device"):
+        MedusaForASR.from_base(str(base_folder[0]), base_model=base, processor=processor)
+    base.hf_device_map = {"": "cpu"}
+    assert MedusaForASR.from_base(str(base_folder[0]), base_model=base, processor=processor).base is base
+
+
+@requires_transformers5
+def test_a_processor_that_fails_to_load_is_a_warning_with_its_cause(base_folder, tmp_path):
+    from modeling_medusa import MedusaForASR
+
+    folder = shutil.copytree(base_folder[0], tmp_path / "no_processor")
+    (folder / "preprocessor_config.json").unlink()
+    with pytest.warns(UserWarning, match=r"without a processor \(\w+Error: "):
+        model = MedusaForASR.from_base(str(folder))
+    assert model.processor is None
 
 
 def test_round_trip_keeps_the_heads(artifact, tmp_path):
@@ -108,6 +160,26 @@ def test_missing_heads_file_is_a_clear_error(artifact, tmp_path):
     (broken / "medusa_heads.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="medusa_heads.safetensors"):
         MedusaForASR.from_pretrained(str(broken))
+
+
+def test_truncated_heads_file_is_one_line_naming_it(artifact, tmp_path, capsys):
+    import example_inference
+    from modeling_medusa import MedusaForASR
+
+    broken = tmp_path / "truncated"
+    shutil.copytree(artifact, broken)
+    heads = broken / "medusa_heads.safetensors"
+    heads.write_bytes(heads.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="medusa_heads.safetensors is truncated or corrupt"):
+        MedusaForASR.from_pretrained(str(broken))
+    import numpy as np
+    import soundfile as sf
+
+    sf.write(tmp_path / "a.wav", np.zeros(1600, np.float32), 16000)
+    capsys.readouterr()
+    code = example_inference.main(["--model", str(broken), str(tmp_path / "a.wav"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == example_inference.EXIT_USER_ERROR and "truncated or corrupt" in err and "Traceback" not in err
 
 
 def test_heads_of_the_wrong_shape_are_a_clear_error(artifact, tmp_path):
@@ -147,6 +219,73 @@ def test_unresolvable_base_is_a_clear_error(artifact, tmp_path):
     broken = edited_copy(artifact, tmp_path / "bad_base", base_model_name_or_path="nobody/not-a-model-anywhere")
     with pytest.raises(OSError, match="nobody/not-a-model-anywhere"):
         MedusaForASR.from_pretrained(str(broken))
+
+
+@requires_transformers5
+def test_readme_automodel_finds_the_offline_converted_base(artifact, base_folder, tmp_path, monkeypatch, capsys):
+    """An artifact naming a Whisper Hub id loads offline from the copy pipeline.real_whisper converted into the
+    cache folder (checked before the Hub), through AutoModel as the README shows and through the CLI; without
+    one the error names what was looked for, and the CLI's names --base, not a Python keyword."""
+    import example_inference
+    import numpy as np
+    import soundfile as sf
+    from transformers import AutoModel
+
+    monkeypatch.setenv("MEDUSA_ASR_CACHE", str(tmp_path / "cache"))
+    hub_named = edited_copy(artifact, tmp_path / "hub_named", base_model_name_or_path="openai/whisper-tiny.en")
+    sf.write(tmp_path / "a.wav", np.zeros(1600, np.float32), 16000)
+    cli = [str(tmp_path / "a.wav"), "--model", str(hub_named), "--quiet"]
+    with pytest.raises(OSError, match="base_model_name_or_path"):
+        AutoModel.from_pretrained(str(hub_named), trust_remote_code=True)
+    from pipeline import real_whisper
+
+    def no_pypi(name):  # the CLI would convert from PyPI: not in a test
+        raise real_whisper.ConversionError("no PyPI here")
+
+    monkeypatch.setattr(real_whisper, "resolve_whisper", no_pypi)
+    capsys.readouterr()
+    assert example_inference.main(cli) == example_inference.EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert "--base" in err and "base_model_name_or_path" not in err and "Traceback" not in err
+
+    converted = shutil.copytree(base_folder[0], tmp_path / "cache" / "whisper-tiny.en")
+    (converted / "conversion.json").write_text(json.dumps({"hub_id": "openai/whisper-tiny.en"}))
+    model = AutoModel.from_pretrained(str(hub_named), trust_remote_code=True)
+    assert Path(model.base.name_or_path) == converted
+    assert example_inference.main(cli) == 0
+    assert example_inference.main(cli + ["--base", str(base_folder[0])]) == 0
+    capsys.readouterr()
+    assert example_inference.main(cli + ["--base", str(tmp_path / "elsewhere")]) == example_inference.EXIT_USER_ERROR
+    assert "elsewhere" in capsys.readouterr().err
+
+
+@requires_transformers5
+def test_a_plain_whisper_folder_as_the_model_names_what_is_missing(base_folder, tmp_path, capsys):
+    import example_inference
+    import numpy as np
+    import soundfile as sf
+
+    sf.write(tmp_path / "a.wav", np.zeros(1600, np.float32), 16000)
+    code = example_inference.main([str(tmp_path / "a.wav"), "--model", str(base_folder[0]), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == example_inference.EXIT_USER_ERROR and "MERaLiON" not in err
+    assert f"{base_folder[0]} is a 'whisper' model, not a Medusa artifact" in err and "medusa_heads.safetensors" in err
+
+
+@requires_transformers5
+def test_max_new_tokens_limit_is_exact(artifact, tmp_path_factory):
+    """The limit the CLI checks up front is the one generate enforces, for each Whisper prompt shape."""
+    from modeling_medusa import MedusaForASR
+
+    multilingual = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path_factory.mktemp("ml"), seed=6,
+                                                                 multilingual=True)))
+    features = random_features(1, 2)
+    for model, options in ((MedusaForASR.from_pretrained(str(artifact)), {}), (multilingual, {}),
+                           (multilingual, {"language": "fr"}), (multilingual, {"task": "translate"})):
+        limit = model.max_new_tokens_limit(**options)
+        model.generate(input_features=features, max_new_tokens=limit, **options)
+        with pytest.raises(ValueError, match="max_target_positions"):
+            model.generate(input_features=features, max_new_tokens=limit + 1, **options)
 
 
 @requires_transformers5

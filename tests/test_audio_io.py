@@ -50,21 +50,26 @@ def write_with_pyav(path: Path, samples: np.ndarray, rate: int, codec: str = "aa
             container.mux(packet)
 
 
-# (extension, writer options, source rate): soundfile writes all but M4A, which PyAV encodes.
+# (extension, writer options, source rate): soundfile writes those with a format, PyAV encodes the others
+# (M4A, and the audio track of video containers) with the given codec.
 FORMATS = {
     "wav": dict(format="WAV", subtype="PCM_16", rate=22050),
     "flac": dict(format="FLAC", subtype="PCM_16", rate=44100),
     "mp3": dict(format="MP3", subtype="MPEG_LAYER_III", rate=44100),
     "ogg": dict(format="OGG", subtype="VORBIS", rate=32000),
     "opus": dict(format="OGG", subtype="OPUS", rate=48000),
-    "m4a": dict(format=None, subtype=None, rate=44100),
+    "aiff": dict(format="AIFF", subtype="PCM_16", rate=44100),
+    "m4a": dict(format=None, codec="aac", rate=44100),
+    "mkv": dict(format=None, codec="aac", rate=48000),
+    "mov": dict(format=None, codec="aac", rate=44100),
+    "avi": dict(format=None, codec="pcm_s16le", rate=22050),
 }
 
 
 def write_audio(path: Path, samples: np.ndarray, rate: int) -> None:
     spec = FORMATS[path.suffix.lstrip(".")]
     if spec["format"] is None:
-        write_with_pyav(path, samples, rate)
+        write_with_pyav(path, samples, rate, spec["codec"])
     else:
         sf.write(str(path), samples, rate, format=spec["format"], subtype=spec["subtype"])
 

@@ -114,10 +114,10 @@ def test_language_and_task_reach_every_input_and_bad_ones_give_clear_errors(tiny
     batched, _ = benchmark._stack_inputs(clips, model)  # batch features rebuilt from audio keep the options
     assert model.options == {"language": "fr", "task": "translate"} and batched["language"] == "fr"
 
-    _, root = tiny_medusa  # English-only: a language is refused before any timing
+    _, root = tiny_medusa  # English-only: another language is refused before any timing (en is what it does)
     manifest = tmp_path / "manifest.jsonl"
     manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert benchmark.main(["--audio", str(manifest), "--model", str(root / "heads"), "--language", "en",
+    assert benchmark.main(["--audio", str(manifest), "--model", str(root / "heads"), "--language", "fr",
                            "--quiet", "--out", str(tmp_path / "out")]) == 2
     assert "English-only" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -30,6 +30,7 @@ class FakeModel:
     family = "whisper"
     max_audio_seconds = 30.0
     pad_token_id = 0
+    default_max_new_tokens = 224
 
     def __init__(self, fail_on_samples: int | None = None, interrupt_on_samples: int | None = None):
         self.batches: list[list[int]] = []  # window lengths of each transcribed batch
@@ -83,7 +84,7 @@ def write_wav(path: Path, seconds: float = 1.0, seed: int = 0, rate: int = SR) -
 
 def run(argv, model=None, capsys=None):
     model = model or FakeModel()
-    loader = lambda path, device, dtype: model  # noqa: E731
+    loader = lambda path, device, dtype, base=None: model  # noqa: E731
     code = example_inference.main([*map(str, argv), "--quiet"], model_loader=loader)
     out, err = capsys.readouterr() if capsys else ("", "")
     return code, model, out, err
@@ -119,7 +120,7 @@ def test_language_and_task_reach_the_model_and_bad_ones_stop_early(tmp_path, cap
     code, model, _, _ = run([audio], capsys=capsys)
     assert code == 0 and model.prompt_options == {}
     code, model, out, err = run([audio, "--language", "xx"], capsys=capsys)
-    assert code == example_inference.EXIT_MODEL_ERROR and model.batches == [] and out == ""
+    assert code == example_inference.EXIT_USER_ERROR and model.batches == [] and out == ""
     assert "Unknown Whisper language 'xx'" in err
 
 
@@ -170,7 +171,7 @@ def test_folders_globs_and_duplicate_stems(tmp_path, capsys):
     write_wav(tmp_path / "in" / "b" / "y.wav")
     code, model, _, _ = run([tmp_path / "in" / "a", str(tmp_path / "in" / "b" / "*.wav"), "--output", tmp_path / "out"], capsys=capsys)
     assert code == 0 and len(model.windows_seen) == 3
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a__x.txt", "b__x.txt", "y.txt"]
+    assert outputs(tmp_path / "out") == ["a__x.txt", "b__x.txt", "y.txt"]
 
 
 # --------------------------------------------------------------------------- bad input
@@ -183,7 +184,7 @@ def test_corrupt_file_among_good_ones(tmp_path, capsys):
     code, model, _, err = run([good[0], corrupt, good[1], "--output", tmp_path / "out"], capsys=capsys)
 
     assert code == 1
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["good0.txt", "good1.txt"]
+    assert outputs(tmp_path / "out") == ["good0.txt", "good1.txt"]
     error_lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(error_lines) == 1 and str(corrupt) in error_lines[0] and "cannot decode" in error_lines[0]
     assert "2 done, 1 failed" in err
@@ -213,7 +214,7 @@ def test_silent_file_is_skipped_without_running_the_model(tmp_path, capsys):
     sf.write(str(silent), np.zeros(SR, dtype=np.float32), SR)
     code, model, out, err = run([silent], capsys=capsys)
     assert code == 0 and model.batches == [] and out == ""
-    assert f"{silent}: silent" in err and "1 skipped (0 output already exists, 1 silent)" in err
+    assert f"{silent}: silent" in err and "1 skipped (0 output up to date, 1 silent)" in err
 
 
 def test_silent_window_of_long_file_is_not_sent_to_the_model(tmp_path, capsys):
@@ -232,8 +233,49 @@ def test_model_failure_on_one_batch_fails_only_those_files(tmp_path, capsys):
     assert f"{bad}: model failed on this audio (RuntimeError: CUDA out of memory)" in err
 
 
+@pytest.mark.parametrize("output", ["a file", "/proc/x"])
+def test_unwritable_output_is_refused_before_the_model_loads(tmp_path, capsys, output):
+    audio = write_wav(tmp_path / "a.wav")
+    if output == "a file":
+        output = tmp_path / "taken.txt"
+        output.write_text("not a folder")
+
+    def loader(*args, **kwargs):
+        raise AssertionError("the model was loaded although the output cannot be written")
+
+    code = example_inference.main([str(audio), "--output", str(output), "--quiet"], model_loader=loader)
+    err = capsys.readouterr().err
+    assert code == example_inference.EXIT_USER_ERROR and err.count("\n") == 1 and str(output) in err
+
+
+def test_max_new_tokens_beyond_the_model_limit_is_refused_once_up_front(tmp_path, capsys):
+    class Limited(FakeModel):
+        def max_new_tokens_limit(self, language=None, task=None):
+            return 100
+
+    files = [write_wav(tmp_path / f"{n}.wav") for n in "ab"]
+    code, model, _, err = run([*files, "--max-new-tokens", "101"], model=Limited(), capsys=capsys)
+    assert code == example_inference.EXIT_USER_ERROR and model.batches == []
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        "error: --max-new-tokens 101 is beyond this model's 100 new tokens per window (its decoder positions minus "
+        "the prompt); pass --max-new-tokens 100 or less"]
+    code, model, _, _ = run([*files, "--max-new-tokens", "100"], model=Limited(), capsys=capsys)
+    assert code == 0 and len(model.batches) == 2
+
+
+def test_ctrl_c_while_loading_the_model_is_one_line(tmp_path, capsys):
+    def loader(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    code = example_inference.main([str(write_wav(tmp_path / "a.wav")), "--output", str(tmp_path / "out")],
+                                  model_loader=loader)
+    err = capsys.readouterr().err
+    assert code == example_inference.EXIT_INTERRUPTED and err.startswith("interrupted") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
 def test_model_without_heads_exits_2(tmp_path, capsys):
-    def loader(path, device, dtype):
+    def loader(path, device, dtype, base=None):
         raise FileNotFoundError(f"{path} has no medusa_heads.safetensors")
 
     code = example_inference.main([str(write_wav(tmp_path / "a.wav")), "--model", str(tmp_path)], model_loader=loader)
@@ -244,23 +286,60 @@ def test_model_without_heads_exits_2(tmp_path, capsys):
 # --------------------------------------------------------------------------- resume
 
 
+def outputs(folder: Path) -> list[str]:
+    """The transcripts in an --output folder (not its hidden record of what they came from)."""
+    return sorted(p.name for p in folder.iterdir() if p.name != example_inference.RECORDS_FILE)
+
+
 def test_rerun_skips_files_already_transcribed(tmp_path, capsys):
     files = [write_wav(tmp_path / "in" / f"{n}.wav", seed=i) for i, n in enumerate("abc")]
     out_dir = tmp_path / "out"
     (out_dir).mkdir()
-    (out_dir / "b.txt").write_text("from an interrupted run\n")  # b finished before the interruption
+    (out_dir / "b.txt").write_text("no record of what this came from\n")  # e.g. written by an older version
     code, first, _, err = run([tmp_path / "in", "--output", out_dir], capsys=capsys)
-    assert code == 0 and len(first.windows_seen) == 2
-    assert "2 done, 0 failed, 1 skipped (1 output already exists" in err
+    assert code == 0 and len(first.windows_seen) == 3 and "3 done, 0 failed, 0 skipped" in err
+    assert (out_dir / "b.txt").read_text() == "16000 samples\n"
 
     code, second, _, err = run([tmp_path / "in", "--output", out_dir], capsys=capsys)
     assert code == 0 and second.batches == []
-    assert "0 done, 0 failed, 3 skipped (3 output already exists" in err
-    assert (out_dir / "b.txt").read_text() == "from an interrupted run\n"
+    assert "0 done, 0 failed, 3 skipped (3 output up to date" in err
 
     code, third, _, _ = run([*files, "--output", out_dir, "--overwrite"], capsys=capsys)
     assert len(third.windows_seen) == 3
-    assert sorted(p.name for p in out_dir.iterdir()) == ["a.txt", "b.txt", "c.txt"]  # no temp files left
+    assert sorted(p.name for p in out_dir.iterdir()) == [example_inference.RECORDS_FILE, "a.txt", "b.txt", "c.txt"]
+
+
+def test_same_name_from_another_folder_gets_its_own_output(tmp_path, capsys):
+    """d1/x.wav and d2/x.wav (different audio) into one --output in two runs: two outputs, each its own."""
+    first, second = write_wav(tmp_path / "d1" / "x.wav", seconds=1.0), write_wav(tmp_path / "d2" / "x.wav", seconds=2.0)
+    out_dir = tmp_path / "out"
+    assert run([first, "--output", out_dir], capsys=capsys)[0] == 0
+    code, model, _, err = run([second, "--output", out_dir], capsys=capsys)
+    assert code == 0 and model.windows_seen == [2 * SR] and "1 done" in err
+    assert outputs(out_dir) == ["x-1.txt", "x.txt"]
+    assert (out_dir / "x.txt").read_text() == "16000 samples\n"
+    assert (out_dir / "x-1.txt").read_text() == "32000 samples\n"
+    for audio in (first, second):  # each rerun finds its own output
+        code, model, _, err = run([audio, "--output", out_dir], capsys=capsys)
+        assert code == 0 and model.batches == [] and "1 output up to date" in err
+
+
+def test_changed_audio_or_settings_are_transcribed_again(tmp_path, capsys):
+    audio = write_wav(tmp_path / "in" / "a.wav", seconds=1.0)
+    out_dir = tmp_path / "out"
+    assert run([audio, "--output", out_dir], capsys=capsys)[0] == 0
+    write_wav(audio, seconds=2.0, seed=5)  # the same file name, other audio
+    code, model, _, _ = run([audio, "--output", out_dir], capsys=capsys)
+    assert model.windows_seen == [2 * SR] and (out_dir / "a.txt").read_text() == "32000 samples\n"
+    code, model, _, _ = run([audio, "--output", out_dir, "--max-new-tokens", "50"], capsys=capsys)
+    assert model.windows_seen == [2 * SR]  # another option that shapes the transcript
+    code, model, _, _ = run([audio, "--output", out_dir, "--max-new-tokens", "50", "--no-medusa"], capsys=capsys)
+    assert model.batches == []  # Medusa on or off gives the same transcript
+    (tmp_path / "in" / "a.wav").unlink()
+    replaced = write_wav(tmp_path / "in" / "a.flac", seconds=3.0)  # a new file where the old one was
+    code, model, _, _ = run([tmp_path / "in", "--output", out_dir], capsys=capsys)
+    assert model.windows_seen == [3 * SR] and outputs(out_dir) == ["a-1.txt", "a.txt"]
+    assert (out_dir / "a-1.txt").read_text() == "48000 samples\n" and replaced.exists()
 
 
 def test_interrupted_run_keeps_finished_outputs_and_resumes(tmp_path, capsys):
@@ -268,11 +347,11 @@ def test_interrupted_run_keeps_finished_outputs_and_resumes(tmp_path, capsys):
     out_dir = tmp_path / "out"
     code, _, _, err = run([*files, "--output", out_dir], model=FakeModel(interrupt_on_samples=2 * SR), capsys=capsys)
     assert code == 130 and "interrupted" in err and "rerun the same command" in err
-    assert sorted(p.name for p in out_dir.iterdir()) == ["a.txt"]
+    assert outputs(out_dir) == ["a.txt"]
 
     code, resumed, _, err = run([*files, "--output", out_dir], capsys=capsys)
     assert code == 0 and resumed.windows_seen == [2 * SR, 3 * SR]  # only b and c
-    assert "2 done, 0 failed, 1 skipped (1 output already exists" in err
+    assert "2 done, 0 failed, 1 skipped (1 output up to date" in err
 
 
 def test_output_write_is_atomic(tmp_path, capsys, monkeypatch):

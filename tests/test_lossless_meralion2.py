@@ -102,6 +102,32 @@ def test_bfloat16_equals_the_base_bfloat16_greedy_up_to_its_own_near_ties(merali
     print(f"bf16: {diverged}/12 cases left the base's output at one of its own near-ties")
 
 
+def test_right_padding_tokenizer_is_left_padded_or_refused(meralion_medusa):
+    """A tokenizer that pads on the right would make the shorter rows' last prompt positions padding:
+    prepare_audio_inputs pads on the left whatever the tokenizer says, and collect_hidden_states refuses
+    right-padded inputs instead of recording hidden states of padding."""
+    from standin import make_meralion2_inputs
+
+    model = meralion_medusa
+    tokenizer = model.processor.tokenizer
+    audios = [np.random.default_rng(seed).normal(0, 0.1, int(16000 * seconds)).astype(np.float32)
+              for seed, seconds in ((1, 3.0), (2, 40.0))]
+    tokenizer.padding_side = "right"
+    try:
+        right = make_meralion2_inputs(model.processor, audios)
+        inputs = model.prepare_audio_inputs(audios)
+    finally:
+        tokenizer.padding_side = "left"
+    assert bool((right["attention_mask"][:, -1] == 0).any())
+    with pytest.raises(ValueError, match="right padding"):
+        model.collect_hidden_states(**right, max_new_tokens=6)
+    assert bool((inputs["attention_mask"][:, -1] == 1).all())
+    expected = model.generate(**inputs, use_medusa=False, max_new_tokens=6)
+    prompt = inputs["input_ids"].shape[1]
+    for row, (tokens, _) in enumerate(model.collect_hidden_states(**inputs, max_new_tokens=6)):
+        assert tokens.tolist() == expected[row, prompt:prompt + len(tokens)].tolist()
+
+
 def test_missing_input_is_a_clear_error(meralion_medusa):
     inputs = make_inputs(meralion_medusa, random.Random(1), 1)
     del inputs["input_features"]

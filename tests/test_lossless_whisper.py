@@ -146,9 +146,14 @@ def test_prepare_audio_inputs_carries_language_and_task(tmp_path_factory):
     with pytest.raises(ValueError, match="Unknown Whisper task 'summarise'"):
         model.prepare_audio_inputs(audio, task="summarise")
     english = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path_factory.mktemp("en"), seed=6)))
-    with pytest.raises(ValueError, match="English-only"):
-        english.prepare_audio_inputs(audio, language="en")
-    with pytest.raises(ValueError, match="English-only"):
+    # what an English-only model does anyway is accepted (and not passed on); anything else is refused
+    english.check_prompt_options(language="English", task="transcribe")
+    harmless = english.prepare_audio_inputs(audio, language="en", task="transcribe")
+    assert "language" not in harmless and "task" not in harmless
+    for refused in ({"language": "fr"}, {"task": "translate"}, {"language": "en", "task": "translate"}):
+        with pytest.raises(ValueError, match="English-only"):
+            english.prepare_audio_inputs(audio, **refused)
+    with pytest.raises(ValueError, match="English-only"):  # as the base's own generate refuses it
         english.generate(input_features=inputs["input_features"], language="en", max_new_tokens=4)
 
 

@@ -47,6 +47,6 @@ def test_cli_refuses_whisper_language_options_for_meralion2(tmp_path, capsys):
     sf.write(tmp_path / "a.wav", np.zeros(16000, np.float32), 16000)
     code = example_inference.main([str(tmp_path / "a.wav"), "--model", str(tmp_path / "artifact"),
                                    "--language", "en", "--output", str(tmp_path / "out")])
-    assert code == example_inference.EXIT_MODEL_ERROR
+    assert code == example_inference.EXIT_USER_ERROR
     assert "MERaLiON-2 takes an instruction instead" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,20 +185,27 @@ def test_collect_language_and_task_reach_the_model_and_resume_must_match(clips, 
         collect.main([*common, "--language", "en"], model=FakeMedusa())
 
 
-def test_collect_crash_keeps_finished_shards(clips, shards, tmp_path):
-    class Crashing(FakeMedusa):
+def fails_on_call(call: int, error: BaseException) -> FakeMedusa:
+    """A FakeMedusa whose ``call``-th collect_hidden_states raises ``error``."""
+
+    class Failing(FakeMedusa):
         calls = 0
 
         def collect_hidden_states(self, **kw):
-            Crashing.calls += 1
-            if Crashing.calls == 4:
-                raise RuntimeError("out of memory (simulated)")
+            self.calls += 1
+            if self.calls == call:
+                raise error
             return super().collect_hidden_states(**kw)
 
+    return Failing()
+
+
+def test_collect_crash_keeps_finished_shards(clips, shards, tmp_path):
     out = str(tmp_path / "crash")
+    crashing = fails_on_call(4, RuntimeError("out of memory (simulated)"))
     with pytest.raises(RuntimeError, match="simulated"):
         collect.main(["--base", "fake/base", "--audio", clips, "--out", out, "--batch-size", "2",
-                      "--shard-size", "4", "--limit", "12"], model=Crashing())
+                      "--shard-size", "4", "--limit", "12"], model=crashing)
     # the 6 clips decoded before the crash are kept (a full shard of 4 + the 2 pending)
     assert len(utterance_table(out)) == 6 and not [n for n in os.listdir(out) if n.endswith(".tmp")]
     collect.main(["--base", "fake/base", "--audio", clips, "--out", out, "--batch-size", "2",
@@ -205,6 +213,49 @@ def test_collect_crash_keeps_finished_shards(clips, shards, tmp_path):
     table, full = utterance_table(out), utterance_table(shards)
     assert sorted(table) == [f"utt{i:03d}" for i in range(12)]
     assert all(torch.equal(table[u][1], full[u][1]) for u in table)
+
+
+def test_corrupt_shard_or_checkpoint_is_one_line_naming_the_file(clips, shards, tmp_path, capsys):
+    """A truncated shard (collect, train) or last.pt (train): one 'error:' line naming the file and the fix,
+    exit status 2, no traceback."""
+    import shutil
+
+    broken = tmp_path / "collect"
+    shutil.copytree(shards, broken)
+    shard = collect.list_shards(str(broken))[1]
+    data = open(shard, "rb").read()
+    open(shard, "wb").write(data[: len(data) // 2])
+    capsys.readouterr()
+    code = collect.run_cli(lambda argv: collect.main(["--base", "fake/base", "--audio", clips, "--out", str(broken)],
+                                                     model=FakeMedusa()))
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: {shard} is truncated or corrupt")
+    assert "rerun pipeline.collect" in err
+    code = train.run_cli(lambda argv: train.main(["--data", str(broken), "--out", str(tmp_path / "ckpt")] + TRAIN_ARGS,
+                                                 model=FakeMedusa()))
+    assert code == 2 and f"error: {shard} is truncated or corrupt" in capsys.readouterr().err
+
+    ckpt = tmp_path / "ckpt2"
+    train.main(["--data", shards, "--out", str(ckpt), "--max-steps", "2"] + TRAIN_ARGS, model=FakeMedusa())
+    last = ckpt / "last.pt"
+    last.write_bytes(last.read_bytes()[:100])
+    capsys.readouterr()
+    code = train.run_cli(lambda argv: train.main(["--data", shards, "--out", str(ckpt)] + TRAIN_ARGS,
+                                                 model=FakeMedusa()))
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"{last} is truncated or corrupt" in err and "--no-resume" in err
+
+
+def test_ctrl_c_during_collect_is_one_line_and_keeps_only_whole_shards(clips, tmp_path, capsys):
+    out = tmp_path / "collect"
+    code = collect.run_cli(lambda argv: collect.main(["--base", "fake/base", "--audio", clips, "--out", str(out),
+                                                      "--batch-size", "2", "--shard-size", "3", "--limit", "10"],
+                                                     model=fails_on_call(3, KeyboardInterrupt())))
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("interrupted")]
+    assert sorted(utterance_table(str(out))) == [f"utt{i:03d}" for i in range(4)]  # both decoded batches, whole
+    assert not [name for name in os.listdir(out) if name.startswith(".")]
 
 
 def test_collect_folder_without_manifest_and_missing_datasets(tmp_path):
@@ -396,6 +447,98 @@ def test_export_artifact_and_model_card(shards, tmp_path):
     export.main(args, model=FakeMedusa())
     assert (tmp_path / "artifact" / "NOTES.txt").read_text() == "keep me"
     assert isinstance(json.load(open(os.path.join(art, "config.json")))["tree"], list)
+
+
+def modes(folder) -> dict:
+    """Permission bits of a folder and everything in it, by path relative to the folder."""
+    paths = [Path(folder), *sorted(p for p in Path(folder).rglob("*") if not p.is_symlink())]
+    return {os.path.relpath(p, folder): oct(p.stat().st_mode & 0o777) for p in paths}
+
+
+def test_pipeline_outputs_are_world_readable_like_any_download(clips, tmp_path):
+    """Under umask 022 every file collect, train and export write is 0644 and every folder 0755 (mkstemp and
+    mkdtemp made them 0600/0700)."""
+    previous = os.umask(0o022)
+    try:
+        col, ckpt, art = (str(tmp_path / d) for d in ("collect", "ckpt", "artifact"))
+        collect.main(["--base", "fake/base", "--audio", clips, "--out", col, "--limit", "6", "--shard-size", "4"],
+                     model=FakeMedusa())
+        train.main(["--data", col, "--out", ckpt] + TRAIN_ARGS[:2] + ["--epochs", "1", "--device", "cpu"],
+                   model=FakeMedusa())
+        export.main(["--base", "fake/base", "--heads", os.path.join(ckpt, "best.safetensors"), "--out", art],
+                    model=FakeMedusa())
+    finally:
+        os.umask(previous)
+    for folder in (col, ckpt, art):
+        found = modes(folder)
+        assert {m for p, m in found.items() if os.path.isdir(os.path.join(folder, p))} == {"0o755"}, found
+        assert {m for p, m in found.items() if os.path.isfile(os.path.join(folder, p))} == {"0o644"}, found
+
+
+def test_model_card_uses_the_family_default_max_new_tokens():
+    """One default per family (modeling_medusa.DEFAULT_MAX_NEW_TOKENS): the card's snippet asks the model for it,
+    as the transcription command does."""
+    import types
+
+    from modeling_medusa import DEFAULT_MAX_NEW_TOKENS, MedusaForASR
+
+    card = render_model_card(MedusaConfig(base_model_name_or_path="org/base", base_family="whisper",
+                                          hidden_size=8, vocab_size=10))
+    assert "model.generate(**inputs, max_new_tokens=model.default_max_new_tokens" in card
+    for family, tokens in DEFAULT_MAX_NEW_TOKENS.items():
+        assert MedusaForASR.default_max_new_tokens.fget(types.SimpleNamespace(family=family)) == tokens
+
+
+def test_export_never_replaces_a_foreign_or_committed_folder_unless_forced(shards, tmp_path, capsys):
+    """An existing --out must be empty or a previous export that git does not track (a shipped artifact);
+    --force overrides."""
+    import shutil
+    import subprocess
+
+    ckpt = str(tmp_path / "ckpt")
+    train.main(["--data", shards, "--out", ckpt] + TRAIN_ARGS, model=FakeMedusa())
+    export_to = lambda out, *extra: export.run_cli(lambda argv: export.main(  # noqa: E731
+        ["--base", "fake/base", "--heads", os.path.join(ckpt, "best.safetensors"), "--out", str(out), *extra],
+        model=FakeMedusa()))
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "NOTES.txt").write_text("mine")
+    capsys.readouterr()
+    assert export_to(foreign) == 2 and "not a previous export" in capsys.readouterr().err
+    assert os.listdir(foreign) == ["NOTES.txt"]
+    assert export_to(foreign, "--force") == 0 and (foreign / "medusa_heads.safetensors").is_file()
+    assert (foreign / "NOTES.txt").read_text() == "mine"
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    shipped = tmp_path / "repo" / "heads" / "x"
+    assert export_to(shipped) == 0 and export_to(shipped) == 0  # a previous export is replaced
+    git = ["git", "-C", str(tmp_path / "repo"), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "ship"], check=True)
+    before = (shipped / "medusa_heads.safetensors").read_bytes()
+    capsys.readouterr()
+    assert export_to(shipped) == 2 and "committed to git" in capsys.readouterr().err
+    assert (shipped / "medusa_heads.safetensors").read_bytes() == before
+    assert export_to(shipped, "--force") == 0
+
+
+def test_train_heads_sh_exports_to_a_work_folder_by_default(tmp_path):
+    """pipeline/train_heads.sh BASE wrote into heads/<base name>, replacing the shipped artifact; its default
+    is now WORK_DIR/artifacts/<base name>, and FORCE=1 passes --force."""
+    import subprocess
+
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
+    fake_python.chmod(0o755)
+    script = os.path.join(ROOT, "pipeline", "train_heads.sh")
+    for env in ({}, {"FORCE": "1"}):
+        subprocess.run(["bash", script, "/models/whisper-tiny.en"], cwd=tmp_path, check=True,
+                       env={**os.environ, "PYTHON": str(fake_python), **env})
+    exports = [line.split() for line in (tmp_path / "calls").read_text().splitlines() if "pipeline.export" in line]
+    assert [call[call.index("--out") + 1] for call in exports] == ["work_data/artifacts/whisper-tiny.en"] * 2
+    assert ["--force" in call for call in exports] == [False, True]
 
 
 def test_model_card_minimal_config():

@@ -134,6 +134,39 @@ def test_resolve_local_folder_and_unknown_name(tmp_path, monkeypatch):
         rw.resolve_whisper("someone/not-a-known-model")
 
 
+def test_one_cache_folder_for_converted_models_packages_and_the_demo_clip(monkeypatch, tmp_path):
+    """Converted bases, fetched packages and the demo clip share one folder, moved by XDG_CACHE_HOME or
+    MEDUSA_ASR_CACHE alike."""
+    import example_inference
+    from pipeline import synth_speech
+
+    monkeypatch.delenv("MEDUSA_ASR_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(example_inference, "BUNDLED_CLIP", "does/not/exist.wav")
+    monkeypatch.setattr(example_inference, "synthesize_speech", lambda text, target: None)
+    folder = tmp_path / "xdg" / "medusa-asr"
+    assert rw.cache_root() == synth_speech.cache_root() == example_inference.default_clip_path().parent == folder
+    monkeypatch.setenv("MEDUSA_ASR_CACHE", str(tmp_path / "mine"))
+    mine = tmp_path / "mine"
+    assert rw.cache_root() == synth_speech.cache_root() == example_inference.default_clip_path().parent == mine
+
+
+@pytest.mark.parametrize("umask, folder_mode, file_mode", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
+def test_cached_folders_keep_the_umask(tmp_path, umask, folder_mode, file_mode):
+    """A converted model (safetensors writes 0600) lands in the cache readable as the umask says."""
+    from safetensors.torch import save_file
+
+    previous = os.umask(umask)
+    try:
+        staged = rw._make_tmp_dir(tmp_path, ".x-")
+        save_file({"w": torch.zeros(2)}, str(staged / "model.safetensors"))
+        rw._replace_dir(staged, tmp_path / "converted")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "converted").stat().st_mode & 0o777 == folder_mode
+    assert (tmp_path / "converted" / "model.safetensors").stat().st_mode & 0o777 == file_mode
+
+
 def test_cache_root_env(monkeypatch, tmp_path):
     monkeypatch.setenv("MEDUSA_ASR_CACHE", str(tmp_path))
     assert rw.cache_root() == tmp_path

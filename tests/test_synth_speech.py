@@ -2,6 +2,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import tarfile
 import zlib
 
@@ -179,11 +180,32 @@ def test_plan_is_deterministic():
         ss.parse_voices("slt:0")
 
 
-def test_failing_synthesizer_stops_with_a_clear_error(tmp_path, capsys):
-    fake = tmp_path / "flite"
+def failing_flite(folder):
+    fake = folder / "flite"
     fake.write_text('#!/bin/sh\nif [ "$1" = "-lv" ]; then echo "Voices available: slt rms awb kal16"; exit 0; fi\n'
                     'echo "boom" >&2; exit 3\n')
     fake.chmod(0o755)
+    return fake
+
+
+def test_temp_files_of_a_killed_run_are_removed_by_the_next(tmp_path):
+    """kill -9 skips a run's clean-up: the next run removes temp files whose process is gone, and keeps
+    those of a live process and the resume log."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    out = tmp_path / "out"
+    (out / "shard_0000").mkdir(parents=True)
+    stale = [out / "shard_0000" / f".x0.raw-{dead.pid}.wav", out / "shard_0000" / f".x1.text-{dead.pid}.txt",
+             out / "shard_0000" / f".x2.wav.tmp-{dead.pid}-7", out / f".manifest.jsonl.tmp-{dead.pid}"]
+    kept = [out / "shard_0000" / f".x3.raw-{os.getpid()}.wav", out / "shard_0000" / ".rows.jsonl"]
+    for path in stale + kept:
+        path.write_text("")
+    _run(tmp_path, out, 1, "--flite-bin", str(failing_flite(tmp_path)))
+    assert [p for p in stale if p.exists()] == [] and all(p.exists() for p in kept)
+
+
+def test_failing_synthesizer_stops_with_a_clear_error(tmp_path, capsys):
+    fake = failing_flite(tmp_path)
     code = _run(tmp_path, tmp_path / "out", 2, "--flite-bin", str(fake))
     assert code == 1 and "rejected" in capsys.readouterr().err
     assert not (tmp_path / "out" / "manifest.jsonl").read_text()  # nothing kept, manifest still written
