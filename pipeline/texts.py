@@ -462,11 +462,12 @@ class ReferenceFilter:
 
 
 def reference_texts(path: Path) -> list[str]:
-    """Reference transcripts of a manifest.jsonl ({"text": ...} rows) or a LibriSpeech-style trans.txt."""
+    """Reference transcripts of a manifest.jsonl ({"text": ...} rows), or of a text file with one a line
+    (a LibriSpeech trans.txt's utterance ids are dropped)."""
     lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     if path.suffix == ".jsonl":
         return [json.loads(line)["text"] for line in lines]
-    return [re.sub(r"^\S*\d\S*\s+", "", line) for line in lines]  # "1089-134686-0000 HE HOPED..." -> text
+    return [re.sub(r"^\d+-\d+-\d+\s+", "", line) for line in lines]
 
 
 # ============================================================================= loading and scheduling
