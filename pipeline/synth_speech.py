@@ -430,6 +430,8 @@ def reference_filter(paths: list[Path]) -> tuple[tx.ReferenceFilter, dict]:
 def file_sources(path: Path, licence: str) -> tuple[list, str]:
     """Sources of a --text-file: an --export-sentences file keeps its sources and weights (its sidecar
     says which lines came from which), any other text is one source "file"."""
+    if not Path(path).is_file():
+        raise SynthError(f"--text-file {path} not found")
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     sidecar = Path(f"{path}.source.json")
     if not sidecar.is_file():
@@ -443,6 +445,9 @@ def file_sources(path: Path, licence: str) -> tuple[list, str]:
                 "package": meta.get("package", Path(path).name), "version": None,
                 "licence": meta.get("licence") or licence}
         return [("file", sentences, info)], "file:1"
+    if sum(info["sentences"] for info in meta["sources"]) != len(sentences):
+        raise SynthError(f"{path} does not match the sentence counts of {sidecar.name}; fix: export it again "
+                         f"with --export-sentences")
     out, start = [], 0
     for info in meta["sources"]:
         out.append((info["name"], sentences[start:start + info["sentences"]], info))

@@ -120,6 +120,9 @@ def test_exported_multi_source_file_splits_back_by_source(tmp_path):
     groups, spec = ss.file_sources(exported, "unused")
     assert spec == "one:2,two:1"
     assert [(name, len(sentences)) for name, sentences, _ in groups] == [("one", 2), ("two", 1)]
+    exported.write_text("Only one sentence is left.\n")
+    with pytest.raises(ss.SynthError, match="export it again"):
+        ss.file_sources(exported, "unused")
 
 
 def test_missing_reference_file_is_a_clear_error(tmp_path, capsys):
