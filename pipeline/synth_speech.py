@@ -65,6 +65,7 @@ class Voice:
     engine: str  # "flite" or "festival"
     select: str  # flite -voice NAME, or festival's voice function
     package: str
+    apt: str  # the Debian package that installs it
     licence: str
     auto_weight: float  # its weight under --voices auto
 
@@ -72,21 +73,20 @@ class Voice:
 FLITE_LICENCE = "BSD-style (Carnegie Mellon University); generated audio carries no extra terms"
 FESTIVAL_LICENCE = "BSD-style (University of Edinburgh / Carnegie Mellon University); generated audio carries no extra terms"
 VOICES = {v.name: v for v in (
-    Voice("slt", "flite", "slt", "flite 2.2 (cmu_us_slt, US female)", FLITE_LICENCE, 3),
-    Voice("rms", "flite", "rms", "flite 2.2 (cmu_us_rms, US male)", FLITE_LICENCE, 2),
-    Voice("awb", "flite", "awb", "flite 2.2 (cmu_us_awb, Scottish male)", FLITE_LICENCE, 2),
-    Voice("kal16", "flite", "kal16", "flite 2.2 (cmu_us_kal16 diphone, US male)", FLITE_LICENCE, 2),
-    Voice("kal", "flite", "kal", "flite 2.2 (cmu_us_kal diphone, 8 kHz: band-limited, US male)", FLITE_LICENCE, 1),
+    Voice("slt", "flite", "slt", "flite 2.2 (cmu_us_slt, US female)", "flite", FLITE_LICENCE, 3),
+    Voice("rms", "flite", "rms", "flite 2.2 (cmu_us_rms, US male)", "flite", FLITE_LICENCE, 2),
+    Voice("awb", "flite", "awb", "flite 2.2 (cmu_us_awb, Scottish male)", "flite", FLITE_LICENCE, 2),
+    Voice("kal16", "flite", "kal16", "flite 2.2 (cmu_us_kal16 diphone, US male)", "flite", FLITE_LICENCE, 2),
+    Voice("kal", "flite", "kal", "flite 2.2 (cmu_us_kal diphone, 8 kHz: band-limited, US male)", "flite",
+          FLITE_LICENCE, 1),
     Voice("festival-kal", "festival", "voice_kal_diphone", "festival 2.5 + festvox-kallpc16k (US male)",
-          FESTIVAL_LICENCE, 1),
+          "festvox-kallpc16k", FESTIVAL_LICENCE, 1),
     Voice("festival-ked", "festival", "voice_ked_diphone", "festival 2.5 + festvox-kdlpc16k (US male)",
-          FESTIVAL_LICENCE, 1),
+          "festvox-kdlpc16k", FESTIVAL_LICENCE, 1),
     Voice("festival-slt-hts", "festival", "voice_cmu_us_slt_arctic_hts",
-          "festival 2.5 + festvox-us-slt-hts (HTS, US female)", FESTIVAL_LICENCE, 1),
+          "festival 2.5 + festvox-us-slt-hts (HTS, US female)", "festvox-us-slt-hts", FESTIVAL_LICENCE, 1),
 )}
 FESTIVAL_VOICE = "festival-slt-hts"  # the voice of --festival-fraction
-FESTIVAL_PACKAGES = {"festival-kal": "festvox-kallpc16k", "festival-ked": "festvox-kdlpc16k",
-                     "festival-slt-hts": "festvox-us-slt-hts"}
 
 
 def parse_weights(spec: str, option: str, example: str) -> list[tuple[str, float]]:
@@ -184,7 +184,7 @@ class Synthesizer:
             return
         festival = [v for v in missing if VOICES[v].engine == "festival"]
         if festival:
-            packages = " ".join(["festival"] + [FESTIVAL_PACKAGES[v] for v in festival])
+            packages = " ".join(["festival"] + [VOICES[v].apt for v in festival])
             raise SynthError(f"festival voice(s) {festival} not available; fix: `apt-get install {packages}`, "
                              f"or leave them out of --voices (and --festival-fraction 0)")
         raise SynthError(f"flite lacks voices {missing} (has {sorted(self.flite_voices())})")
