@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from .medusa_decoding import Backbone, DecodeState, StaticKVCache, attention_mask, suppression_processor
+    from .medusa_decoding import Backbone, DecodeState, Projection, StaticKVCache, attention_mask, suppression_processor
 except ImportError:
-    from medusa_decoding import Backbone, DecodeState, StaticKVCache, attention_mask, suppression_processor
+    from medusa_decoding import Backbone, DecodeState, Projection, StaticKVCache, attention_mask, suppression_processor
 
 class MERaLiON2Backbone(Backbone):
     family = "meralion2"
@@ -39,6 +39,8 @@ class MERaLiON2Backbone(Backbone):
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None)
         self.sliding = [self._is_sliding(i) for i in range(cfg.num_hidden_layers)]
         self.speech_token_index = getattr(base.config, "speech_token_index", 255999)
+        lm_head = self.lm.lm_head
+        self._projection = Projection(lambda: lm_head.weight, lambda: lm_head.bias)
         self.fused: list | None = None  # per layer (qkv weight, gate_up weight) once fuse_projections() ran
         # Gemma2 scales embeddings by sqrt(hidden): transformers 5.x's embedding module does it itself
         # (Gemma2TextScaledWordEmbedding.embed_scale), 4.x's Gemma2Model after the lookup.
@@ -60,7 +62,7 @@ class MERaLiON2Backbone(Backbone):
         return self.lm.lm_head
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm.lm_head(hidden)
+        logits = self._projection(hidden)
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits

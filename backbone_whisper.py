@@ -10,15 +10,16 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from .medusa_decoding import Backbone, DecodeState, StaticKVCache, attention_mask, suppression_processor
+    from .medusa_decoding import Backbone, DecodeState, Projection, StaticKVCache, attention_mask, suppression_processor
 except ImportError:
-    from medusa_decoding import Backbone, DecodeState, StaticKVCache, attention_mask, suppression_processor
+    from medusa_decoding import Backbone, DecodeState, Projection, StaticKVCache, attention_mask, suppression_processor
 
 
 class WhisperBackbone(Backbone):
     family = "whisper"
     required_inputs = ("input_features",)
     max_audio_seconds = 30.0
+    half_attention = "sdpa"  # bf16/fp16 attention: "sdpa" or "matmul" (two GEMMs and a fused softmax)
 
     def __init__(self, base):
         self.base = base
@@ -28,6 +29,7 @@ class WhisperBackbone(Backbone):
         self.num_heads = self.config.decoder_attention_heads
         self.head_dim = self.config.d_model // self.num_heads
         self.scaling = self.head_dim**-0.5
+        self._projection = Projection(lambda: base.proj_out.weight, lambda: base.proj_out.bias)
 
     # ------------------------------------------------------------------ facts
     @property
@@ -39,7 +41,7 @@ class WhisperBackbone(Backbone):
         return self.base.proj_out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.base.proj_out(hidden)
+        return self._projection(hidden)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.decoder.embed_tokens(tokens)
@@ -226,13 +228,13 @@ class WhisperBackbone(Backbone):
 
     def _attend(self, attn, x, keys, values, mask):
         query = self._heads(attn.q_proj(x) * self.scaling)
-        if query.dtype == torch.float32:
-            # A verify chunk has a handful of queries, and SDPA's fused fp32 GPU kernel runs one block
-            # per head for them (measured: half of a tiny.en round on an H200); matmuls fill the GPU.
+        if query.dtype == torch.float32 or self.half_attention == "matmul":
+            # A verify chunk has a handful of queries, and SDPA's fused fp32 GPU kernel runs one block per
+            # head for them (measured: half of a tiny.en round on an H200); matmuls fill the GPU.
             scores = torch.matmul(query, keys.transpose(-1, -2))
             if mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-            out = torch.matmul(torch.softmax(scores, dim=-1), values)
+            out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype), values)
         else:  # half precision: SDPA accumulates in fp32, as the base's own attention does
             out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=1.0)
         return attn.out_proj(out.transpose(1, 2).flatten(2))

@@ -328,13 +328,44 @@ def measure_group(timer: Timer, counter: TokenCounter, inputs: dict, references:
     exact_rows = [a == b for a, b in zip(rows_by_method["baseline"], rows_by_method[ours])]
     exact_rows += [False] * abs(len(rows_by_method["baseline"]) - len(rows_by_method[ours]))
     greedy_exact = [a == b for a, b in zip(rows_by_method["baseline"], rows_by_method["greedy"])]
+    divergences = None
+    if not all(exact_rows) and _half_precision(timer.model):
+        divergences = _bf16_divergences(timer, inputs, rows_by_method["baseline"], rows_by_method[ours])
     return {
         **per_method,
         "medusa": per_method[ours],
         "speedup": _ratio(per_method["baseline"]["latency_ms_median"], per_method[ours]["latency_ms_median"]),
         "exact_rows": exact_rows,
         "exact_match": all(exact_rows) and all(greedy_exact),
+        "bf16_divergences": divergences,
     }
+
+
+def _half_precision(model) -> bool:
+    import torch
+
+    return getattr(model, "dtype", None) in (torch.bfloat16, torch.float16)
+
+
+def _bf16_divergences(timer: Timer, inputs: dict, expected_rows: list, got_rows: list) -> list:
+    """Where ours left the base's half-precision greedy output, whether the base itself had a near-tie
+    there (top-2 scores within bf16 rounding: see pipeline/bf16_ties.py) — the one way a lossless
+    verifier may differ in half precision."""
+    from pipeline.bf16_ties import check_bf16_row, first_divergence
+
+    kwargs = {k: v for k, v in inputs.items()}
+    scores = timer.model.base.generate(**kwargs, max_new_tokens=timer.max_new_tokens, output_scores=True,
+                                       return_dict_in_generate=True).scores
+    eos = (timer.model.backbone.eos_token_ids or [None])[0]
+    ended = lambda row: row + [eos] if len(row) < timer.max_new_tokens else row  # noqa: E731 (the EOS is a choice too)
+    out = []
+    for row, (expected, got) in enumerate(zip(expected_rows, got_rows)):
+        expected, got = ended(expected), ended(got)
+        if expected != got:
+            problem = check_bf16_row(expected, got, [step[row] for step in scores[:len(expected)]])
+            out.append({"row": row, "at_new_token": first_divergence(expected, got), "base_near_tie": problem is None,
+                        "problem": problem})
+    return out
 
 
 def _accepted_per_round(stats_list) -> tuple[float | None, float | None]:
@@ -349,6 +380,12 @@ def _accepted_per_round(stats_list) -> tuple[float | None, float | None]:
 def _phase_total(groups: list[dict], name: str, phase: str) -> float | None:
     values = [(g[name].get("phases_ms_median") or {}).get(phase) for g in groups]
     return sum(values) if values and all(v is not None for v in values) else None
+
+
+def _divergence_summary(groups: list[dict]) -> dict:
+    """Half precision: how many rows left the base's output, and how many of those at a base near-tie."""
+    found = [d for g in groups for d in (g.get("bf16_divergences") or [])]
+    return {"divergent_rows": len(found), "divergent_rows_at_base_near_ties": sum(d["base_near_tie"] for d in found)}
 
 
 def _own_greedy_summary(groups: list[dict]) -> dict:
@@ -419,6 +456,7 @@ def _summarise(groups: list[dict], references: list, clips_count: int, rows_coun
         "nondeterministic_groups": sum(not (g["baseline"]["repeats_identical"] and g["medusa"]["repeats_identical"])
                                        for g in groups),
         **_own_greedy_summary(groups),
+        **_divergence_summary(groups),
     }
 
 
@@ -547,6 +585,7 @@ def _clip_record(clip: Clip, group: dict, max_audio) -> dict:
         "mean_accepted_per_round": med["stats"]["mean_accepted_per_round"],
         "acceptance_rate": med["stats"]["acceptance_rate"],
         "exact_match": group["exact_match"],
+        "bf16_divergences": group["bf16_divergences"],
     }
 
 
@@ -773,6 +812,8 @@ def _summary_table(s: dict, memory: dict | None) -> list[str]:
         ("drafted tokens accepted", _pct(s["acceptance_rate"])),
         ("exact match (Medusa == baseline token ids)",
          f"{_pct(s['exact_match_rate'])} ({s['exact_matches']}/{s['rows']})"),
+        ("rows that left the base's output / at a base near-tie (half precision)",
+         f"{s.get('divergent_rows', 0)} / {s.get('divergent_rows_at_base_near_ties', 0)}"),
         ("WER baseline / medusa (normalised)", f"{_pct(s['baseline_wer'])} / {_pct(s['medusa_wer'])}"),
     ]
     if s.get("feature_ms_total") is not None:
@@ -864,10 +905,12 @@ def summary_row(results: dict, command: str) -> dict:
     mode = "compiled" if settings.get("compile") else (
         "graph" if cuda and settings.get("cuda_graph") != "off" else "eager")
     return {
-        "model": Path(str(settings["model"])).name, "device": "cuda" if cuda else "cpu",
+        "model": Path(str(settings.get("base_model_declared") or settings["model"])).name,
+        "heads": str(settings["model"]), "device": "cuda" if cuda else "cpu",
         "gpu": env["device_name"] if cuda else None, "cpu": None if cuda else env["device_name"],
         "dtype": env["dtype"], "draft": summary["draft_ran"], "requested_draft": settings["draft"],
         "rounds_mode": mode, "clips": summary["clips"], "exact_match_rate": summary["exact_match_rate"],
+        "divergent_rows_at_base_near_ties": f"{summary['divergent_rows_at_base_near_ties']}/{summary['divergent_rows']}",
         "mean_accepted_per_round": summary["mean_accepted_per_round"],
         "tokens_per_s": summary["medusa_tokens_per_s"], "baseline_hf_tokens_per_s": summary["baseline_tokens_per_s"],
         "own_greedy_tokens_per_s": summary["greedy_tokens_per_s"],

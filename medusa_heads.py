@@ -20,6 +20,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+try:
+    from .medusa_decoding import Projection
+except ImportError:
+    from medusa_decoding import Projection
+
 HEAD_KINDS = ("medusa", "path")
 
 
@@ -147,6 +152,7 @@ class DraftProjection:
         self.backbone = backbone
         self.vocab_ids = vocab_ids
         self._weight, self._source = None, None
+        self._project = Projection(self.weight)
 
     def weight(self) -> torch.Tensor:
         full = self.backbone.output_projection.weight
@@ -160,8 +166,7 @@ class DraftProjection:
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V_draft] (no soft-capping: it does not change the ranking)."""
-        weight = self.weight()
-        return F.linear(states.to(weight.dtype), weight)
+        return self._project(states)
 
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
         if self.vocab_ids is None:
@@ -169,9 +174,15 @@ class DraftProjection:
         return self.vocab_ids.to(indices.device)[indices]
 
 
+def best_indices(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """[..., V] -> the k best indices [..., k]; an argmax when k == 1 (one fused reduction on a GPU, where a
+    top-k kernel costs several times as much)."""
+    return logits.argmax(dim=-1, keepdim=True) if k == 1 else logits.topk(k, dim=-1).indices
+
+
 def topk_tokens(projection: DraftProjection, states: torch.Tensor, k: int) -> torch.Tensor:
     """[..., H] -> the k best draft tokens [..., k] (base vocabulary ids)."""
-    return projection.token_ids(projection.logits(states).topk(k, dim=-1).indices)
+    return projection.token_ids(best_indices(projection.logits(states), k))
 
 
 class TreeDrafter:
@@ -181,8 +192,6 @@ class TreeDrafter:
     def __init__(self, tree, device):
         self.tree = tree
         self.tt = tree.tensors(device)
-        self.depths = [torch.tensor([i + 1 for i, p in enumerate(tree.paths) if len(p) == d], device=device)
-                       for d in range(1, tree.depth + 1)]
 
     def chunk(self, state, fill) -> torch.Tensor:
         tokens = state.next_token[:, None].expand(-1, self.tree.num_nodes).clone()
@@ -200,7 +209,7 @@ class MedusaDrafter(TreeDrafter):
         self.head_logits, self.token_ids = head_logits, token_ids
 
     def __call__(self, state) -> torch.Tensor:
-        top = self.token_ids(self.head_logits(state.hidden).topk(self.tree.max_rank + 1, dim=-1).indices)
+        top = self.token_ids(best_indices(self.head_logits(state.hidden), self.tree.max_rank + 1))
         heads, ranks = self.tt.depths[1:] - 1, self.tt.ranks[1:]
 
         def fill(tokens):
@@ -230,16 +239,16 @@ class PathDrafter(TreeDrafter):
         as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
         self.level_tensors = [tuple(as_tensor(v) for v in (nodes, parent_rows, children, child_rows, child_ranks))
                               for nodes, parent_rows, children, child_rows, child_ranks in self.levels]
+        self.level_k = [max(level[4]) + 1 for level in self.levels]  # candidates needed at each depth
 
     def __call__(self, state) -> torch.Tensor:
         speech = self.speech(state) if self.speech is not None else None
-        k = self.tree.max_rank + 1
 
         def fill(tokens):
             parent_states = state.hidden[:, None]  # [B, 1, H]: the root's parent state is the base's hidden
             for depth, (nodes, parent_rows, children, child_rows, child_ranks) in enumerate(self.level_tensors):
                 states = self.heads.blocks[depth](parent_states[:, parent_rows], self.embed(tokens[:, nodes]), speech)
-                top = topk_tokens(self.projection, states, k)  # [B, len(nodes), k]
+                top = topk_tokens(self.projection, states, self.level_k[depth])  # [B, len(nodes), k]
                 tokens[:, children] = top[:, child_rows, child_ranks]
                 parent_states = states
 

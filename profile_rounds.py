@@ -68,12 +68,16 @@ def drafts_for(num_heads: int) -> dict:
             "tree32": DraftTree.from_paths(build_tree_from_accuracy(PROFILE_TOPK, 32))}
 
 
-def timed(fn, device, repeats: int = 50) -> float:
-    """Median milliseconds of ``fn`` (a CUDA graph replay or a plain call), after warm-up."""
+def timed(fn, device, repeats: int = 50, before=None) -> float:
+    """Median milliseconds of ``fn`` (a CUDA graph replay or a plain call), after warm-up; ``before`` runs
+    untimed ahead of every call (e.g. to put the state back)."""
+    before = before or (lambda: None)
     for _ in range(3):
+        before()
         fn()
     times = []
     for _ in range(repeats):
+        before()
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -121,38 +125,68 @@ def stage_costs(model, state, process, tree, device, graph: bool) -> dict:
     return {name: round(timed(wrap(fn), device), 4) for name, fn in stages.items() if fn is not None}
 
 
-def round_cost(model, state, process, tree, device, mode: str) -> float:
-    runner = CapturedRounds(model.backbone, model.make_drafter(tree, device), process, state, tree,
-                            use_graph=mode != "eager" and device.type == "cuda", compile=mode == "compiled")
-    saved = [t.clone() for t in runner._mutable()]
+def round_costs(model, state, process, tree, device, modes, profile: bool) -> dict:
+    """Median ms of one whole round per mode (the state is put back before each, untimed); with
+    ``profile``, the compiled round's kernel table too."""
+    out = {}
+    for mode in modes:
+        runner = CapturedRounds(model.backbone, model.make_drafter(tree, device), process, state, tree,
+                                use_graph=False, compile=mode == "compiled")
+        saved = [t.clone() for t in runner._mutable()]
 
-    def one_round():
-        runner.replay()
-        for target, value in zip(runner._mutable(), saved):  # stay at the same cache length
-            target.copy_(value)
+        def restore():
+            for target, value in zip(runner._mutable(), saved):
+                target.copy_(value)
 
-    return timed(one_round, device)
+        step = lambda: runner._compiled(runner)  # noqa: E731
+        if mode != "eager" and device.type == "cuda":
+            graph = capture_cuda_graph(step, warmups=3, reset=restore)
+            step = graph.replay
+        out[f"round_ms_{mode}"] = round(timed(step, device, before=restore), 4)
+        if profile and mode == "compiled" and device.type == "cuda":
+            out["kernels"] = kernel_table(lambda: runner._compiled(runner), restore)
+    return out
 
 
-def kernel_table(model, state, process, tree, device, rows: int = 25) -> dict:
-    """torch.profiler on the compiled round (no graph, so each kernel shows): count and top kernels."""
+def kernel_table(step, restore, rows: int = 25) -> dict:
+    """torch.profiler over 10 rounds run without a graph (so each kernel shows): count and top kernels."""
     from torch.profiler import ProfilerActivity, profile
 
-    runner = CapturedRounds(model.backbone, model.make_drafter(tree, device), process, state, tree,
-                            use_graph=False, compile=True)
     for _ in range(3):
-        runner.replay()
+        restore()
+        step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(10):
-            runner.replay()
+            restore()
+            step()
         torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA" or getattr(e, "device_time_total", 0)]
-    events.sort(key=lambda e: -getattr(e, "device_time_total", 0))
-    total = sum(getattr(e, "device_time_total", 0) for e in events) / 10
-    return {"kernels_per_round": sum(e.count for e in events) / 10, "device_us_per_round": round(total, 1),
-            "top": [{"name": e.key[:90], "calls_per_round": e.count / 10,
-                     "us_per_round": round(getattr(e, "device_time_total", 0) / 10, 2)} for e in events[:rows]]}
+    events = [e for e in prof.key_averages() if getattr(e, "device_time_total", 0) > 0]
+    events.sort(key=lambda e: -e.device_time_total)
+    return {"kernels_per_round": sum(e.count for e in events) / 10,
+            "device_us_per_round": round(sum(e.device_time_total for e in events) / 10, 1),
+            "top": [{"name": e.key[:90], "calls_per_round": e.count / 10, "us_per_round": round(e.device_time_total / 10, 2)}
+                    for e in events[:rows]]}
+
+
+def write_rows(args, device, argv, rows: list, modes) -> None:
+    """Add each row's cost relative to plain greedy (same shape, dtype and mode); write the JSON."""
+    import platform
+
+    import transformers
+
+    for row in rows:
+        plain = next((r for r in rows if (r["shape"], r["dtype"], r["attention"], r["draft"])
+                      == (row["shape"], row["dtype"], row["attention"], "none")), None)
+        for mode in modes:
+            if plain and f"round_ms_{mode}" in row and f"round_ms_{mode}" in plain:
+                row[f"vs_plain_{mode}"] = round(row[f"round_ms_{mode}"] / plain[f"round_ms_{mode}"], 3)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+            "torch": torch.__version__, "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d"),
+            "command": "python profile_rounds.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    (out / "round_cost.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
 
 
 def main(argv=None) -> int:
@@ -163,8 +197,12 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default=None, help="graph,compiled (CUDA) or eager (CPU)")
     p.add_argument("--head-kinds", default="medusa,path")
     p.add_argument("--draft-vocab", type=int, default=4096)
+    p.add_argument("--attention", default="sdpa", help="half-precision attention(s) to time: sdpa,matmul")
+    p.add_argument("--drafts", default="none,chain4,tree16,tree32")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="kernel tables of the compiled rounds (CUDA)")
+    p.add_argument("--profile-shapes", default="tiny.en", help="shapes whose kernel tables are taken")
+    p.add_argument("--compile-dtypes", default="bfloat16,float32", help="dtypes whose rounds are also compiled")
     p.add_argument("--out", default="work_data/round_cost")
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -174,40 +212,30 @@ def main(argv=None) -> int:
         for shape in args.shapes.split(","):
             for dtype_name in args.dtypes.split(","):
                 dtype = getattr(torch, dtype_name)
-                for kind in args.head_kinds.split(","):
+                for kind, attention in [(k, a) for k in args.head_kinds.split(",") for a in args.attention.split(",")]:
                     model = build_model(shape, dtype, device, kind, args.draft_vocab)
+                    model.backbone.half_attention = attention
                     for name, tree in drafts_for(4).items():
-                        if kind == "path" and name == "none":
+                        if (kind == "path" and name == "none") or name not in args.drafts.split(","):
                             continue
                         state, process = prefilled_state(model, device, dtype, args.batch, 2 * tree.num_nodes)
-                        row = {"shape": shape, "dtype": dtype_name, "heads": kind, "draft": name,
+                        row = {"shape": shape, "dtype": dtype_name, "heads": kind, "attention": attention, "draft": name,
                                "nodes": tree.num_nodes, "batch": args.batch,
                                "stages_ms": stage_costs(model, state, process, tree, device, device.type == "cuda")}
-                        for mode in modes:
-                            row[f"round_ms_{mode}"] = round(round_cost(model, state, process, tree, device, mode), 4)
-                        if args.profile and device.type == "cuda":
-                            row["kernels"] = kernel_table(model, state, process, tree, device)
+                        dtype_modes = [m for m in modes if m != "compiled" or dtype_name in args.compile_dtypes.split(",")]
+                        row.update(round_costs(model, state, process, tree, device, dtype_modes,
+                                               args.profile and shape in args.profile_shapes.split(",")))
                         rows.append(row)
                         print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), flush=True)
+                        write_rows(args, device, argv, rows, modes)  # so far: a run cut short keeps its rows
                     model.release_caches()
-    for row in rows:  # cost relative to plain greedy of the same shape, dtype and mode
-        plain = next((r for r in rows if (r["shape"], r["dtype"], r["draft"]) == (row["shape"], row["dtype"], "none")), None)
-        if plain:
-            for mode in modes:
-                row[f"vs_plain_{mode}"] = round(row[f"round_ms_{mode}"] / plain[f"round_ms_{mode}"], 3)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    import platform
-
-    import transformers
-    meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "date": time.strftime("%Y-%m-%d"), "command": "python profile_rounds.py " + " ".join(sys.argv[1:] if argv is None else argv)}
-    (out / "round_cost.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
-    print(f"\n{'shape':8s} {'dtype':9s} {'heads':7s} {'draft':7s} " + " ".join(f"{m + ' ms':>12s} {'x plain':>8s}" for m in modes))
+    write_rows(args, device, argv, rows, modes)
+    print(f"\n{'shape':8s} {'dtype':9s} {'heads':7s} {'attn':7s} {'draft':7s} "
+          + " ".join(f"{m + ' ms':>12s} {'x plain':>8s}" for m in modes))
     for row in rows:
-        print(f"{row['shape']:8s} {row['dtype']:9s} {row['heads']:7s} {row['draft']:7s} "
-              + " ".join(f"{row[f'round_ms_{m}']:12.3f} {row.get(f'vs_plain_{m}', float('nan')):8.2f}" for m in modes))
+        print(f"{row['shape']:8s} {row['dtype']:9s} {row['heads']:7s} {row['attention']:7s} {row['draft']:7s} "
+              + " ".join(f"{row.get(f'round_ms_{m}', float('nan')):12.3f} {row.get(f'vs_plain_{m}', float('nan')):8.2f}"
+                         for m in modes))
     return 0
 
 

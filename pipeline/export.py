@@ -28,7 +28,8 @@ from pipeline.collect import (_summarise_entries, apply_umask, atomic_write_text
 from pipeline.model_card import render_model_card
 
 HEAD_KEY = re.compile(r"^blocks\.(\d+)\.layers\.(\d+)\.weight$")
-TRAINING_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "seed", "val_fraction", "min_tokens", "dtype")
+TRAINING_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "seed", "val_fraction", "min_tokens", "dtype",
+                 "soft_labels", "draft_vocab")
 
 
 def heads_shape(state: dict) -> tuple[int, int]:
@@ -153,6 +154,18 @@ def choose_tree(mode: str, head_accuracy: dict, num_nodes: int, num_heads: int):
     if all(set(path) == {0} for path in tree) and len(tree) <= num_heads:
         return None  # the builder chose a chain
     return tree
+
+
+def draft_candidates(held_out: list[dict], eval_replay: dict) -> list[dict]:
+    """The trees pipeline.train replayed: held-out tokens per round (what draft="auto" weighs), and the
+    same tree's tokens per round on each extra evaluation set (e.g. real speech), for the model card."""
+    rows = []
+    for c in held_out:
+        row = {k: c[k] for k in ("paths", "nodes", "tokens_per_round")}
+        extra = {name: next(r["tokens_per_round"] for r in replayed if r["paths"] == c["paths"])
+                 for name, replayed in eval_replay.items()}
+        rows.append({**row, **({"eval_tokens_per_round": extra} if extra else {})})
+    return rows
 
 
 def install_folder(staged: str, out: str) -> None:
@@ -316,7 +329,7 @@ def main(argv=None, model=None) -> str:
         print(f"[export] WARNING: the artifact will name a local base path {args.base!r}; "
               "pass --base-id HUB_ID to publish it")
     cfg.tree = tree
-    cfg.draft_candidates = [{k: c[k] for k in ("paths", "nodes", "tokens_per_round")} for c in candidates]
+    cfg.draft_candidates = draft_candidates(candidates, metrics.get("eval_replay") or {})
     cfg.training_data = training_data
     cfg.head_accuracy = head_accuracy
     cfg.benchmark = benchmark

@@ -152,6 +152,40 @@ def _base_link(base: str) -> str:
     return f"[{base}](https://huggingface.co/{base})" if _is_hub_id(base) else f"`{base}`"
 
 
+def _heads_description(kind: str, speech: bool, k: int, layers: int, hidden: int, draft_vocab) -> str:
+    projection = (f"the base model's own output projection restricted to the {draft_vocab} most frequent tokens "
+                  "of the training transcripts" if draft_vocab else "the base model's own output projection")
+    if kind == "path":
+        return (f"Each head is sequentially dependent (Hydra-style): head d merges the state of the node it drafts "
+                f"after with that node's token embedding ({2 * hidden}→{hidden}), "
+                + ("attends to the speech through the base's own last-layer cross-attention keys and values, "
+                   if speech else "")
+                + f"runs {layers} residual block(s) `h + SiLU(W h)` and drafts through {projection}, shared by "
+                "reference; every tree node gets its own continuation.")
+    params = k * layers * (hidden * hidden + hidden)
+    params_text = f"{params / 1e6:.1f} M" if params >= 1e5 else f"{params:,}"
+    return (f"Each head is {layers} residual block(s) `h + SiLU(W h)` ({hidden}×{hidden}, {params_text} parameters "
+            f"in all) followed by {projection}, shared by reference.")
+
+
+def _train_flags(cfg: dict) -> str:
+    flags = ""
+    if cfg.get("head_kind", "medusa") != "medusa":
+        flags += f" --head-kind {cfg['head_kind']}"
+    if cfg.get("speech_attention"):
+        flags += " --speech-attention"
+    if cfg.get("draft_vocab_size"):
+        flags += f" --draft-vocab {cfg['draft_vocab_size']}"
+    soft = ((cfg.get("training_data") or {}).get("training") or {}).get("soft_labels")
+    return flags + (f" --soft-labels {soft}" if soft else "")
+
+
+def _draft_name(paths: list) -> str:
+    if all(set(p) == {0} for p in paths):
+        return f"chain of {len(paths)}"
+    return f"tree of {len(paths)} nodes"
+
+
 def render_model_card(config, repo_id: str | None = None, license: str | None = None) -> str:
     """README.md text for an artifact; ``config`` is a MedusaConfig or its dict."""
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
@@ -176,19 +210,16 @@ def render_model_card(config, repo_id: str | None = None, license: str | None = 
         "language": languages,
         "datasets": datasets,
     })
-    params = k * layers * (hidden * hidden + hidden)
-    params_text = f"{params / 1e6:.1f} M" if params >= 1e5 else f"{params:,}"
+    kind, speech = cfg.get("head_kind", "medusa"), cfg.get("speech_attention", False)
     sections = [front, f"# Medusa heads for {base}"]
     sections.append(
-        f"{k} Medusa draft heads for {_base_link(base)} (family `{family}`), for "
+        f"{k} draft heads for {_base_link(base)} (family `{family}`), for "
         "**lossless** greedy speculative decoding: the heads guess the next tokens, the base model "
         "checks all guesses in one forward pass and keeps the longest prefix equal to its own greedy "
         "choice, so the transcript is exactly the base model's greedy transcript, produced in fewer "
-        f"decoder passes.\n\nEach head is {layers} residual block(s) `h + SiLU(W h)` "
-        f"({hidden}×{hidden}, {params_text} parameters in all) followed by the base model's "
-        "own output projection, shared by reference. This repository holds only the heads "
-        "(`medusa_heads.safetensors`) and the code; the base model's weights are loaded from "
-        f"`{base}`" + (" under its own licence." if not license else ".")
+        f"decoder passes.\n\n{_heads_description(kind, speech, k, layers, hidden, cfg.get('draft_vocab_size'))} "
+        "This repository holds only the heads (`medusa_heads.safetensors`) and the code; the base model's "
+        f"weights are loaded from `{base}`" + (" under its own licence." if not license else ".")
     )
     sections.append("## Usage\n\n```python\n"
                     "import soundfile as sf\n"
@@ -206,6 +237,16 @@ def render_model_card(config, repo_id: str | None = None, license: str | None = 
                  "accuracy below (each path lists the per-head top-k ranks).")
     else:
         draft = f"A chain: each round drafts head 0..{k - 1}'s top-1 tokens."
+    candidates = cfg.get("draft_candidates") or []
+    if candidates:
+        evals = sorted({name for c in candidates for name in c.get("eval_tokens_per_round", {})})
+        draft += (" `draft=\"auto\"` weighs each measured tree below against its verify cost on your device. "
+                  "Tokens per round = tokens emitted per verify pass, replayed exactly (as `generate` would "
+                  "decode) on the held-out utterances and on each evaluation set:\n\n"
+                  + _table(["draft", "nodes", "tokens per round (held out)"] + [f"tokens per round ({e})" for e in evals],
+                           [[_draft_name(c["paths"]), c["nodes"], f"{c['tokens_per_round']:.3f}"]
+                            + [f"{c.get('eval_tokens_per_round', {}).get(e, float('nan')):.3f}" for e in evals]
+                            for c in candidates]))
     sections.append("## Draft\n\n" + draft)
     sections.append("## Head accuracy\n\n" + (accuracy_section(acc) if acc.get("top1") else
                                              "Not measured (no `head_accuracy` in config.json)."))
@@ -214,8 +255,10 @@ def render_model_card(config, repo_id: str | None = None, license: str | None = 
     sections.append("## Training data\n\n" + training_section(data))
     sections.append(
         "## Reproduce\n\n```bash\n"
-        f"python -m pipeline.collect --base {base} --audio <folder|manifest.jsonl|hf-dataset> --out work_data/collect\n"
-        f"python -m pipeline.train   --base {base} --data work_data/collect --out work_data/ckpt --heads {k} --layers {layers}\n"
+        f"python -m pipeline.collect --base {base} --audio <folder|manifest.jsonl|hf-dataset> --out work_data/collect"
+        + (" --speech" if speech else "") + "\n"
+        f"python -m pipeline.train   --base {base} --data work_data/collect --out work_data/ckpt --heads {k} --layers {layers}"
+        + _train_flags(cfg) + "\n"
         f"python -m pipeline.export  --base {base} --heads work_data/ckpt/best.safetensors --out <artifact>\n"
         "```")
     sections.append(

@@ -2,7 +2,7 @@
 
 import torch
 
-from bf16_ties import bf16_ulp, check_bf16_row
+from pipeline.bf16_ties import bf16_ulp, check_bf16_row
 
 
 def scores_with(top: float, runner_up: float, vocab: int = 8) -> torch.Tensor:

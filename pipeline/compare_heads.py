@@ -1,0 +1,110 @@
+"""Train head variants on the same collected data and compare them on the same held-out speech.
+
+    python -m pipeline.compare_heads --base openai/whisper-tiny.en --data work_data/collect \\
+        --eval-data work_data/collect_real --out work_data/compare [--variants medusa,path-speech] [--epochs 8]
+
+Each variant is one ``pipeline.train`` run into ``OUT/<variant>`` (resumable like any run); afterwards the
+held-out split of the training data gives per-head top-1/top-5 accuracy, and every ``--eval-data`` set
+(e.g. real human speech, collected with the same base) gives the tokens per round of the chain and of the
+trees, replayed exactly (``pipeline.acceptance``). Writes ``OUT/comparison.json`` and ``OUT/comparison.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from pipeline.collect import atomic_write_json, atomic_write_text, run_cli
+
+# name -> pipeline.train options; "medusa" is the recipe the committed heads were trained with
+VARIANTS = {
+    "medusa": [],
+    "medusa-soft": ["--soft-labels", "0.5", "--draft-vocab", "8192"],
+    "path": ["--head-kind", "path", "--soft-labels", "0.5", "--draft-vocab", "8192"],
+    "path-speech": ["--head-kind", "path", "--speech-attention", "--soft-labels", "0.5", "--draft-vocab", "8192"],
+    "path-speech-2l": ["--head-kind", "path", "--speech-attention", "--layers", "2", "--soft-labels", "0.5",
+                       "--draft-vocab", "8192"],
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipeline.compare_heads", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base", required=True)
+    p.add_argument("--data", required=True, help="collect folder to train on (with --speech for speech variants)")
+    p.add_argument("--eval-data", action="append", default=[], help="collect folder(s) to replay on; repeatable")
+    p.add_argument("--out", default="work_data/compare")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
+    p.add_argument("--epochs", default="8")
+    p.add_argument("--batch-size", default="32")
+    p.add_argument("--lr", default="2e-3")
+    p.add_argument("--device", default=None)
+    p.add_argument("--keep-going", action="store_true", help="report a failing variant and go on with the next")
+    return p
+
+
+def train_args(args, name: str) -> list[str]:
+    common = ["--base", args.base, "--data", args.data, "--out", os.path.join(args.out, name),
+              "--epochs", args.epochs, "--batch-size", args.batch_size, "--lr", args.lr]
+    common += [x for d in args.eval_data for x in ("--eval-data", d)]
+    return common + (["--device", args.device] if args.device else []) + VARIANTS[name]
+
+
+def comparison_row(name: str, metrics: dict) -> dict:
+    acc = metrics["head_accuracy"]
+    row = {"variant": name, "options": " ".join(VARIANTS[name]) or "(today's recipe)",
+           "head_kind": metrics.get("head_kind", "medusa"), "layers": metrics.get("layers"),
+           "speech_attention": metrics.get("speech_attention", False),
+           "draft_vocab_size": metrics.get("draft_vocab_size"),
+           "top1": acc["top1"], "top5": acc["top5"],
+           "held_out": {c["name"]: c["tokens_per_round"] for c in metrics.get("draft_candidates", [])}}
+    for eval_name, rows in (metrics.get("eval_replay") or {}).items():
+        row[eval_name] = {c["name"]: c["tokens_per_round"] for c in rows}
+    return row
+
+
+def render(rows: list[dict], eval_names: list[str]) -> str:
+    lines = ["| variant | top-1 per head (held out) | top-5 per head | "
+             + " | ".join(f"tokens/round on {n}: chain / best tree" for n in ["held out"] + eval_names) + " |",
+             "|---|---|---|" + "---|" * (1 + len(eval_names))]
+    for row in rows:
+        cells = [row["variant"], " / ".join(f"{a:.3f}" for a in row["top1"]), " / ".join(f"{a:.3f}" for a in row["top5"])]
+        for key in ["held_out"] + eval_names:
+            found = row.get(key) or {}
+            chain = next((v for k, v in found.items() if k.startswith("chain")), None)
+            best = max(((v, k) for k, v in found.items()), default=(None, None))
+            cells.append(f"{chain:.3f} / {best[0]:.3f} ({best[1]})" if chain is not None else "n/a")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    from pipeline import train
+
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    rows = []
+    for name in names:
+        print(f"[compare] {name}: pipeline.train {' '.join(train_args(args, name))}", flush=True)
+        try:
+            metrics = train.main(train_args(args, name))
+        except (SystemExit, RuntimeError, ValueError) as err:
+            if not args.keep_going:
+                raise
+            print(f"[compare] {name} failed: {err}", file=sys.stderr)
+            continue
+        rows.append(comparison_row(name, metrics))
+        atomic_write_json(os.path.join(args.out, "comparison.json"), {"command": "python -m pipeline.compare_heads " + " ".join(sys.argv[1:] if argv is None else argv), "rows": rows})
+    eval_names = [os.path.basename(os.path.normpath(d)) for d in args.eval_data]
+    atomic_write_text(os.path.join(args.out, "comparison.md"), render(rows, eval_names))
+    print(render(rows, eval_names))
+    return {"rows": rows}
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
