@@ -927,6 +927,20 @@ def summary_row(results: dict, command: str) -> dict:
     }
 
 
+def merge_summaries(sources: list[Path], into: Path) -> int:
+    """Add the rows of other summary lists (e.g. written on another machine, their results folders copied
+    beside ``into``) to ``into``, with each row's results path made relative to ``into``."""
+    count = 0
+    for source in sources:
+        for row in json.loads(Path(source).read_text()):
+            if row.get("results"):
+                results = (Path(source).resolve().parent / row["results"]).resolve()
+                row["results"] = os.path.relpath(results, into.resolve().parent)
+            update_summary(into, row)
+            count += 1
+    return count
+
+
 def update_summary(path: Path, row: dict) -> None:
     """Add ``row`` to the summary list, replacing an earlier row of the same model, device, dtype, draft
     and rounds mode; written atomically."""
@@ -1098,6 +1112,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile", action="store_true", help="torch.compile Medusa's fixed-shape rounds")
     parser.add_argument("--limit", type=int, default=None, help="only the first N clips of the manifest")
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (results.json, results.md, the plot)")
+    parser.add_argument("--merge-summary", action="append", default=[], metavar="SUMMARY_JSON",
+                        help="only merge these summary lists (rows measured elsewhere) into --summary, and exit")
     parser.add_argument("--summary", default=None,
                         help="also add this run's headline row to a summary list, e.g. "
                              "benchmarks/real_speech/summary.json (its results.json path is recorded)")
@@ -1117,6 +1133,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args, argv=None) -> int:
+    if args.merge_summary:
+        if not args.summary:
+            raise BenchmarkError("--merge-summary needs --summary (the list to merge into)")
+        merged = merge_summaries([Path(p) for p in args.merge_summary], Path(args.summary))
+        print(f"merged {merged} row(s) into {args.summary}")
+        return EXIT_OK
     for name in ("repeats", "threads", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise BenchmarkError(f"--{name.replace('_', '-')} must be >= 1")
