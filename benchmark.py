@@ -1096,7 +1096,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per decoder per clip (median reported)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per decoder per clip")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="new tokens per clip (default: the family's, modeling_medusa.DEFAULT_MAX_NEW_TOKENS)")
     parser.add_argument("--draft", default="auto", choices=["auto", "chain", "tree", "none"],
                         help="auto: the fastest of plain / chain / tree on this device (timed); "
                              "none: our decode loop without drafts (isolates the loop's own speed)")
@@ -1140,7 +1141,7 @@ def _main(args, argv=None) -> int:
         print(f"merged {merged} row(s) into {args.summary}")
         return EXIT_OK
     for name in ("repeats", "threads", "max_new_tokens"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise BenchmarkError(f"--{name.replace('_', '-')} must be >= 1")
     if args.warmup < 0:
         raise BenchmarkError("--warmup must be >= 0")
@@ -1161,6 +1162,8 @@ def _main(args, argv=None) -> int:
 
     started = time.perf_counter()
     model, base, declared_base = load_model(folder, device, dtype)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = model.default_max_new_tokens
     load_seconds = time.perf_counter() - started
     rss_after_load = peak_rss_bytes()
     if not args.verbose:  # the base's generate logs the same notices on every call; they would bury the tables

@@ -22,8 +22,10 @@ import torch
 import torch.nn as nn
 
 from backbone_meralion2 import MERaLiON2Backbone
-from medusa_decoding import CachePool, DraftTree, MedusaStats, build_tree_from_accuracy, project_without_drafts
-from medusa_fast import StaticRoundRunner, capture_cuda_graph
+from draft_policy import cuda_ms
+from medusa_decoding import CachePool, DraftTree, MedusaStats, build_tree_from_accuracy, run_rounds
+from medusa_fast import CapturedRounds, capture_cuda_graph
+from medusa_heads import MedusaDrafter
 
 SEED_TOP1 = [0.76, 0.47, 0.35, 0.27]  # the seed model card's held-out per-head accuracy (MERaLiON-2-3B)
 SEED_PROFILE = "seed_76_47_35_27"
@@ -109,15 +111,7 @@ def time_cuda(fn, repeats=30, warmup=5) -> float:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(cuda_ms(fn) for _ in range(repeats))
 
 
 # --------------------------------------------------------------------------- prompt & prefill
@@ -151,9 +145,9 @@ def verify_cost_table(model, backbone, sizes, compile_sizes, report):
     def ours_pass(n):
         ids = torch.randint(2, 200000, (1, n), device=device)
         state, _ = prefill(backbone, inputs, 8, 2 * n)
-        state.static = True
         tt = (DraftTree.chain(n - 1) if n > 1 else DraftTree(())).tensors(device)
-        return lambda: backbone.logits(backbone.decode(state, ids, tt.depths, tt.ancestors))
+        upto = state.cache.capacity  # the captured rounds attend over the whole cache
+        return lambda: backbone.logits(backbone.decode(state, ids, tt.depths, tt.ancestors, upto))
 
     for n in sizes:
         row = {"tokens": n}
@@ -218,12 +212,13 @@ def rank_profile(top1, extra_topk=None, ranks=4):
 
 
 class ReplayDrafter:
-    """A ``project`` function whose head logits are built on the device from the known continuation:
-    the true token is put at a sampled rank (or missed), decoys fill the ranks above it. For a node at
-    depth d the heads draft the tokens after that node, as real heads would. Capturable in a CUDA graph."""
+    """Head logits built on the device from the known continuation: head h's true token (the
+    (h+1)-th after the round's root) is put at a sampled rank (or missed), decoys fill the ranks above
+    it. Used as a ``MedusaDrafter``'s heads; capturable in a CUDA graph. ``num_generated`` is the
+    runner's own count of emitted tokens (shared buffer), so the drafts follow the decode."""
 
-    def __init__(self, backbone, continuation, profile, depths, seed=0):
-        self.backbone, self.cont, self.depths = backbone, continuation, depths  # cont [B, L], depths [N]
+    def __init__(self, backbone, continuation, profile, seed=0):
+        self.backbone, self.cont = backbone, continuation  # cont [B, L]
         self.vocab = backbone.vocab_size
         self.num_heads, self.ranks = len(profile), len(profile[0])
         batch, length = continuation.shape
@@ -234,22 +229,19 @@ class ReplayDrafter:
         self.num_generated = torch.ones(batch, dtype=torch.long, device=continuation.device)
 
     def __call__(self, hidden):
-        batch, nodes = hidden.shape[:2]
-        device = hidden.device
-        # in a round: node at depth d -> its next round starts d + 1 tokens later; at the start: 0
-        offset = self.depths + 1 if nodes == self.depths.numel() else torch.zeros(nodes, dtype=torch.long, device=device)
+        """hidden [B, H] of the round's root -> head logits [B, K, V]."""
+        batch, device = hidden.shape[0], hidden.device
         heads = torch.arange(self.num_heads, device=device)
-        pos = (self.num_generated[:, None, None] + offset[None, :, None] + heads[None, None, :]).clamp(max=self.cont.shape[1] - 1)
-        true = self.cont.gather(1, pos.reshape(batch, -1)).view(batch, nodes, self.num_heads)
-        rank = self.rank_table[torch.arange(batch, device=device)[:, None, None], pos, heads[None, None, :]]
-        drafts = torch.zeros(batch, nodes, self.num_heads, self.vocab, device=device, dtype=hidden.dtype)
+        pos = (self.num_generated[:, None] + heads[None, :]).clamp(max=self.cont.shape[1] - 1)  # [B, K]
+        true = self.cont.gather(1, pos)
+        rank = self.rank_table[torch.arange(batch, device=device)[:, None], pos, heads[None, :]]
+        drafts = torch.zeros(batch, self.num_heads, self.vocab, device=device, dtype=hidden.dtype)
         for j in range(self.ranks):
             decoy = (true + 1 + j) % self.vocab
-            drafts.scatter_(3, decoy[..., None], torch.where(j < rank, 10.0 - j, 0.0)[..., None].to(hidden.dtype))
+            drafts.scatter_(2, decoy[..., None], torch.where(j < rank, 10.0 - j, 0.0)[..., None].to(hidden.dtype))
         score = torch.where(rank < self.ranks, 10.0 - rank.float(), torch.zeros_like(rank, dtype=torch.float32))
-        drafts.scatter_(3, true[..., None], score[..., None].to(hidden.dtype))
-        rows = torch.arange(batch, device=device)
-        return self.backbone.logits(hidden), lambda node: drafts[rows, node]
+        drafts.scatter_(2, true[..., None], score[..., None].to(hidden.dtype))
+        return drafts
 
 
 class ReplayedRunner:
@@ -260,11 +252,11 @@ class ReplayedRunner:
         self.backbone, self.max_new = backbone, max_new
         self.pool = CachePool()
         state, self.process = self._prefill(inputs, tree)
-        self.drafter = ReplayDrafter(backbone, continuation, profile, tree.tensors(continuation.device).depths, seed=1)
-        project = self.drafter if tree.num_nodes > 1 else project_without_drafts(backbone)
+        self.drafter = ReplayDrafter(backbone, continuation, profile, seed=1)
+        drafter = MedusaDrafter(tree, continuation.device, self.drafter) if tree.num_nodes > 1 else None
         start = time.perf_counter()
-        self.runner = StaticRoundRunner(backbone, project, self.process, state, tree, compile=compile,
-                                        num_generated=self.drafter.num_generated)
+        self.runner = CapturedRounds(backbone, drafter, self.process, state, tree, compile=compile,
+                                     num_generated=self.drafter.num_generated)
         torch.cuda.synchronize()
         self.setup_seconds = time.perf_counter() - start  # compile + capture, paid once per shape
 
@@ -278,7 +270,7 @@ class ReplayedRunner:
         stats = MedusaStats()
         torch.cuda.synchronize()
         start = time.perf_counter()
-        out = self.runner.run(self.max_new, self.backbone.eos_token_ids, stats)
+        out = run_rounds(self.runner, state.next_token.tolist(), self.max_new, self.backbone.eos_token_ids, stats)
         torch.cuda.synchronize()
         stats.loop_seconds = time.perf_counter() - start
         return out, stats
@@ -290,8 +282,8 @@ class ReplayedRunner:
 
 def plain_continuation(backbone, inputs, max_new):
     state, process = prefill(backbone, inputs, max_new, 4, min_new=max_new)
-    runner = StaticRoundRunner(backbone, project_without_drafts(backbone), process, state, DraftTree(()))
-    out = runner.run(max_new, backbone.eos_token_ids)
+    runner = CapturedRounds(backbone, None, process, state, DraftTree(()))
+    out = run_rounds(runner, state.next_token.tolist(), max_new, backbone.eos_token_ids)
     return torch.tensor(out, device=inputs["input_ids"].device)
 
 
@@ -304,11 +296,11 @@ def seed_style_chain(model, backbone, inputs, continuation, profile, max_new, se
     out = model.text_decoder(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
     length = embeds.shape[1]
     tokens = [int(out.logits[0, -1].argmax())]
-    drafter = ReplayDrafter(backbone, continuation[:1], profile, torch.zeros(0, dtype=torch.long, device=embeds.device), seed)
+    drafter = ReplayDrafter(backbone, continuation[:1], profile, seed)
     rounds = 0
     while len(tokens) < max_new:
         drafter.num_generated = torch.tensor([len(tokens)], device=embeds.device)
-        drafts = drafter(embeds[:, -1:])[1](torch.zeros(1, dtype=torch.long, device=embeds.device)).argmax(-1)[0].tolist()
+        drafts = drafter(embeds[:, -1]).argmax(-1)[0].tolist()
         chunk = torch.tensor([[tokens[-1]] + drafts], device=embeds.device)
         logits = model.text_decoder(input_ids=chunk, past_key_values=cache, use_cache=True).logits[0]
         predicted = logits.argmax(-1).tolist()
@@ -443,7 +435,7 @@ def check_graph_reuse(device) -> dict:
             got = model.generate(input_features=features, max_new_tokens=20, draft=draft)
             torch.cuda.synchronize()
             rows.append({"call": call, "draft": "chain" if draft == "chain" else "tree", "exact": torch.equal(expected, got),
-                         "ms": (time.perf_counter() - start) * 1000, "runners": len(model._runners)})
+                         "ms": (time.perf_counter() - start) * 1000, "runners": len(model.round_cache.runners)})
             print(rows[-1], flush=True)
     return {"calls": rows, "all_exact": all(r["exact"] for r in rows)}
 

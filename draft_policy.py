@@ -3,8 +3,9 @@
 ``DraftPolicy`` answers ``draft="auto"``: the candidates are plain greedy (no drafts), the chain and the
 artifact's trees; each is scored by expected tokens per round over the measured cost of one verify pass
 on this device, dtype and batch size. Expected tokens per round come from the artifact's own
-measurement (``draft_candidates``: tokens per round simulated on held-out data when the heads were
-exported), or else from per-head top-k accuracy; either is rescaled by the acceptance seen since.
+measurement (``draft_candidates``: tokens per round replayed on held-out and evaluation speech when the
+heads were exported), or else from per-head top-k accuracy; either is updated by what each draft really
+emitted in this process.
 
 ``RoundCache`` keeps the fixed-shape caches and captured rounds for later calls of the same shapes, and
 drops them when the weights they were captured with are replaced.
@@ -25,17 +26,27 @@ except ImportError:
 AUTO_TREE_SIZES = (8, 32, 64)  # draft nodes of the extra trees tried when only head accuracy is known
 
 
+PRIOR_ROUNDS = 64  # weight of the artifact's own measurement against the rounds observed since
+
+
 class DraftPolicy:
     def __init__(self, config):
         self.config = config
         self.verify_seconds: dict = {}  # (device, dtype, batch, captured, tree) -> seconds of one verify pass
-        self.acceptance_scale = 1.0  # observed / predicted extra tokens per round, averaged over calls
+        self.observed: dict = {}  # tree -> [tokens emitted, rounds] in this process
+        self._measured = None
 
     # ------------------------------------------------------------------ candidates
     def measured(self) -> dict:
-        """Tree -> tokens per round measured at export (empty for older artifacts)."""
-        return {DraftTree.from_paths(c["paths"]) if c["paths"] else DraftTree(()): float(c["tokens_per_round"])
-                for c in (self.config.draft_candidates or [])}
+        """Tree -> tokens per round measured at export (empty for older artifacts): on the artifact's
+        evaluation speech when it has one (real speech is what users bring), else on its held-out split."""
+        if self._measured is None:
+            self._measured = {}
+            for c in self.config.draft_candidates or []:
+                tree = DraftTree.from_paths(c["paths"]) if c["paths"] else DraftTree(())
+                on_eval = list((c.get("eval_tokens_per_round") or {}).values())
+                self._measured[tree] = float(min(on_eval) if on_eval else c["tokens_per_round"])
+        return self._measured
 
     def default_tree(self) -> DraftTree:
         if self.config.tree:
@@ -79,7 +90,10 @@ class DraftPolicy:
         return expected_tokens_per_round(tree, accuracy) if accuracy else 1.0
 
     def expected_tokens(self, tree: DraftTree) -> float:
-        return 1.0 + (self.predicted_tokens(tree) - 1.0) * self.acceptance_scale
+        """The prediction, updated by what this tree really emitted here (a prior worth ``PRIOR_ROUNDS``
+        rounds, so a few short clips do not swing the choice)."""
+        emitted, rounds = self.observed.get(tree, (0, 0))
+        return (self.predicted_tokens(tree) * PRIOR_ROUNDS + emitted) / (PRIOR_ROUNDS + rounds)
 
     # ------------------------------------------------------------------ choosing
     def choose(self, candidates: list[DraftTree], key: tuple, time_verify) -> DraftTree:
@@ -94,14 +108,11 @@ class DraftPolicy:
         return max(candidates, key=lambda tree: self.expected_tokens(tree) / self.verify_seconds[key, tree])
 
     def observe(self, tree: DraftTree, stats: MedusaStats):
-        """Track observed / predicted extra tokens per round (an average over calls), so ``auto`` adapts
-        when the audio is harder or easier than the heads' held-out data."""
-        if tree.num_nodes == 1 or not stats.row_rounds:
-            return
-        predicted = self.predicted_tokens(tree) - 1.0
-        if predicted > 0:
-            ratio = (stats.mean_accepted_per_round - 1.0) / predicted
-            self.acceptance_scale = 0.7 * self.acceptance_scale + 0.3 * ratio
+        """Count what ``tree`` emitted per round in a call, so ``auto`` adapts when the audio is harder
+        or easier than the artifact's own measurement."""
+        if tree.num_nodes > 1 and stats.row_rounds:
+            emitted, rounds = self.observed.get(tree, (0, 0))
+            self.observed[tree] = (emitted + stats.emitted_tokens, rounds + stats.row_rounds)
 
 
 def median_after_warmup(timed_run, repeats: int) -> float:
@@ -118,13 +129,18 @@ def wall_seconds(fn, device) -> float:
     return time.perf_counter() - start
 
 
-def graph_seconds(graph) -> float:
+def cuda_ms(fn) -> float:
+    """Milliseconds of ``fn``'s GPU work, timed with CUDA events on the current stream."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    graph.replay()
+    fn()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / 1000
+    return start.elapsed_time(end)
+
+
+def graph_seconds(graph) -> float:
+    return cuda_ms(graph.replay) / 1000
 
 
 def synchronize(device):

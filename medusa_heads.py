@@ -48,15 +48,9 @@ class MedusaHeads(nn.Module):
     """K heads, each ``num_layers`` residual blocks; state-dict names follow vLLM's Medusa format
     (``blocks.{i}.layers.{j}.weight`` / ``.bias``)."""
 
-    kind = "medusa"
-
     def __init__(self, num_heads: int, num_layers: int, hidden_size: int):
         super().__init__()
         self.blocks = nn.ModuleList(ResidualStack(num_layers, hidden_size) for _ in range(num_heads))
-
-    @property
-    def num_heads(self) -> int:
-        return len(self.blocks)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., K, H]"""
@@ -107,19 +101,9 @@ class PathHeads(nn.Module):
     """K sequentially dependent heads: block d turns the state of a depth-d node (the base's hidden for
     the root) and that node's token into the state whose projection drafts the node's children."""
 
-    kind = "path"
-
     def __init__(self, num_heads: int, num_layers: int, hidden_size: int, speech_heads: int | None = None):
         super().__init__()
         self.blocks = nn.ModuleList(PathBlock(num_layers, hidden_size, speech_heads) for _ in range(num_heads))
-
-    @property
-    def num_heads(self) -> int:
-        return len(self.blocks)
-
-    @property
-    def uses_speech(self) -> bool:
-        return self.blocks[0].speech is not None
 
     def teacher_forced(self, hidden, tokens_embedded, speech=None) -> torch.Tensor:
         """Training: hidden [B, T, H] and the embeddings of the true tokens at offsets 0..K-1 from each
@@ -193,10 +177,9 @@ class TreeDrafter:
         self.tree = tree
         self.tt = tree.tensors(device)
 
-    def chunk(self, state, fill) -> torch.Tensor:
-        tokens = state.next_token[:, None].expand(-1, self.tree.num_nodes).clone()
-        fill(tokens)
-        return tokens
+    def root_chunk(self, state) -> torch.Tensor:
+        """[B, N] holding the root token everywhere, for the drafts to be written into."""
+        return state.next_token[:, None].expand(-1, self.tree.num_nodes).clone()
 
 
 class MedusaDrafter(TreeDrafter):
@@ -210,12 +193,9 @@ class MedusaDrafter(TreeDrafter):
 
     def __call__(self, state) -> torch.Tensor:
         top = self.token_ids(best_indices(self.head_logits(state.hidden), self.tree.max_rank + 1))
-        heads, ranks = self.tt.depths[1:] - 1, self.tt.ranks[1:]
-
-        def fill(tokens):
-            tokens[:, 1:] = top[:, heads, ranks]
-
-        return self.chunk(state, fill)
+        tokens = self.root_chunk(state)
+        tokens[:, 1:] = top[:, self.tt.depths[1:] - 1, self.tt.ranks[1:]]
+        return tokens
 
 
 class PathDrafter(TreeDrafter):
@@ -243,13 +223,11 @@ class PathDrafter(TreeDrafter):
 
     def __call__(self, state) -> torch.Tensor:
         speech = self.speech(state) if self.speech is not None else None
-
-        def fill(tokens):
-            parent_states = state.hidden[:, None]  # [B, 1, H]: the root's parent state is the base's hidden
-            for depth, (nodes, parent_rows, children, child_rows, child_ranks) in enumerate(self.level_tensors):
-                states = self.heads.blocks[depth](parent_states[:, parent_rows], self.embed(tokens[:, nodes]), speech)
-                top = topk_tokens(self.projection, states, self.level_k[depth])  # [B, len(nodes), k]
-                tokens[:, children] = top[:, child_rows, child_ranks]
-                parent_states = states
-
-        return self.chunk(state, fill)
+        tokens = self.root_chunk(state)
+        parent_states = state.hidden[:, None]  # [B, 1, H]: the root's parent state is the base's hidden
+        for depth, (nodes, parent_rows, children, child_rows, child_ranks) in enumerate(self.level_tensors):
+            states = self.heads.blocks[depth](parent_states[:, parent_rows], self.embed(tokens[:, nodes]), speech)
+            top = topk_tokens(self.projection, states, self.level_k[depth])  # [B, len(nodes), k]
+            tokens[:, children] = top[:, child_rows, child_ranks]
+            parent_states = states
+        return tokens

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from draft_policy import cuda_ms
 from medusa_decoding import DraftTree, accept, build_tree_from_accuracy
 from medusa_fast import CapturedRounds, capture_cuda_graph
 
@@ -79,12 +80,7 @@ def timed(fn, device, repeats: int = 50, before=None) -> float:
     for _ in range(repeats):
         before()
         if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
+            times.append(cuda_ms(fn))
         else:
             t0 = time.perf_counter()
             fn()

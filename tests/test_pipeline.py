@@ -541,6 +541,24 @@ def test_train_heads_sh_exports_to_a_work_folder_by_default(tmp_path):
     assert ["--force" in call for call in exports] == [False, True]
 
 
+def test_train_heads_sh_runs_the_shipped_recipe_by_default(tmp_path):
+    """Path heads attending to the speech (collected with --speech) unless HEADS names another recipe."""
+    import subprocess
+
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
+    fake_python.chmod(0o755)
+    script = os.path.join(ROOT, "pipeline", "train_heads.sh")
+    for heads in ("", "medusa"):
+        subprocess.run(["bash", script, "/models/whisper-tiny.en"], cwd=tmp_path, check=True,
+                       env={**os.environ, "PYTHON": str(fake_python), **({"HEADS": heads} if heads else {})})
+    calls = (tmp_path / "calls").read_text().splitlines()
+    collects = [c.split() for c in calls if "pipeline.collect" in c]
+    trains = [c.split() for c in calls if "pipeline.train" in c]
+    assert ["--speech" in c for c in collects] == [True, False]
+    assert [("--speech-attention" in c, "path" in c) for c in trains] == [(True, True), (False, False)]
+
+
 def test_model_card_minimal_config():
     card = render_model_card(MedusaConfig(base_model_name_or_path="/local/base", base_family="whisper",
                                           hidden_size=8, vocab_size=10))

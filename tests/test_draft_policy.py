@@ -1,0 +1,41 @@
+"""draft="auto": measured candidates, their verify cost, and what each draft emits here."""
+
+from configuration_medusa import MedusaConfig
+from draft_policy import PRIOR_ROUNDS, DraftPolicy
+from medusa_decoding import DraftTree, MedusaStats
+
+CHAIN = [[0], [0, 0]]
+TREE = [[0], [1], [0, 0]]
+
+
+def policy() -> DraftPolicy:
+    return DraftPolicy(MedusaConfig(base_family="whisper", medusa_num_heads=2, draft_candidates=[
+        {"paths": CHAIN, "nodes": 2, "tokens_per_round": 2.0},
+        {"paths": TREE, "nodes": 3, "tokens_per_round": 2.6, "eval_tokens_per_round": {"real": 2.4}}]))
+
+
+def test_candidates_are_plain_greedy_and_every_measured_tree_predicted_from_real_speech_first():
+    p = policy()
+    assert [t.num_nodes for t in p.candidates("auto")] == [1, 3, 4]
+    assert p.expected_tokens(DraftTree.from_paths(CHAIN)) == 2.0
+    assert p.expected_tokens(DraftTree.from_paths(TREE)) == 2.4  # the evaluation speech, not the held-out split
+
+
+def test_the_cheaper_per_token_draft_wins():
+    p = policy()
+    costs = {1: 1.0, 3: 1.5, 4: 2.2}
+    chosen = p.choose(p.candidates("auto"), ("cpu", "f32", 1, False), lambda tree: costs[tree.num_nodes])
+    assert chosen == DraftTree.from_paths(CHAIN)  # 2.0 / 1.5 beats 2.4 / 2.2 and 1 / 1
+
+
+def test_observed_rounds_move_the_prediction_smoothly_and_other_trees_keep_theirs():
+    p = policy()
+    tree = DraftTree.from_paths(TREE)
+    p.observe(tree, MedusaStats(emitted_tokens=12, row_rounds=10))  # a short, hard clip: 1.2 per round
+    assert 2.2 < p.expected_tokens(tree) < 2.4  # one clip does not swing it
+    for _ in range(50):
+        p.observe(tree, MedusaStats(emitted_tokens=12, row_rounds=10))
+    assert abs(p.expected_tokens(tree) - (2.4 * PRIOR_ROUNDS + 612) / (PRIOR_ROUNDS + 510)) < 1e-9
+    assert p.expected_tokens(DraftTree.from_paths(CHAIN)) == 2.0
+    p.observe(DraftTree(()), MedusaStats(emitted_tokens=5, row_rounds=5))  # plain greedy teaches nothing
+    assert p.expected_tokens(DraftTree(())) == 1.0
