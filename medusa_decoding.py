@@ -257,8 +257,8 @@ class Projection:
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight_of(), self.bias_of()
-        if hidden.device.type != "cpu" or torch.is_grad_enabled():
-            return torch.nn.functional.linear(hidden, weight, bias)
+        if hidden.device.type != "cpu" or torch.is_grad_enabled() or not is_dense(weight):
+            return torch.nn.functional.linear(hidden, weight, bias)  # (a quantised weight: its own kernel)
         flat = hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype)
         if flat.shape[0] == 1 and weight.numel() * weight.element_size() <= CPU_TRANSPOSED_COPY_LIMIT:
             out = flat @ self._transposed_weight(weight)
@@ -273,6 +273,16 @@ class Projection:
         if self._source != source:
             self._transposed, self._source = weight.detach().T.contiguous(), source
         return self._transposed
+
+
+def is_dense(weight) -> bool:
+    """A plain floating-point tensor (not a quantised tensor subclass such as torchao's)."""
+    return type(weight) in (torch.Tensor, torch.nn.Parameter) and weight.is_floating_point()
+
+
+def dense(weight: torch.Tensor) -> torch.Tensor:
+    """A quantised weight as a dense tensor; a plain one as it is."""
+    return weight if is_dense(weight) else weight.dequantize()
 
 
 # --------------------------------------------------------------------------- what adapters share

@@ -21,9 +21,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 try:
-    from .medusa_decoding import Projection
+    from .medusa_decoding import Projection, dense, is_dense
 except ImportError:
-    from medusa_decoding import Projection
+    from medusa_decoding import Projection, dense, is_dense
 
 HEAD_KINDS = ("medusa", "path")
 
@@ -139,12 +139,15 @@ class DraftProjection:
         self._project = Projection(self.weight)
 
     def weight(self) -> torch.Tensor:
+        """The draft rows of the output projection; dense even when the base's is quantised (drafting only
+        proposes: verification uses the base's own projection)."""
         full = self.backbone.output_projection.weight
-        if self.vocab_ids is None:
+        if self.vocab_ids is None and is_dense(full):
             return full
-        source = (full.data_ptr(), full.dtype, full.device)
+        source = (id(full), full.dtype, full.device)
         if self._source != source:
-            self._weight = full.detach()[self.vocab_ids.to(full.device)].contiguous()
+            rows = dense(full.detach())
+            self._weight = (rows if self.vocab_ids is None else rows[self.vocab_ids.to(rows.device)]).contiguous()
             self._source = source
         return self._weight
 

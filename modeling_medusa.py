@@ -284,7 +284,8 @@ class MedusaForASR(PreTrainedModel):
             kwargs.setdefault(self.backbone.required_inputs[0], args[0])
         _check_max_new_tokens(max_new_tokens)
         reason = None if use_medusa else "disabled"
-        reason = (reason or _generation_fallback_reason(kwargs, self.base.generation_config, self.family)
+        reason = (reason or _activation_quantization(self.base)
+                  or _generation_fallback_reason(kwargs, self.base.generation_config, self.family)
                   or self.backbone.unsupported_reason(kwargs))
         if reason is not None:
             if reason != "disabled":
@@ -686,6 +687,17 @@ BASE_CONFIG_SETTINGS = {
 CALL_ONLY_OPTIONS = ("generation_config", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn",
                      "assistant_model", "streamer", "negative_prompt_ids", "custom_generate")
 MODE_NAMES = {"sample": "sampling", "beam_sample": "beam sampling"}
+
+
+def _activation_quantization(base) -> str | None:
+    """Why a base with quantised activations is decoded by its own generate: each activation is rounded to
+    a few bits, so the last-bit differences of verifying several tokens in one pass can move it to the
+    next level, and the output would not be the base's own (weight-only quantisation is exact)."""
+    for name, module in base.named_modules():
+        weight = getattr(module, "weight", None)
+        if getattr(weight, "act_quant_kwargs", None) is not None:  # torchao dynamic activation quantisation
+            return f"a base with quantised activations ({name}: {type(weight).__name__}, dynamic activation scales)"
+    return None
 
 
 def _generation_fallback_reason(kwargs: dict, base_config, family: str) -> str | None:
