@@ -7,20 +7,25 @@ TORCH ?= torch==2.13.0
 APT_PACKAGES = flite ffmpeg
 export HF_HUB_OFFLINE = 1
 
-.PHONY: demo test test-whisper test-meralion2 benchmark system-deps
+.PHONY: demo test test-whisper test-meralion2 lint benchmark system-deps
 
 demo: system-deps $(VENV)/.installed
 	$(VENV)/bin/python example_inference.py
 
-# Both suites always run (one failing does not hide the other); each one's result is printed at the end.
+# Both suites and the linter always run (one failing does not hide the others); each result is printed at the end.
 test:
-	@whisper=0; meralion2=0; \
+	@whisper=0; meralion2=0; lint=0; \
 	$(MAKE) --no-print-directory test-whisper || whisper=$$?; \
 	$(MAKE) --no-print-directory test-meralion2 || meralion2=$$?; \
+	$(MAKE) --no-print-directory lint || lint=$$?; \
 	echo; echo "== test results =="; \
 	if [ $$whisper = 0 ]; then echo "test-whisper   (transformers 5.x):    passed"; else echo "test-whisper   (transformers 5.x):    FAILED"; fi; \
 	if [ $$meralion2 = 0 ]; then echo "test-meralion2 (transformers 4.51.3): passed"; else echo "test-meralion2 (transformers 4.51.3): FAILED"; fi; \
-	[ $$whisper = 0 ] && [ $$meralion2 = 0 ]
+	if [ $$lint = 0 ]; then echo "lint           (ruff, ruff.toml):     passed"; else echo "lint           (ruff, ruff.toml):     FAILED"; fi; \
+	[ $$whisper = 0 ] && [ $$meralion2 = 0 ] && [ $$lint = 0 ]
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
 
 # Baseline vs Medusa on real human speech (fetched from PyPI sdists) with the committed tiny.en heads. New runs
 # go to work_data/benchmarks (never over the committed results in benchmarks/); LIBRISPEECH=<folder> adds those clips.

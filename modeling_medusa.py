@@ -17,8 +17,6 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 try:
@@ -28,7 +26,7 @@ try:
     from .draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
     from .medusa_decoding import DraftTree, EagerRounds, MedusaStats, run_rounds
     from .medusa_fast import CapturedRounds, capture_cuda_graph
-    from .medusa_heads import DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter, build_heads
+    from .medusa_heads import DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter, build_heads  # noqa: F401
 except ImportError:
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
@@ -36,7 +34,7 @@ except ImportError:
     from draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
     from medusa_decoding import DraftTree, EagerRounds, MedusaStats, run_rounds
     from medusa_fast import CapturedRounds, capture_cuda_graph
-    from medusa_heads import DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter, build_heads
+    from medusa_heads import DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter, build_heads  # noqa: F401
 
 HEADS_FILE = "medusa_heads.safetensors"
 DRAFT_VOCAB_KEY = "draft_vocab"  # int64 [V_draft]: the token ids the heads project onto (optional)

@@ -12,7 +12,6 @@ trees, replayed exactly (``pipeline.acceptance``). Writes ``OUT/comparison.json`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 

@@ -19,7 +19,7 @@ def _yaml_scalar(value) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     text = str(value)
-    if text and all(c.isalnum() or c in "-_./" for c in text) and not text[0] in "-./":
+    if text and all(c.isalnum() or c in "-_./" for c in text) and text[0] not in "-./":
         return text
     return json.dumps(text)
 

@@ -4,7 +4,6 @@ measures: how head variants and draft trees are compared without running the bas
 import random
 
 import pytest
-import torch
 
 from conftest import requires_transformers5
 from oracle import OracleDrafter, randomize_heads
