@@ -508,7 +508,7 @@ def main():
 
 def render_markdown(result: dict) -> str:
     floor = result["floor_ms"]
-    lines = [f"# GPU benchmark: MERaLiON-2-3B shape, random weights, bf16",
+    lines = ["# GPU benchmark: MERaLiON-2-3B shape, random weights, bf16",
              "",
              f"{result['device']}, torch {result['torch']}, transformers {result['transformers']}, {result['date']}. "
              f"Floor (one read of the decoder's {result['decoder_weight_GB']:.2f} GB at the measured "
