@@ -156,21 +156,24 @@ class WhisperBackbone(Backbone):
         return self._heads(attn.k_proj(encoder_out)), self._heads(attn.v_proj(encoder_out))
 
     def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits, cache_pool=None):
-        features = inputs["input_features"].to(self.base.device, self.base.dtype)
-        batch = features.shape[0]
+        """Encoder (unless ``encoder_outputs`` are given) and decoder prompt: the one the base's generate builds,
+        or ``decoder_input_ids`` as given (left-padded rows marked by ``decoder_attention_mask``)."""
         encoder_out = getattr(inputs.get("encoder_outputs"), "last_hidden_state", inputs.get("encoder_outputs"))
         if encoder_out is None:
-            encoder_out = self.base.model.encoder(features).last_hidden_state
-        encoder_kv = self._cross_attention_kv(encoder_out)
-        prompt = self.decoder_prompt(encoder_kv, batch, inputs.get("language"), inputs.get("task"))
+            encoder_out = self.encode(inputs)
+        batch = encoder_out.shape[0]
+        encoder_kv = self._cross_attention_kv(encoder_out.to(self.base.device, self.base.dtype))
+        prompt = inputs.get("decoder_input_ids")
+        if prompt is None:
+            prompt = self.decoder_prompt(encoder_kv, batch, inputs.get("language"), inputs.get("task"))
+        prompt = prompt.to(self.base.device)
         prompt_len = prompt.shape[1]
         max_new = self._max_new_tokens(max_new_tokens, prompt_len)
         state = self._empty_state(encoder_kv, batch, prompt_len + max_new + extra_slots, cache_pool)
+        state.first_slot = _left_padding(inputs.get("decoder_attention_mask"), batch, self.base.device)
         hidden = self._forward(state, prompt)
         state.lengths = state.lengths + prompt_len
-        logits = process_logits(self.logits(hidden[:, -1:]), torch.zeros(batch, 1, dtype=torch.long, device=features.device))
-        state.hidden = hidden[:, -1]
-        state.next_token = logits[:, -1].argmax(-1)
+        self.start_decoding(state, hidden, prompt, process_logits)
         return state, max_new, prompt
 
     def _max_new_tokens(self, max_new_tokens, prompt_len) -> int:
@@ -209,7 +212,7 @@ class WhisperBackbone(Backbone):
 
     def decode(self, state: DecodeState, tokens, depths, ancestors, upto: int) -> torch.Tensor:
         n = tokens.shape[1]
-        positions = state.positions(depths).clamp(max=self.config.max_target_positions - 1)
+        positions = state.positions(depths).clamp(0, self.config.max_target_positions - 1)  # (padding: < 0)
         hidden = self.decoder.embed_tokens(tokens) + self.decoder.embed_positions.weight[positions]
         mask = attention_mask(state, depths, ancestors, upto)
         slots = state.slots(n)
@@ -247,4 +250,16 @@ class WhisperBackbone(Backbone):
         """Like Whisper's short-form generate: the new tokens without the final EOS, right-padded."""
         eos = set(self.eos_token_ids)
         return self.padded([g[:-1] if g and g[-1] in eos else g for g in generated], prompt)
+
+
+def _left_padding(mask, batch: int, device) -> torch.Tensor:
+    """Per row, how many leading prompt tokens are padding (the base's long-form generate left-pads the
+    previous windows' text); the base then numbers positions from the first real token, as the state does."""
+    if mask is None:
+        return torch.zeros(batch, dtype=torch.long, device=device)
+    mask = mask.to(device).long()
+    padding = (mask == 0).long().cumprod(dim=1).sum(dim=1)
+    if bool((mask.sum(dim=1) != mask.shape[1] - padding).any()):
+        raise ValueError("decoder_attention_mask must mark left padding only (zeros before the first real token).")
+    return padding
 

@@ -328,7 +328,7 @@ class MedusaForASR(PreTrainedModel):
         drafter = self.make_drafter(tree, state.lengths.device)
         if not fixed_shape:
             return EagerRounds(self.backbone, drafter, process, state, tree, int(state.lengths.max()))
-        key = (id(state.cache), tree, min_new_tokens, id(self.drafter), compile, captured)
+        key = (id(state.cache), tree, process.key, id(self.drafter), compile, captured)
         return self.round_cache.runner(key, state, lambda: CapturedRounds(
             self.backbone, drafter, process, state, tree, use_graph=captured, compile=compile))
 
