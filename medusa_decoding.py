@@ -307,6 +307,11 @@ class Backbone:
         """(keys, values) [B, heads, L, D] of the last decoder layer's attention over the speech."""
         raise ValueError(f"{type(self).__name__} has no cross-attention over the speech to draft from.")
 
+    def windowed(self, kwargs: dict) -> bool:
+        """Whether a call takes the base's own generate, with our decoding for each window it hands over
+        (``window_plan``), instead of being decoded here directly."""
+        return False
+
     def fuse_projections(self) -> bool:
         """Optionally merge projections into fewer, larger GEMMs for the GPU rounds; True if done."""
         return False
@@ -478,6 +483,13 @@ class MedusaStats:
     new_tokens: int = 0  # all generated tokens per row, summed (the prefill's first token included)
     row_rounds: int = 0
 
+    def add(self, other: "MedusaStats"):
+        """Count another window of the same call in."""
+        for name in ("rounds", "drafted_tokens", "accepted_tokens", "emitted_tokens", "new_tokens", "row_rounds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        drafts = [d for d in self.draft.split(", ") if d]
+        self.draft = ", ".join(drafts + [other.draft] if other.draft not in drafts else drafts)
+
     @property
     def mean_accepted_per_round(self) -> float:
         """Tokens emitted per row per verify pass: what a pass really bought."""
@@ -499,6 +511,17 @@ class MedusaStats:
             "mean_accepted_per_round": self.mean_accepted_per_round,
             "acceptance_rate": self.acceptance_rate,
         }
+
+
+@dataclass
+class WindowPlan:
+    """One batch to decode: the backbone's prefill inputs, the logits rules, the new-token budget (None: the
+    base's default) and the EOS ids that end a row."""
+
+    inputs: dict
+    rules: LogitsRules
+    max_new_tokens: int | None
+    eos_token_ids: list
 
 
 # --------------------------------------------------------------------------- one round
