@@ -49,6 +49,9 @@ BASE_LOAD_KWARGS = ("torch_dtype", "dtype", "device_map", "attn_implementation",
 # itself defaults to the base's generation config, as the base's generate does). Whisper: OpenAI's sample length,
 # half its 448 decoder positions, room for a fast-spoken 30 s window; MERaLiON-2: its windows are 300 s long.
 DEFAULT_MAX_NEW_TOKENS = {"whisper": 224, "meralion2": 1536}
+# Seconds of audio per window in the transcription command. MERaLiON-2 takes up to 300 s in one prompt, but its
+# model card advises at most 30 s for ASR; Whisper's long-form generate makes its own 30 s windows.
+DEFAULT_WINDOW_SECONDS = {"whisper": 30.0, "meralion2": 30.0}
 CACHE_ENV = "MEDUSA_ASR_CACHE"
 CONVERSION_MARKER = "conversion.json"  # written last into a base folder converted by pipeline.real_whisper
 TRAIN_HINT = ("Train heads for this base with: python -m pipeline.collect --base BASE --audio AUDIO && "
@@ -191,6 +194,21 @@ class MedusaForASR(PreTrainedModel):
     @property
     def max_audio_seconds(self) -> float:
         return self.backbone.max_audio_seconds
+
+    @property
+    def default_window_seconds(self) -> float:
+        return DEFAULT_WINDOW_SECONDS[self.family]
+
+    @property
+    def timestamped(self) -> bool:
+        """Whether generate(return_timestamps=True, return_segments=True) gives the base's own segments."""
+        return self.family == "whisper"
+
+    def segments(self, output: dict) -> list[list[tuple[float, float, str]]]:
+        """Per row, (start seconds, end seconds, text) of each segment of a ``return_segments=True`` output."""
+        tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        return [[(float(s["start"]), float(s["end"]), tokenizer.decode(s["tokens"], skip_special_tokens=True).strip())
+                 for s in row] for row in output["segments"]]
 
     @property
     def pad_token_id(self) -> int:
