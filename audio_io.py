@@ -327,6 +327,73 @@ def _quiet_cut(samples, start, limit, sample_rate, search_seconds, frame_seconds
     return limit - (n_frames - quietest) * frame + frame // 2  # middle of the quiet frame
 
 
+def windows_in_regions(samples: np.ndarray, regions: list[tuple[int, int]], max_seconds: float,
+                       sample_rate: int = TARGET_SAMPLE_RATE) -> list[Window]:
+    """Windows of at most ``max_seconds`` that cover the speech ``regions`` only: neighbouring regions share
+    a window while they fit (cut in the pause between them), a longer region is split at quiet points."""
+    max_len = int(max_seconds * sample_rate)
+    windows: list[Window] = []
+    for start, end in regions:
+        if windows and end - windows[-1].start <= max_len:
+            windows[-1] = Window(windows[-1].start, end, sample_rate)
+        else:
+            windows += [Window(start + w.start, start + w.end, sample_rate)
+                        for w in plan_windows(samples[start:end], max_seconds, sample_rate)]
+    return windows
+
+
+# --------------------------------------------------------------------------- voice activity
+
+# faster-whisper's vad_filter defaults: speech padded by 0.4 s, pauses under 2 s kept inside a region.
+VAD_PAD_MS, VAD_MIN_SILENCE_MS = 400, 2000
+_VAD_MODEL = []
+
+
+def speech_regions(samples: np.ndarray, sample_rate: int = TARGET_SAMPLE_RATE) -> list[tuple[int, int]]:
+    """Sample ranges ``[start, end)`` that hold speech, found by Silero VAD (the optional silero-vad package,
+    whose model ships in its wheel)."""
+    try:
+        import torch
+        from silero_vad import get_speech_timestamps, load_silero_vad
+    except ImportError as error:
+        raise ImportError("voice-activity detection (--vad) needs silero-vad: pip install silero-vad") from error
+    if not _VAD_MODEL:
+        _VAD_MODEL.append(load_silero_vad())
+    found = get_speech_timestamps(torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32)), _VAD_MODEL[0],
+                                  sampling_rate=sample_rate, speech_pad_ms=VAD_PAD_MS,
+                                  min_silence_duration_ms=VAD_MIN_SILENCE_MS)
+    return [(int(r["start"]), int(r["end"])) for r in found]
+
+
+@dataclass(frozen=True)
+class SpeechOnly:
+    """The speech regions of a file joined into one clip, and the way back to the file's own times."""
+
+    samples: np.ndarray
+    regions: tuple[tuple[int, int], ...]
+    sample_rate: int = TARGET_SAMPLE_RATE
+
+    @classmethod
+    def of(cls, samples: np.ndarray, regions, sample_rate: int = TARGET_SAMPLE_RATE) -> "SpeechOnly":
+        joined = np.concatenate([samples[a:b] for a, b in regions]) if regions else samples[:0]
+        return cls(joined, tuple(regions), sample_rate)
+
+    def original_seconds(self, seconds: float, is_end: bool = False) -> float:
+        """A time in the joined clip as a time in the file; an end on a seam stays in the region before it."""
+        offset, position = 0, seconds * self.sample_rate
+        for index, (start, end) in enumerate(self.regions):
+            length = end - start
+            last = index == len(self.regions) - 1
+            if position < offset + length or (is_end and position <= offset + length) or last:
+                return (start + min(max(position - offset, 0), length)) / self.sample_rate
+            offset += length
+        return seconds
+
+    def original(self, segment: "Segment") -> "Segment":
+        return Segment(self.original_seconds(segment.start), self.original_seconds(segment.end, is_end=True),
+                       segment.text)
+
+
 # --------------------------------------------------------------------------- rendering
 
 
@@ -351,24 +418,78 @@ def _cue_text(text: str) -> str:
     return " ".join(text.split()).replace("-->", "->")
 
 
+# Subtitle conventions (e.g. Netflix's and the BBC's guidelines): short lines, at most two on screen, a few
+# seconds each.
+CUE_LINE_CHARS, CUE_LINES, CUE_SECONDS = 42, 2, 7.0
+
+
+def subtitle_cues(segments: list[Segment], line_chars: int = CUE_LINE_CHARS, lines: int = CUE_LINES,
+                  max_seconds: float = CUE_SECONDS) -> list[Segment]:
+    """Segments as subtitle cues: a segment's words wrapped into lines of at most ``line_chars`` characters,
+    at most ``lines`` lines and ``max_seconds`` per cue, its time shared out by characters; a cue's text holds
+    its lines separated by newlines."""
+    cues = []
+    for segment in segments:
+        words = [piece for word in _cue_text(segment.text).split() for piece in _pieces(word, line_chars)]
+        if not words:
+            continue
+        per_char = max(segment.end - segment.start, 0.0) / (len(" ".join(words)) + 1)  # (+1: the last space)
+        done = 0
+        for group in _cue_groups(_wrap(words, line_chars), lines, max_seconds / per_char if per_char else None):
+            chars = len(" ".join(group)) + 1
+            start = segment.start + done * per_char
+            cues.append(Segment(start, min(start + chars * per_char, start + max_seconds), "\n".join(group)))
+            done += chars
+    return cues
+
+
+def _pieces(word: str, width: int) -> list[str]:
+    return [word[i:i + width] for i in range(0, len(word), width)]
+
+
+def _wrap(words: list[str], width: int) -> list[str]:
+    lines = []
+    for word in words:
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
+def _cue_groups(lines: list[str], per_cue: int, max_chars: float | None) -> list[list[str]]:
+    """Lines grouped ``per_cue`` at a time, fewer (down to one line, then half a line) where a group would
+    take more than ``max_chars`` characters' worth of time."""
+    groups = []
+    for line in lines:
+        if groups and len(groups[-1]) < per_cue and (max_chars is None or
+                                                     len(" ".join(groups[-1] + [line])) <= max_chars):
+            groups[-1].append(line)
+        elif max_chars is not None and len(line) > max_chars and " " in line:
+            words = line.split()
+            halves = [" ".join(words[: len(words) // 2]), " ".join(words[len(words) // 2:])]
+            groups += _cue_groups(halves, per_cue, max_chars)
+        else:
+            groups.append([line])
+    return groups
+
+
 def render_txt(text: str) -> str:
     return text.strip() + "\n"
 
 
 def render_srt(segments: list[Segment]) -> str:
-    cues = [s for s in segments if _cue_text(s.text)]
     blocks = [
-        f"{i}\n{format_timestamp(s.start)} --> {format_timestamp(s.end)}\n{_cue_text(s.text)}\n"
-        for i, s in enumerate(cues, start=1)
+        f"{i}\n{format_timestamp(s.start)} --> {format_timestamp(s.end)}\n{s.text}\n"
+        for i, s in enumerate(subtitle_cues(segments), start=1)
     ]
     return "\n".join(blocks)
 
 
 def render_vtt(segments: list[Segment]) -> str:
-    cues = [s for s in segments if _cue_text(s.text)]
     blocks = ["WEBVTT\n"]
-    for s in cues:
-        text = _cue_text(s.text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    for s in subtitle_cues(segments):
+        text = s.text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
         blocks.append(f"{format_timestamp(s.start, '.')} --> {format_timestamp(s.end, '.')}\n{text}\n")
     return "\n".join(blocks)
 

@@ -121,9 +121,7 @@ class MERaLiON2Backbone(Backbone):
         causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=embeds.device).tril()
         hidden = self._forward_embeds(state, embeds, depths, causal, upto=prompt_len)
         state.lengths = state.lengths + prompt_len
-        logits = process_logits(self.logits(hidden[:, -1:]), torch.zeros(batch, 1, dtype=torch.long, device=embeds.device))
-        state.hidden = hidden[:, -1]
-        state.next_token = logits[:, -1].argmax(-1)
+        self.start_decoding(state, hidden, input_ids, process_logits)
         return state, max_new, input_ids
 
     def _max_new_tokens(self, max_new_tokens, prompt_len) -> int:

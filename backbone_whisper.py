@@ -10,9 +10,11 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from .medusa_decoding import Backbone, DecodeState, Projection, StaticKVCache, attention_mask, suppression_processor
+    from .medusa_decoding import (Backbone, ChainedRules, ChunkPath, DecodeState, LogitsRules, Projection,
+                                  StaticKVCache, WindowPlan, attention_mask, suppression_processor)
 except ImportError:
-    from medusa_decoding import Backbone, DecodeState, Projection, StaticKVCache, attention_mask, suppression_processor
+    from medusa_decoding import (Backbone, ChainedRules, ChunkPath, DecodeState, LogitsRules, Projection,
+                                 StaticKVCache, WindowPlan, attention_mask, suppression_processor)
 
 
 class WhisperBackbone(Backbone):
@@ -54,14 +56,55 @@ class WhisperBackbone(Backbone):
         return state.extra["cross_keys"][-1], state.extra["cross_values"][-1]
 
     def unsupported_reason(self, kwargs: dict) -> str | None:
-        if kwargs.get("return_timestamps"):
-            return "timestamps"
-        if kwargs.get("prompt_ids") is not None:
-            return "prompt_ids"
-        features = kwargs.get("input_features")
-        if features is not None and features.shape[-1] > 2 * self.config.max_source_positions:
-            return "long-form audio (more than 30 s of features); split it into 30 s windows"
         return None
+
+    def windowed(self, kwargs: dict) -> bool:
+        """Timestamps, segments, prompt ids and long-form audio (over 30 s of features) take the base's own
+        generate, which hands each window's decoding to us; plain short-form calls are decoded directly."""
+        timestamps = kwargs.get("return_timestamps", getattr(self.gen, "return_timestamps", None))
+        features = kwargs.get("input_features")
+        long_form = features is not None and features.shape[-1] > 2 * self.config.max_source_positions
+        return bool(timestamps or kwargs.get("return_segments") or kwargs.get("prompt_ids") is not None or long_form)
+
+    def window_plan(self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
+        """The window the base's generate hands to its decoding method (these are that method's arguments) as
+        a ``WindowPlan`` for our decoding, or the reason it is not one (then the base decodes it itself)."""
+        from transformers.generation import logits_process, stopping_criteria as criteria
+
+        if generation_config.do_sample or (generation_config.num_beams or 1) > 1:
+            return "sampling or beam search (a temperature-fallback retry)"
+        if generation_config.return_dict_in_generate:
+            return "scores or other generate outputs beyond the ids"
+        prompt_length = input_ids.shape[1]
+        max_length, eos = None, self.eos_token_ids
+        for criterion in stopping_criteria:
+            if isinstance(criterion, criteria.MaxLengthCriteria):
+                max_length = criterion.max_length
+            elif isinstance(criterion, criteria.EosTokenCriteria):
+                eos = criterion.eos_token_id.tolist()
+            else:
+                return f"the stopping criterion {type(criterion).__name__}"
+        if max_length is None or max_length <= prompt_length:
+            return "a window without room for new tokens"
+        suppress = {"always": [], "at_begin": [], "min_new_tokens": 0, "eos_token_ids": eos}
+        timestamps = None
+        for processor in logits_processor:
+            if timestamps is not None:  # (the base applies its timestamp rules last)
+                return f"the logits processor {type(processor).__name__} after the timestamp rules"
+            if isinstance(processor, logits_process.WhisperTimeStampLogitsProcessor) and \
+                    processor.begin_index == prompt_length:
+                timestamps = TimestampRules(processor, self.vocab_size, self.base.device)
+            elif not _add_suppression(suppress, processor, prompt_length):
+                return f"the logits processor {type(processor).__name__}"
+        mask = model_kwargs.get("decoder_attention_mask")
+        if mask is not None and not _is_left_padding(mask):
+            return "a decoder attention mask other than left padding"
+        rules = suppression_processor(self.vocab_size, self.base.device, suppress["eos_token_ids"],
+                                      suppress["min_new_tokens"] or None, suppress["always"], suppress["at_begin"])
+        inputs = {"encoder_outputs": model_kwargs["encoder_outputs"], "decoder_input_ids": input_ids,
+                  "decoder_attention_mask": mask}
+        return WindowPlan(inputs, ChainedRules(rules, timestamps) if timestamps else rules,
+                          max_length - prompt_length, eos)
 
     # ------------------------------------------------------------------ prompt & logits rules
     def decoder_prompt(self, encoder_kv, batch: int, language=None, task=None) -> torch.Tensor:
@@ -156,21 +199,24 @@ class WhisperBackbone(Backbone):
         return self._heads(attn.k_proj(encoder_out)), self._heads(attn.v_proj(encoder_out))
 
     def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits, cache_pool=None):
-        features = inputs["input_features"].to(self.base.device, self.base.dtype)
-        batch = features.shape[0]
+        """Encoder (unless ``encoder_outputs`` are given) and decoder prompt: the one the base's generate builds,
+        or ``decoder_input_ids`` as given (left-padded rows marked by ``decoder_attention_mask``)."""
         encoder_out = getattr(inputs.get("encoder_outputs"), "last_hidden_state", inputs.get("encoder_outputs"))
         if encoder_out is None:
-            encoder_out = self.base.model.encoder(features).last_hidden_state
-        encoder_kv = self._cross_attention_kv(encoder_out)
-        prompt = self.decoder_prompt(encoder_kv, batch, inputs.get("language"), inputs.get("task"))
+            encoder_out = self.encode(inputs)
+        batch = encoder_out.shape[0]
+        encoder_kv = self._cross_attention_kv(encoder_out.to(self.base.device, self.base.dtype))
+        prompt = inputs.get("decoder_input_ids")
+        if prompt is None:
+            prompt = self.decoder_prompt(encoder_kv, batch, inputs.get("language"), inputs.get("task"))
+        prompt = prompt.to(self.base.device)
         prompt_len = prompt.shape[1]
         max_new = self._max_new_tokens(max_new_tokens, prompt_len)
         state = self._empty_state(encoder_kv, batch, prompt_len + max_new + extra_slots, cache_pool)
+        state.first_slot = _left_padding(inputs.get("decoder_attention_mask"), batch, self.base.device)
         hidden = self._forward(state, prompt)
         state.lengths = state.lengths + prompt_len
-        logits = process_logits(self.logits(hidden[:, -1:]), torch.zeros(batch, 1, dtype=torch.long, device=features.device))
-        state.hidden = hidden[:, -1]
-        state.next_token = logits[:, -1].argmax(-1)
+        self.start_decoding(state, hidden, prompt, process_logits)
         return state, max_new, prompt
 
     def _max_new_tokens(self, max_new_tokens, prompt_len) -> int:
@@ -209,7 +255,7 @@ class WhisperBackbone(Backbone):
 
     def decode(self, state: DecodeState, tokens, depths, ancestors, upto: int) -> torch.Tensor:
         n = tokens.shape[1]
-        positions = state.positions(depths).clamp(max=self.config.max_target_positions - 1)
+        positions = state.positions(depths).clamp(0, self.config.max_target_positions - 1)  # (padding: < 0)
         hidden = self.decoder.embed_tokens(tokens) + self.decoder.embed_positions.weight[positions]
         mask = attention_mask(state, depths, ancestors, upto)
         slots = state.slots(n)
@@ -247,4 +293,99 @@ class WhisperBackbone(Backbone):
         """Like Whisper's short-form generate: the new tokens without the final EOS, right-padded."""
         eos = set(self.eos_token_ids)
         return self.padded([g[:-1] if g and g[-1] in eos else g for g in generated], prompt)
+
+
+def _left_padding(mask, batch: int, device) -> torch.Tensor:
+    """Per row, how many leading prompt tokens are padding (the base's long-form generate left-pads the
+    previous windows' text); the base then numbers positions from the first real token, as the state does."""
+    if mask is None:
+        return torch.zeros(batch, dtype=torch.long, device=device)
+    return (mask.to(device) == 0).long().cumprod(dim=1).sum(dim=1)
+
+
+def _is_left_padding(mask: torch.Tensor) -> bool:
+    padding = (mask == 0).long().cumprod(dim=1).sum(dim=1)
+    return bool((mask.long().sum(dim=1) == mask.shape[1] - padding).all())
+
+
+def _add_suppression(suppress: dict, processor, prompt_length: int) -> bool:
+    """Fold one of the base's token-blocking processors into ``suppress`` (the arguments of
+    ``suppression_processor``); False when it is not one this window can take."""
+    from transformers.generation import logits_process as lp
+
+    if isinstance(processor, lp.SuppressTokensLogitsProcessor):
+        suppress["always"] += processor.suppress_tokens.tolist()
+    elif isinstance(processor, lp.SuppressTokensAtBeginLogitsProcessor) and processor.begin_index == prompt_length:
+        suppress["at_begin"] += processor.begin_suppress_tokens.tolist()
+    elif isinstance(processor, lp.MinNewTokensLengthLogitsProcessor) and \
+            processor.prompt_length_to_skip == prompt_length:
+        suppress["min_new_tokens"] = max(suppress["min_new_tokens"], processor.min_new_tokens)
+        suppress["eos_token_ids"] = torch.as_tensor(processor.eos_token_id).flatten().tolist()
+    elif isinstance(processor, lp.MinLengthLogitsProcessor):
+        suppress["min_new_tokens"] = max(suppress["min_new_tokens"], processor.min_length - prompt_length)
+        suppress["eos_token_ids"] = torch.as_tensor(processor.eos_token_id).flatten().tolist()
+    else:
+        return False
+    return True
+
+
+class TimestampRules(LogitsRules):
+    """transformers' ``WhisperTimeStampLogitsProcessor`` at every node of a verify chunk at once, a node's
+    history being the tokens generated so far plus the drafts on its path: <|notimestamps|> never; timestamps
+    in pairs except before EOS; never below the last one (nor the same again, unless it closes a pair);
+    the first token a timestamp no later than ``max_initial_timestamp_index``; and text blocked where the
+    timestamps' total log-probability beats every single text token. The per-row history is the token before
+    the root and the last timestamp before it (-1: none)."""
+
+    def __init__(self, processor, vocab: int, device):
+        self.timestamp_begin = int(processor.timestamp_begin)
+        self.no_timestamps = int(processor.no_timestamps_token_id)
+        self.text_end = int(processor.eos_token_id)  # a closing timestamp is followed by a timestamp or EOS on
+        self.max_initial = processor.max_initial_timestamp_index
+        self.from_logprob = bool(processor._detect_timestamp_from_logprob)
+        self.ids = torch.arange(vocab, device=device)
+        self.key = ("timestamps", self.timestamp_begin, self.no_timestamps, self.text_end, self.max_initial,
+                    self.from_logprob, vocab)
+
+    def start(self, batch: int, device) -> dict:
+        none = torch.full((batch,), -1, dtype=torch.long, device=device)
+        return {"before_root": none, "last_timestamp": none.clone()}
+
+    def _last_timestamps(self, path: ChunkPath) -> torch.Tensor:
+        """[B, N] the last timestamp generated up to and including each node (-1: none yet)."""
+        tokens, generated = path.path_tokens()
+        is_timestamp = generated & (tokens >= self.timestamp_begin)
+        steps = torch.arange(tokens.shape[-1], device=tokens.device)
+        deepest = torch.where(is_timestamp, steps, -1).max(dim=-1).values
+        on_path = tokens.gather(-1, deepest.clamp(min=0)[..., None])[..., 0]
+        return torch.where(deepest >= 0, on_path, path.history["last_timestamp"][:, None])
+
+    def __call__(self, logits, num_generated, path=None):
+        begin, ids = self.timestamp_begin, self.ids
+        before = torch.where(path.tree.depths[None, :] == 0, path.history["before_root"][:, None], path.parent_tokens)
+        last_is_timestamp = (num_generated >= 1) & (path.tokens >= begin)
+        before_is_timestamp = (num_generated < 2) | (before >= begin)
+        opens_pair = last_is_timestamp & ~before_is_timestamp
+        last = self._last_timestamps(path)
+        lowest = torch.where(last < 0, begin, torch.where(opens_pair, last, last + 1))
+        is_timestamp = ids >= begin
+        blocked = ((ids == self.no_timestamps)
+                   | ((last_is_timestamp & before_is_timestamp)[..., None] & is_timestamp)
+                   | (opens_pair[..., None] & (ids < self.text_end))
+                   | (is_timestamp & (ids < lowest[..., None])))
+        first = (num_generated == 0)[..., None]
+        blocked |= first & ~is_timestamp
+        if self.max_initial is not None:
+            blocked |= first & (ids > begin + self.max_initial)
+        logits = logits.masked_fill(blocked, float("-inf"))
+        if self.from_logprob:
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            timestamp = logprobs[..., begin:].logsumexp(dim=-1)
+            text = logprobs[..., :begin].max(dim=-1).values
+            logits = logits.masked_fill((timestamp > text)[..., None] & ~is_timestamp, float("-inf"))
+        return logits
+
+    def advance(self, path, best) -> dict:
+        rows = torch.arange(best.shape[0], device=best.device)
+        return {"before_root": path.tokens[rows, best], "last_timestamp": self._last_timestamps(path)[rows, best]}
 

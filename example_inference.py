@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 import audio_io
-from audio_io import AudioError, AudioSource, Segment, Window
+from audio_io import AudioError, AudioSource, Segment, SpeechOnly, Window
 
 SCRIPT_DIR = Path(__file__).resolve().parent
 DEFAULT_MODEL = "heads/whisper-tiny.en"  # relative to this script
@@ -119,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --output: transcribe again even where the output is up to date")
     parser.add_argument("--max-new-tokens", type=_positive_int, default=None,
                         help="per window (default: by model family, modeling_medusa.DEFAULT_MAX_NEW_TOKENS)")
+    parser.add_argument("--vad", action="store_true",
+                        help="transcribe only the speech that voice-activity detection finds (needs silero-vad); "
+                        "a file without speech gives an empty transcript")
+    parser.add_argument("--window-seconds", type=float, default=None,
+                        help="MERaLiON-2: seconds of audio per window (default 30, as its model card advises for "
+                        "ASR; at most 300). Whisper always takes the whole file (its own 30 s long-form windows)")
     parser.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -209,6 +215,21 @@ def window_token_budget(model, asked: int | None, prompt_options: dict) -> int:
     return asked
 
 
+def _vad_problem() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("silero_vad") is None:
+        return "--vad needs the silero-vad package (its model ships in the wheel): pip install silero-vad"
+    return None
+
+
+def _window_option_problem(args, model) -> str | None:
+    limit = float(model.max_audio_seconds)
+    if args.window_seconds is not None and not 0 < args.window_seconds <= limit:
+        return f"--window-seconds {args.window_seconds:g} is outside this model's 0-{limit:g} s; pass at most {limit:g}"
+    return None
+
+
 def _looks_like_local_path(name: str) -> bool:
     """Absolute, ``./``/``~``-prefixed, or the bundled default: not a Hub repo id."""
     return name == default_model_path() or name.startswith((os.sep, ".", "~")) or Path(name).is_absolute()
@@ -266,12 +287,12 @@ class Transcriber:
         inputs = self.model.prepare_audio_inputs(windows, **self.prompt_options)
         return _to_model_device(inputs, self.model)
 
-    def generate(self, inputs: dict, use_medusa: bool | None = None, max_new_tokens: int | None = None):
+    def generate(self, inputs: dict, use_medusa: bool | None = None, max_new_tokens: int | None = None, **options):
         use_medusa = self.use_medusa if use_medusa is None else use_medusa
         extra = {"compile": True} if use_medusa and self.compile else {}
         sequences, stats = self.model.generate(
             **inputs, max_new_tokens=max_new_tokens or self.max_new_tokens, use_medusa=use_medusa, return_stats=True,
-            **extra,
+            **extra, **options,
         )
         _synchronize(self.model)
         return sequences, stats
@@ -284,6 +305,13 @@ class Transcriber:
         if len(texts) != len(windows):
             raise RuntimeError(f"model returned {len(texts)} transcripts for {len(windows)} windows")
         return [t.strip() for t in texts]
+
+    def transcribe_segments(self, audios: list[np.ndarray]) -> list[list[Segment]]:
+        """Whole recordings, each as the model's own timestamped segments (Whisper: long-form over 30 s)."""
+        inputs = self.prepare(audios)
+        output, stats = self.generate(inputs, return_timestamps=True, return_segments=True)
+        self.stats.add(stats)
+        return [[Segment(start, end, text) for start, end, text in row if text] for row in self.model.segments(output)]
 
 
 def _to_model_device(inputs: dict, model) -> dict:
@@ -373,9 +401,10 @@ class FileJob:
     source: AudioSource
     duration: float
     windows: list[Window]
-    texts: list[str | None]
+    texts: list  # per window its text, or (whole-file jobs) the file's segments
     remaining: int
     failed: bool = False
+    speech: SpeechOnly | None = None  # --vad on a whole-file job: how the joined speech maps back to the file
 
 
 @dataclass
@@ -383,6 +412,7 @@ class WindowTask:
     job: FileJob
     index: int
     samples: np.ndarray
+    kind: str = "window"  # "window", or a whole file: "short" (one 30 s window) / "long" (long-form)
 
 
 @dataclass
@@ -423,7 +453,9 @@ class TranscriptionRun:
         self.names = (self.records.output_names(sources, args.format) if self.records
                       else audio_io.output_names(sources, args.format))
         self.settings = transcript_settings(args, model_name, transcriber)
-        self.max_seconds = float(transcriber.model.max_audio_seconds)
+        model = transcriber.model
+        self.max_seconds = float(args.window_seconds or getattr(model, "default_window_seconds", model.max_audio_seconds))
+        self.whole_files = bool(getattr(model, "timestamped", False))  # the model windows and times them itself
         self.summary = RunSummary()
         self.queue: list[WindowTask] = []
         self.file_bar = self.window_bar = None
@@ -474,19 +506,44 @@ class TranscriptionRun:
             self.summary.skipped_silent += 1
             self.file_bar.update(1)
             return
-        self.enqueue(source, samples)
+        try:
+            regions = audio_io.speech_regions(samples) if self.args.vad else None
+        except Exception as error:  # noqa: BLE001 - one file's VAD failure must not end the run
+            self.fail_file(f"{source.path}: voice-activity detection failed ({_one_line(error)})")
+            return
+        if self.whole_files:
+            self.enqueue_file(source, samples, regions)
+        else:
+            self.enqueue(source, samples, regions)
 
-    def enqueue(self, source: AudioSource, samples: np.ndarray) -> None:
-        windows = audio_io.plan_windows(samples, self.max_seconds)
+    def enqueue(self, source: AudioSource, samples: np.ndarray, regions=None) -> None:
+        """Windows of ``max_seconds`` cut at quiet points (with ``regions``: over the speech only)."""
+        windows = (audio_io.plan_windows(samples, self.max_seconds) if regions is None
+                   else audio_io.windows_in_regions(samples, regions, self.max_seconds))
         job = FileJob(source, audio_io.duration_seconds(samples), windows, [None] * len(windows), len(windows))
         self.window_bar.total += len(windows)
         self.window_bar.refresh()
+        if not windows:
+            self.finish_file(job)
         for index, window in enumerate(windows):
             piece = samples[window.start : window.end]
             if audio_io.is_silent(piece):  # a silent stretch of a long file: nothing to say
                 self.window_done(job, index, "")
             else:
                 self.queue.append(WindowTask(job, index, piece))
+
+    def enqueue_file(self, source: AudioSource, samples: np.ndarray, regions=None) -> None:
+        """The whole file as one task (with ``regions``: its speech joined); the model makes the segments."""
+        speech = SpeechOnly.of(samples, regions) if regions is not None else None
+        audio = speech.samples if speech is not None else samples
+        job = FileJob(source, audio_io.duration_seconds(samples), [Window(0, len(samples))], [None], 1, speech=speech)
+        self.window_bar.total += 1
+        self.window_bar.refresh()
+        if not len(audio):  # --vad found no speech: nothing to say
+            self.window_done(job, 0, [])
+            return
+        kind = "long" if len(audio) > self.max_seconds * audio_io.TARGET_SAMPLE_RATE else "short"
+        self.queue.append(WindowTask(job, 0, audio, kind))
 
     def fail_file(self, message: str, job: FileJob | None = None) -> None:
         if job is not None:
@@ -503,12 +560,15 @@ class TranscriptionRun:
     # -- per batch
 
     def decode_next_batch(self) -> None:
+        """The next batch of tasks of one kind (a short file would be decoded otherwise in a long-form batch)."""
         self.queue = [task for task in self.queue if not task.job.failed]
-        batch, self.queue = self.queue[: self.args.batch_size], self.queue[self.args.batch_size :]
-        if not batch:
+        if not self.queue:
             return
+        same = [task for task in self.queue if task.kind == self.queue[0].kind][: self.args.batch_size]
+        batch, self.queue = same, [task for task in self.queue if all(task is not b for b in same)]
+        transcribe = self.transcriber.transcribe if batch[0].kind == "window" else self.transcriber.transcribe_segments
         try:
-            texts = self.transcriber.transcribe([task.samples for task in batch])
+            texts = transcribe([task.samples for task in batch])
         except Exception as error:  # one bad batch must not end the run
             for task in batch:
                 self.fail_file(f"{task.job.source.path}: model failed on this audio ({_one_line(error)})", task.job)
@@ -516,7 +576,7 @@ class TranscriptionRun:
         for task, text in zip(batch, texts):
             self.window_done(task.job, task.index, text)
 
-    def window_done(self, job: FileJob, index: int, text: str) -> None:
+    def window_done(self, job: FileJob, index: int, text) -> None:
         job.texts[index] = text
         job.remaining -= 1
         self.window_bar.update(1)
@@ -524,8 +584,11 @@ class TranscriptionRun:
             self.finish_file(job)
 
     def finish_file(self, job: FileJob) -> None:
-        text = " ".join(t for t in job.texts if t)
-        segments = [Segment(w.start_seconds, w.end_seconds, t) for w, t in zip(job.windows, job.texts)]
+        if self.whole_files:
+            segments = [job.speech.original(s) if job.speech else s for s in job.texts[0]]
+        else:
+            segments = [Segment(w.start_seconds, w.end_seconds, t) for w, t in zip(job.windows, job.texts)]
+        text = " ".join(s.text for s in segments if s.text)
         rendered = audio_io.render_transcript(self.args.format, text, segments, self.json_record(job, text, segments))
         try:
             self.emit(job.source, rendered)
@@ -567,7 +630,9 @@ def transcript_settings(args, model_name: str, transcriber: Transcriber) -> dict
     local = Path(model_name).expanduser()
     return {"model": str(local.resolve()) if local.is_dir() else model_name, "base": args.base,
             "dtype": str(getattr(transcriber.model, "dtype", args.dtype)), "format": args.format,
-            "max_new_tokens": transcriber.max_new_tokens, **transcriber.prompt_options}
+            "max_new_tokens": transcriber.max_new_tokens, **transcriber.prompt_options,
+            **({"vad": True} if args.vad else {}),
+            **({"window_seconds": args.window_seconds} if args.window_seconds else {})}
 
 
 def _one_line(error: BaseException) -> str:
@@ -670,7 +735,7 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
         log(f"Summary: 0 done, {len(input_errors)} failed: no audio files to transcribe")
         return EXIT_FILE_FAILED
 
-    problem = args.output is not None and output_folder_problem(args.output)
+    problem = (args.output is not None and output_folder_problem(args.output)) or (args.vad and _vad_problem())
     if problem:
         log(f"error: {problem}")
         return EXIT_USER_ERROR
@@ -686,6 +751,10 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
         log("interrupted while loading the model; nothing was written")
         return EXIT_INTERRUPTED
     load_seconds = time.perf_counter() - started
+    problem = _window_option_problem(args, model)
+    if problem:
+        log(f"error: {problem}")
+        return EXIT_USER_ERROR
     prompt_options = {k: v for k, v in (("language", args.language), ("task", args.task)) if v}
     try:
         if prompt_options:

@@ -7,8 +7,9 @@ Nothing here knows about audio, Whisper or MERaLiON-2. A backbone adapter suppli
   the text decoder over new tokens written into the cache at ``state.lengths + arange(T)``, attending
   to the first ``upto`` cache slots;
 * ``logits(hidden) -> [..., V]``: the base output projection (with any soft-capping);
-* ``process_logits(logits[B, T, V], num_generated[B, T]) -> logits``: the base generate's
-  logits processors (token suppression, min_new_tokens), so argmax equals the base's choice.
+* ``process_logits(logits[B, T, V], num_generated[B, T], path) -> logits``: the base generate's
+  logits processors (token suppression, min_new_tokens, Whisper's timestamp rules) as ``LogitsRules``,
+  so argmax equals the base's choice at every node of the chunk.
 
 A chain of K drafts is the tree with one node per depth, so one code path serves both. Drafting is the
 drafter's (``medusa_heads.py``): ``drafter(state) -> chunk[B, N]``, the root token and the draft tokens.
@@ -316,9 +317,24 @@ class Backbone:
         """(keys, values) [B, heads, L, D] of the last decoder layer's attention over the speech."""
         raise ValueError(f"{type(self).__name__} has no cross-attention over the speech to draft from.")
 
+    def windowed(self, kwargs: dict) -> bool:
+        """Whether a call takes the base's own generate, with our decoding for each window it hands over
+        (``window_plan``), instead of being decoded here directly."""
+        return False
+
     def fuse_projections(self) -> bool:
         """Optionally merge projections into fewer, larger GEMMs for the GPU rounds; True if done."""
         return False
+
+    def start_decoding(self, state: "DecodeState", hidden: torch.Tensor, prompt: torch.Tensor, process_logits):
+        """The prefill's last step: the logits rules' history, then the first token (the processed argmax
+        after the prompt's last hidden state ``hidden[:, -1]``)."""
+        batch, device = hidden.shape[0], hidden.device
+        state.hidden = hidden[:, -1]
+        state.history = process_logits.start(batch, device)
+        nothing_yet = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        path = ChunkPath(prompt[:, -1:].to(device), DraftTree(()).tensors(device), state.history, nothing_yet)
+        state.next_token = process_logits(self.logits(hidden[:, -1:]), nothing_yet, path)[:, -1].argmax(-1)
 
     def padded(self, rows: list[list[int]], like: torch.Tensor) -> torch.Tensor:
         """Token rows right-padded with the pad id into one [B, max_len] tensor."""
@@ -332,32 +348,102 @@ class Backbone:
 # --------------------------------------------------------------------------- logits rules
 
 
-def suppression_processor(vocab: int, device, eos_token_ids, min_new_tokens=None, always=None, at_begin=None):
-    """The base generate's token-blocking processors, vectorised over a verify chunk.
+@dataclass
+class ChunkPath:
+    """What a logits rule may read about the tokens before each chunk node: the chunk itself (root = the last
+    emitted token, then drafts), the tree it forms, and the per-row history the rules keep in the state."""
 
-    ``num_generated[b, t]`` counts the tokens generated before the one chunk row t predicts:
-    ``always`` ids are never chosen, ``at_begin`` ids not as the first token, EOS not before
-    ``min_new_tokens``. Blocked ids are written in place (a few ids, not a pass over the vocabulary).
-    """
-    suppress = _token_ids(always, vocab, device)
-    begin = _token_ids(at_begin, vocab, device)
-    eos = _token_ids(eos_token_ids, vocab, device)
+    tokens: torch.Tensor  # [B, N]
+    tree: "TreeTensors"
+    history: dict  # name -> [B] tensors (see LogitsRules.start)
+    num_generated: torch.Tensor  # [B, N] tokens generated before the one each node predicts
 
-    def process(logits: torch.Tensor, num_generated: torch.Tensor) -> torch.Tensor:
-        blocked = float("-inf")
-        if suppress.numel():
-            logits = logits.index_fill(-1, suppress, blocked)
-        if begin.numel():
-            first = (num_generated == 0)[..., None]
-            logits = logits.scatter(-1, begin.expand(*logits.shape[:-1], -1),
-                                    torch.where(first, blocked, logits[..., begin]))
-        if min_new_tokens and eos.numel():
-            early = (num_generated < min_new_tokens)[..., None]
-            logits = logits.scatter(-1, eos.expand(*logits.shape[:-1], -1),
-                                    torch.where(early, blocked, logits[..., eos]))
+    @property
+    def parent_tokens(self) -> torch.Tensor:
+        return self.tokens[:, self.tree.parents]
+
+    def path_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens from the root to each node [B, N, depth+1], and which of them are generated tokens of this
+        call on that node's path [B, N, depth+1] (the root is not one when nothing was generated yet)."""
+        steps = torch.arange(self.tree.path_nodes.shape[1], device=self.tokens.device)
+        on_path = steps[None, :] <= self.tree.depths[:, None]  # [N, D+1]
+        root_generated = self.num_generated - self.tree.depths[None, :]  # [B, N]: generated up to the root
+        generated = on_path[None] & (root_generated[..., None] + steps >= 1)
+        return self.tokens[:, self.tree.path_nodes], generated
+
+
+class LogitsRules:
+    """The base generate's logits processors as one vectorised function over a verify chunk:
+    ``rules(logits [B, T, V], num_generated [B, T], path) -> logits``. Rules that look back at the emitted
+    tokens keep a small per-row history in ``DecodeState.history`` (fixed shapes, on the device, no host
+    sync), made by ``start`` and carried over the accepted path by ``advance``. ``key`` names everything
+    the rules depend on: a kept fixed-shape round is reused only for equal keys."""
+
+    key: tuple = ()
+
+    def __call__(self, logits: torch.Tensor, num_generated: torch.Tensor, path: ChunkPath | None = None):
         return logits
 
-    return process
+    def start(self, batch: int, device) -> dict:
+        return {}
+
+    def advance(self, path: ChunkPath, best: torch.Tensor) -> dict:
+        """The history after the round that accepted the path to ``best`` [B]."""
+        return path.history
+
+
+class ChainedRules(LogitsRules):
+    """Rules applied in order, as the base applies its list of processors."""
+
+    def __init__(self, *rules: LogitsRules):
+        self.rules = rules
+        self.key = tuple(rule.key for rule in rules)
+
+    def __call__(self, logits, num_generated, path=None):
+        for rule in self.rules:
+            logits = rule(logits, num_generated, path)
+        return logits
+
+    def start(self, batch, device) -> dict:
+        return {name: value for rule in self.rules for name, value in rule.start(batch, device).items()}
+
+    def advance(self, path, best) -> dict:
+        return {name: value for rule in self.rules for name, value in rule.advance(path, best).items()}
+
+
+class SuppressionRules(LogitsRules):
+    """The base generate's token-blocking processors: ``always`` ids are never chosen, ``at_begin`` ids not
+    as the first token, EOS not before ``min_new_tokens``. Blocked ids are written in place (a few ids, not a
+    pass over the vocabulary)."""
+
+    def __init__(self, vocab: int, device, eos_token_ids, min_new_tokens=None, always=None, at_begin=None):
+        self.suppress = _token_ids(always, vocab, device)
+        self.begin = _token_ids(at_begin, vocab, device)
+        self.eos = _token_ids(eos_token_ids, vocab, device)
+        self.min_new_tokens = min_new_tokens
+        self.key = ("suppress", *(tuple(t.tolist()) for t in (self.suppress, self.begin, self.eos)), min_new_tokens)
+
+    def __call__(self, logits, num_generated, path=None):
+        blocked = float("-inf")
+        if self.suppress.numel():
+            logits = logits.index_fill(-1, self.suppress, blocked)
+        if self.begin.numel():
+            logits = _block_where(logits, self.begin, num_generated == 0)
+        if self.min_new_tokens and self.eos.numel():
+            logits = _block_where(logits, self.eos, num_generated < self.min_new_tokens)
+        return logits
+
+
+def suppression_processor(vocab: int, device, eos_token_ids, min_new_tokens=None, always=None, at_begin=None):
+    """``SuppressionRules`` for these ids (``num_generated[b, t]`` counts the tokens generated before the
+    one chunk row t predicts)."""
+    return SuppressionRules(vocab, device, eos_token_ids, min_new_tokens, always, at_begin)
+
+
+def _block_where(logits: torch.Tensor, ids: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """-inf for ``ids`` at the positions ``where`` [...] holds."""
+    return logits.scatter(-1, ids.expand(*logits.shape[:-1], -1),
+                          torch.where(where[..., None], float("-inf"), logits[..., ids]))
 
 
 def _token_ids(token_ids, vocab: int, device) -> torch.Tensor:
@@ -379,6 +465,7 @@ class DecodeState:
     hidden: torch.Tensor  # [B, H]
     next_token: torch.Tensor  # [B]
     extra: dict = field(default_factory=dict)  # family-specific per-layer tensors [layers, B, ...] (cross-attn K/V)
+    history: dict = field(default_factory=dict)  # per-row tensors [B] the logits rules keep (LogitsRules.start)
 
     def positions(self, depths: torch.Tensor) -> torch.Tensor:
         return (self.lengths - self.first_slot)[:, None] + depths[None, :]
@@ -391,6 +478,7 @@ class DecodeState:
         self.lengths, self.first_slot = self.lengths[rows], self.first_slot[rows]
         self.hidden, self.next_token = self.hidden[rows], self.next_token[rows]
         self.extra = {k: v[:, rows] for k, v in self.extra.items()}
+        self.history = {k: v[rows] for k, v in self.history.items()}
 
 
 @dataclass
@@ -404,6 +492,13 @@ class MedusaStats:
     emitted_tokens: int = 0  # tokens the rounds emitted (accepted drafts + the base's own token, EOS included)
     new_tokens: int = 0  # all generated tokens per row, summed (the prefill's first token included)
     row_rounds: int = 0
+
+    def add(self, other: "MedusaStats"):
+        """Count another window of the same call in."""
+        for name in ("rounds", "drafted_tokens", "accepted_tokens", "emitted_tokens", "new_tokens", "row_rounds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        drafts = [d for d in self.draft.split(", ") if d]
+        self.draft = ", ".join(drafts + [other.draft] if other.draft not in drafts else drafts)
 
     @property
     def mean_accepted_per_round(self) -> float:
@@ -426,6 +521,17 @@ class MedusaStats:
             "mean_accepted_per_round": self.mean_accepted_per_round,
             "acceptance_rate": self.acceptance_rate,
         }
+
+
+@dataclass
+class WindowPlan:
+    """One batch to decode: the backbone's prefill inputs, the logits rules, the new-token budget (None: the
+    base's default) and the EOS ids that end a row."""
+
+    inputs: dict
+    rules: LogitsRules
+    max_new_tokens: int | None
+    eos_token_ids: list
 
 
 # --------------------------------------------------------------------------- one round
@@ -453,6 +559,7 @@ class VerifiedRound:
     path: torch.Tensor  # [B, depth+1] nodes from the root to ``best`` (padded with ``best``)
     emitted: torch.Tensor  # [B, depth+1] accepted drafts, then the base's own next token last
     next_token: torch.Tensor  # [B] the base's argmax after ``best``
+    history: dict  # the logits rules' per-row history after this round
 
     @property
     def best_hidden(self) -> torch.Tensor:
@@ -467,15 +574,16 @@ def verify_round(backbone, drafter, process_logits, state: DecodeState, tree: Dr
     chunk = drafter(state) if drafter is not None else state.next_token[:, None]
     hidden = backbone.decode(state, chunk, tt.depths, tt.ancestors, upto)
     logits = backbone.logits(hidden)
-    predicted = process_logits(logits, num_generated[:, None] + tt.depths[None, :]).argmax(dim=-1)
+    path = ChunkPath(chunk, tt, state.history, num_generated[:, None] + tt.depths[None, :])
+    predicted = process_logits(logits, path.num_generated, path).argmax(dim=-1)
     best, accepted = accept(chunk, predicted, tt)
-    path = tt.path_nodes[best]
+    nodes = tt.path_nodes[best]
     if not tree.is_chain:
-        offsets = torch.arange(path.shape[1], device=path.device)[None, :]
-        state.cache.move(state.lengths[:, None] + path, state.lengths[:, None] + offsets)
+        offsets = torch.arange(nodes.shape[1], device=nodes.device)[None, :]
+        state.cache.move(state.lengths[:, None] + nodes, state.lengths[:, None] + offsets)
     next_token = predicted.gather(1, best[:, None])[:, 0]
-    emitted = torch.cat([chunk.gather(1, path[:, 1:]), next_token[:, None]], dim=1)
-    return VerifiedRound(hidden, best, accepted, path, emitted, next_token)
+    emitted = torch.cat([chunk.gather(1, nodes[:, 1:]), next_token[:, None]], dim=1)
+    return VerifiedRound(hidden, best, accepted, nodes, emitted, next_token, process_logits.advance(path, best))
 
 
 # --------------------------------------------------------------------------- the loop
@@ -513,7 +621,7 @@ class EagerRounds:
         num_generated = st.lengths - self.prompt_length + 1
         step = verify_round(self.backbone, self.drafter, self.process_logits, st, self.tree, self.tt, num_generated, upto)
         st.lengths = st.lengths + step.accepted + 1
-        st.hidden, st.next_token = step.best_hidden, step.next_token
+        st.hidden, st.next_token, st.history = step.best_hidden, step.next_token, step.history
         accepted, emitted = step.accepted.tolist(), step.emitted.tolist()  # the round's one host sync
         out_accepted, out_emitted = [None] * len(active), [None] * len(active)
         for i, row in enumerate(self.rows):

@@ -81,6 +81,8 @@ class CapturedRounds:
         self.num_generated.add_(advance)
         st.hidden.copy_(torch.where(self.active[:, None], step.best_hidden, st.hidden))
         st.next_token.copy_(torch.where(self.active, step.next_token, st.next_token))
+        for name, value in st.history.items():
+            value.copy_(torch.where(self.active, step.history[name], value))
 
     def load(self, state: DecodeState):
         """Start a new call on the same captured graph: ``state`` was prefilled into this runner's
@@ -90,8 +92,9 @@ class CapturedRounds:
         st = self.state
         for name in ("lengths", "first_slot", "hidden", "next_token"):
             getattr(st, name).copy_(getattr(state, name))
-        for name, value in state.extra.items():
-            st.extra[name].copy_(value)
+        for name in ("extra", "history"):
+            for key, value in getattr(state, name).items():
+                getattr(st, name)[key].copy_(value)
         self.num_generated.fill_(1)
         self._set_active([True] * len(self._active_on_device))
 
@@ -102,7 +105,7 @@ class CapturedRounds:
 
     def _mutable(self):
         st = self.state
-        return [st.lengths, st.hidden, st.next_token, self.num_generated]
+        return [st.lengths, st.hidden, st.next_token, self.num_generated, *st.history.values()]
 
     def _capture(self):
         saved = [t.clone() for t in self._mutable()]

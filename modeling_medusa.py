@@ -24,7 +24,7 @@ try:
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
     from .draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
-    from .medusa_decoding import DraftTree, EagerRounds, MedusaStats, run_rounds
+    from .medusa_decoding import DraftTree, EagerRounds, MedusaStats, WindowPlan, run_rounds
     from .medusa_fast import CapturedRounds, capture_cuda_graph
     from .medusa_heads import DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter, build_heads  # noqa: F401
 except ImportError:
@@ -32,7 +32,7 @@ except ImportError:
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
     from draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
-    from medusa_decoding import DraftTree, EagerRounds, MedusaStats, run_rounds
+    from medusa_decoding import DraftTree, EagerRounds, MedusaStats, WindowPlan, run_rounds
     from medusa_fast import CapturedRounds, capture_cuda_graph
     from medusa_heads import DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter, build_heads  # noqa: F401
 
@@ -47,6 +47,9 @@ BASE_LOAD_KWARGS = ("torch_dtype", "dtype", "device_map", "attn_implementation",
 # itself defaults to the base's generation config, as the base's generate does). Whisper: OpenAI's sample length,
 # half its 448 decoder positions, room for a fast-spoken 30 s window; MERaLiON-2: its windows are 300 s long.
 DEFAULT_MAX_NEW_TOKENS = {"whisper": 224, "meralion2": 1536}
+# Seconds of audio per window in the transcription command. MERaLiON-2 takes up to 300 s in one prompt, but its
+# model card advises at most 30 s for ASR; Whisper's long-form generate makes its own 30 s windows.
+DEFAULT_WINDOW_SECONDS = {"whisper": 30.0, "meralion2": 30.0}
 CACHE_ENV = "MEDUSA_ASR_CACHE"
 CONVERSION_MARKER = "conversion.json"  # written last into a base folder converted by pipeline.real_whisper
 TRAIN_HINT = ("Train heads for this base with: python -m pipeline.collect --base BASE --audio AUDIO && "
@@ -191,6 +194,21 @@ class MedusaForASR(PreTrainedModel):
         return self.backbone.max_audio_seconds
 
     @property
+    def default_window_seconds(self) -> float:
+        return DEFAULT_WINDOW_SECONDS[self.family]
+
+    @property
+    def timestamped(self) -> bool:
+        """Whether generate(return_timestamps=True, return_segments=True) gives the base's own segments."""
+        return self.family == "whisper"
+
+    def segments(self, output: dict) -> list[list[tuple[float, float, str]]]:
+        """Per row, (start seconds, end seconds, text) of each segment of a ``return_segments=True`` output."""
+        tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        return [[(float(s["start"]), float(s["end"]), tokenizer.decode(s["tokens"], skip_special_tokens=True).strip())
+                 for s in row] for row in output["segments"]]
+
+    @property
     def pad_token_id(self) -> int:
         return self.backbone.pad_token_id
 
@@ -290,29 +308,62 @@ class MedusaForASR(PreTrainedModel):
                 warnings.warn(f"Medusa decoding does not support {reason}; using the base model's generate.")
             out = self.base.generate(**_base_kwargs(kwargs, max_new_tokens, min_new_tokens))
             return (out, MedusaStats().as_dict()) if return_stats else out
-        _check_inputs(kwargs, self.backbone.required_inputs)
+        stats = MedusaStats()
+        timer = _PhaseTimer(self.backbone.base.device, enabled=return_stats)
+
+        def decode(plan: WindowPlan):
+            return self._decode(plan, draft, cuda_graph, compile, stats, timer)
+
+        if self.backbone.windowed(kwargs):
+            sequences = self._through_base_generate(kwargs, max_new_tokens, min_new_tokens, decode)
+        else:
+            _check_inputs(kwargs, self.backbone.required_inputs)
+            plan = WindowPlan(kwargs, self.backbone.make_logits_processor(min_new_tokens), max_new_tokens,
+                              self.backbone.eos_token_ids)
+            sequences = self.backbone.format_output(*decode(plan))
+        return (sequences, {**stats.as_dict(), **timer.laps}) if return_stats else sequences
+
+    def _decode(self, plan: WindowPlan, draft, cuda_graph, compile: bool, stats: MedusaStats, timer):
+        """Prefill and Medusa rounds for one batch (a direct call, or one window of the base's generate);
+        returns (tokens generated per row, the prompt)."""
         on_cuda = self.backbone.base.device.type == "cuda"
         captured = on_cuda if cuda_graph is None else bool(cuda_graph)  # off CUDA: fixed shapes, no capture
         fixed_shape = captured or compile
         if fixed_shape and self.round_cache.check_weights(self.parameters()) and on_cuda:
             self.backbone.fuse_projections()
         candidates = self.draft_policy.candidates(draft)
-        timer = _PhaseTimer(self.backbone.base.device, enabled=return_stats)
-        process = self.backbone.make_logits_processor(min_new_tokens)
         slack = 2 * max(t.num_nodes for t in candidates)
         pool = self.round_cache.pool if fixed_shape else None
-        state, max_new, prompt = self.backbone.prefill(kwargs, max_new_tokens, slack, process, cache_pool=pool)
+        state, max_new, prompt = self.backbone.prefill(plan.inputs, plan.max_new_tokens, slack, plan.rules,
+                                                       cache_pool=pool)
         timer.lap("prefill_seconds")
         tree = self._choose_draft(candidates, state, captured and on_cuda)
-        stats = MedusaStats(draft=tree.name)
-        rounds = self._rounds(state, tree, process, min_new_tokens, compile, captured, fixed_shape)
+        window = MedusaStats(draft=tree.name)
+        rounds = self._rounds(state, tree, plan.rules, compile, captured, fixed_shape)
         timer.lap("setup_seconds")  # choosing the draft (timed once per shape) and loading the rounds
-        generated = run_rounds(rounds, state.next_token.tolist(), max_new, self.backbone.eos_token_ids, stats)
+        generated = run_rounds(rounds, state.next_token.tolist(), max_new, plan.eos_token_ids, window)
         timer.lap("rounds_seconds")
         if len(candidates) > 1:
-            self.draft_policy.observe(tree, stats)
-        sequences = self.backbone.format_output(generated, prompt)
-        return (sequences, {**stats.as_dict(), **timer.laps}) if return_stats else sequences
+            self.draft_policy.observe(tree, window)
+        stats.add(window)
+        return generated, prompt
+
+    def _through_base_generate(self, kwargs: dict, max_new_tokens, min_new_tokens, decode):
+        """The base's own generate (long-form windows, timestamps, prompts, segments: all its code), with our
+        ``decode(plan)`` as its decoding loop for every window it can describe as a ``WindowPlan``."""
+        from transformers.generation.utils import GenerationMixin
+
+        def decode_window(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+            plan = self.backbone.window_plan(input_ids, logits_processor, stopping_criteria, generation_config,
+                                             model_kwargs)
+            if isinstance(plan, str):
+                warnings.warn(f"Medusa decoding does not support {plan}; this window uses the base's own decoding.")
+                return GenerationMixin._sample(model, input_ids, logits_processor, stopping_criteria,
+                                               generation_config, **model_kwargs)
+            generated, _ = decode(plan)
+            return torch.cat([input_ids, self.backbone.padded(generated, input_ids)], dim=1)
+
+        return self.base.generate(**_base_kwargs(kwargs, max_new_tokens, min_new_tokens), custom_generate=decode_window)
 
     generate_medusa = generate
 
@@ -322,12 +373,11 @@ class MedusaForASR(PreTrainedModel):
         key = (state.lengths.device.type, str(self.dtype), state.next_token.shape[0], captured)
         return self.draft_policy.choose(candidates, key, lambda tree: self._verify_seconds(tree, state, captured))
 
-    def _rounds(self, state, tree: DraftTree, process, min_new_tokens, compile: bool, captured: bool,
-                fixed_shape: bool):
+    def _rounds(self, state, tree: DraftTree, process, compile: bool, captured: bool, fixed_shape: bool):
         drafter = self.make_drafter(tree, state.lengths.device)
         if not fixed_shape:
             return EagerRounds(self.backbone, drafter, process, state, tree, int(state.lengths.max()))
-        key = (id(state.cache), tree, min_new_tokens, id(self.drafter), compile, captured)
+        key = (id(state.cache), tree, process.key, id(self.drafter), compile, captured)
         return self.round_cache.runner(key, state, lambda: CapturedRounds(
             self.backbone, drafter, process, state, tree, use_graph=captured, compile=compile))
 
@@ -341,23 +391,36 @@ class MedusaForASR(PreTrainedModel):
     def collect_hidden_states(self, max_new_tokens: int | None = None, with_speech: bool = False, **inputs):
         """Greedy decode (one token a round); per row ``(tokens[T], hiddens[T, H])`` where
         ``hiddens[i]`` is the last-layer hidden state whose argmax produced ``tokens[i]``; with
-        ``with_speech`` also the row's encoder output [L, H] (what speech-attending heads read)."""
-        _check_inputs(inputs, self.backbone.required_inputs)
+        ``with_speech`` also the row's encoder output [L, H] (what speech-attending heads read). Calls that
+        take the base's generate (Whisper timestamps, long-form) give one entry per row of every window."""
         _check_max_new_tokens(max_new_tokens)
-        reason = self.backbone.unsupported_reason(inputs)
-        if reason is not None:  # e.g. right padding: the rows' last prompt positions would be padding
-            raise ValueError(f"collect_hidden_states records the base's plain greedy decoding and cannot take "
-                             f"{reason}; build the inputs with prepare_audio_inputs.")
-        process = self.backbone.make_logits_processor(None)
-        speech = None
-        if with_speech:
-            speech = inputs["encoder_outputs"] = self.backbone.encode(inputs)
-        state, max_new, _ = self.backbone.prefill(inputs, max_new_tokens, 1, process)
-        hiddens = [[h] for h in state.hidden]
-        rounds = EagerRounds(self.backbone, None, process, state, DraftTree(()), int(state.lengths.max()))
-        tokens = run_rounds(rounds, state.next_token.tolist(), max_new, self.backbone.eos_token_ids, hidden_log=hiddens)
-        rows = [(torch.tensor(t), torch.stack(h)) for t, h in zip(tokens, hiddens)]
-        return [row + (speech[i],) for i, row in enumerate(rows)] if with_speech else rows
+        rows = []
+
+        def decode(plan: WindowPlan):
+            speech = None
+            if with_speech:
+                speech = self.backbone.encode(plan.inputs) if plan.inputs.get("encoder_outputs") is None else \
+                    getattr(plan.inputs["encoder_outputs"], "last_hidden_state", plan.inputs["encoder_outputs"])
+                plan.inputs["encoder_outputs"] = speech
+            state, max_new, prompt = self.backbone.prefill(plan.inputs, plan.max_new_tokens, 1, plan.rules)
+            hiddens = [[h] for h in state.hidden]
+            rounds = EagerRounds(self.backbone, None, plan.rules, state, DraftTree(()), int(state.lengths.max()))
+            tokens = run_rounds(rounds, state.next_token.tolist(), max_new, plan.eos_token_ids, hidden_log=hiddens)
+            for i, (row, hidden) in enumerate(zip(tokens, hiddens)):
+                rows.append((torch.tensor(row), torch.stack(hidden)) + ((speech[i],) if with_speech else ()))
+            return tokens, prompt
+
+        if self.backbone.windowed(inputs):
+            self._through_base_generate(inputs, max_new_tokens, None, decode)
+        else:
+            _check_inputs(inputs, self.backbone.required_inputs)
+            reason = self.backbone.unsupported_reason(inputs)
+            if reason is not None:  # e.g. right padding: the rows' last prompt positions would be padding
+                raise ValueError(f"collect_hidden_states records the base's plain greedy decoding and cannot take "
+                                 f"{reason}; build the inputs with prepare_audio_inputs.")
+            decode(WindowPlan(inputs, self.backbone.make_logits_processor(None), max_new_tokens,
+                              self.backbone.eos_token_ids))
+        return rows
 
     # ------------------------------------------------------------------ audio convenience
     def check_prompt_options(self, language: str | None = None, task: str | None = None) -> None:
@@ -395,7 +458,8 @@ class MedusaForASR(PreTrainedModel):
                              language: str | None = None, task: str | None = None):
         """A batch of 16 kHz mono float arrays -> the base's generate inputs. ``language`` and ``task``
         (multilingual Whisper only; default: the model's own, i.e. detect the language and transcribe)
-        are carried in the inputs; ``instruction`` is MERaLiON-2's prompt."""
+        are carried in the inputs; ``instruction`` is MERaLiON-2's prompt. Whisper audio over 30 s is kept
+        whole: generate then transcribes it the way the base's long-form generate does."""
         if self.processor is None:
             raise ValueError("This model was loaded without a processor; pass processor= to from_pretrained.")
         if sampling_rate != 16000:
@@ -403,7 +467,12 @@ class MedusaForASR(PreTrainedModel):
         self.check_prompt_options(language, task)
         language, task = self._effective_prompt_options(language, task)
         if self.family == "whisper":
-            inputs = dict(self.processor(list(audios), sampling_rate=16000, return_tensors="pt"))
+            audios = list(audios)
+            # Longer than one window: all of it, for the base's long-form generate (sequential 30 s windows,
+            # each starting where the last complete segment ended); the attention mask marks each row's length.
+            whole = {"truncation": False, "padding": "longest", "return_attention_mask": True} \
+                if any(len(audio) > self.max_audio_seconds * 16000 for audio in audios) else {}
+            inputs = dict(self.processor(audios, sampling_rate=16000, return_tensors="pt", **whole))
             return {**inputs, **{k: v for k, v in (("language", language), ("task", task)) if v}}
         prompt = (f"Instruction: {instruction or 'Please transcribe this speech.'} \n"
                   "Follow the text instruction based on the following audio: <SpeechHere>")
@@ -443,7 +512,7 @@ class _PhaseTimer:
     def lap(self, name: str):
         if self.enabled:
             now = self._now()
-            self.laps[name] = now - self._last
+            self.laps[name] = self.laps.get(name, 0.0) + now - self._last  # summed over a call's windows
             self._last = now
 
 
@@ -669,11 +738,11 @@ GREEDY_AS_IS = {
     "output_attentions": (False,), "output_hidden_states": (False,),
 }
 # What each backbone leaves out (MERaLiON-2's decoder applies no token suppression or forced ids; Whisper's
-# short-form thresholds and timestamps).
+# temperature-fallback thresholds and token-level timestamps, which need scores and attentions).
 FAMILY_GREEDY_AS_IS = {
     "meralion2": {"suppress_tokens": ([],), "begin_suppress_tokens": ([],), "forced_decoder_ids": ([],)},
     "whisper": {"compression_ratio_threshold": (), "logprob_threshold": (), "no_speech_threshold": (),
-                "return_timestamps": (False,), "return_token_timestamps": (False,), "return_segments": (False,)},
+                "return_token_timestamps": (False,)},
 }
 # Read by the backbones from the base's own generation config: a call that changes them goes to the base.
 BASE_CONFIG_SETTINGS = {

@@ -248,43 +248,26 @@ def test_cuts_in_real_speech_fall_between_words(speech_wav):
 # --------------------------------------------------------------------------- rendering
 
 
-SRT_CUE = re.compile(r"(\d+)\n(\d\d):(\d\d):(\d\d),(\d{3}) --> (\d\d):(\d\d):(\d\d),(\d{3})\n([^\n]+)\n")
-VTT_CUE = re.compile(r"(\d\d):(\d\d):(\d\d)\.(\d{3}) --> (\d\d):(\d\d):(\d\d)\.(\d{3})\n([^\n]+)\n")
-
-
-def to_seconds(h, m, s, ms) -> float:
-    return int(h) * 3600 + int(m) * 60 + int(s) + int(ms) / 1000
-
-
-def parse_srt(text: str) -> list[tuple[int, float, float, str]]:
-    blocks = text.split("\n\n")
-    cues = []
-    for block in blocks:
-        match = SRT_CUE.fullmatch(block if block.endswith("\n") else block + "\n")
-        assert match, f"invalid SRT block: {block!r}"
-        g = match.groups()
-        cues.append((int(g[0]), to_seconds(*g[1:5]), to_seconds(*g[5:9]), g[9]))
-    return cues
-
-
-def parse_vtt(text: str) -> list[tuple[float, float, str]]:
-    header, *blocks = text.split("\n\n")
-    assert header == "WEBVTT"
-    cues = []
-    for block in blocks:
-        match = VTT_CUE.fullmatch(block if block.endswith("\n") else block + "\n")
-        assert match, f"invalid VTT block: {block!r}"
-        g = match.groups()
-        cues.append((to_seconds(*g[0:4]), to_seconds(*g[4:8]), g[8]))
-    return cues
-
-
 SEGMENTS = [
-    Segment(0.0, 29.48, "first window"),
-    Segment(29.48, 58.9, "second\nwindow --> with <tags> & arrows"),
-    Segment(58.9, 60.0, ""),  # a silent tail: no cue
-    Segment(60.0, 3725.25, "past the hour"),
+    Segment(0.0, 5.48, "first segment"),
+    Segment(5.48, 8.9, "second\nsegment --> with <tags> & arrows"),
+    Segment(8.9, 10.0, ""),  # a silent tail: no cue
+    Segment(3600.0, 3605.25, "past the hour"),
 ]
+
+
+def srt_cues(text: str) -> list[tuple[int, float, float, str]]:
+    import srt
+
+    return [(c.index, c.start.total_seconds(), c.end.total_seconds(), c.content) for c in srt.parse(text)]
+
+
+def vtt_cues(text: str, tmp_path) -> list[tuple[float, float, str]]:
+    import webvtt
+
+    (tmp_path / "cues.vtt").write_text(text)
+    seconds = lambda stamp: sum(float(part) * 60**i for i, part in enumerate(reversed(stamp.split(":"))))  # noqa: E731
+    return [(round(seconds(c.start), 3), round(seconds(c.end), 3), c.text) for c in webvtt.read(str(tmp_path / "cues.vtt"))]
 
 
 def test_format_timestamp():
@@ -295,16 +278,56 @@ def test_format_timestamp():
 
 
 def test_srt_parses_back():
-    cues = parse_srt(audio_io.render_srt(SEGMENTS))
+    cues = srt_cues(audio_io.render_srt(SEGMENTS))
     assert [c[0] for c in cues] == [1, 2, 3]
-    assert [(c[1], c[2]) for c in cues] == [(0.0, 29.48), (29.48, 58.9), (60.0, 3725.25)]
-    assert cues[1][3] == "second window -> with <tags> & arrows"
+    assert [(c[1], c[2]) for c in cues] == [(0.0, 5.48), (5.48, 8.9), (3600.0, 3605.25)]
+    assert cues[1][3] == "second segment -> with <tags> & arrows"
 
 
-def test_vtt_parses_back():
-    cues = parse_vtt(audio_io.render_vtt(SEGMENTS))
-    assert [(c[0], c[1]) for c in cues] == [(0.0, 29.48), (29.48, 58.9), (60.0, 3725.25)]
-    assert cues[1][2] == "second window -&gt; with &lt;tags&gt; &amp; arrows"
+def test_vtt_parses_back(tmp_path):
+    cues = vtt_cues(audio_io.render_vtt(SEGMENTS), tmp_path)
+    assert [(c[0], c[1]) for c in cues] == [(0.0, 5.48), (5.48, 8.9), (3600.0, 3605.25)]
+    assert cues[1][2] == "second segment -&gt; with &lt;tags&gt; &amp; arrows"
+
+
+LONG_SEGMENT = Segment(10.0, 31.0, "It is a truth universally acknowledged, that a single man in possession of a "
+                                   "good fortune, must be in want of a wife. Antidisestablishmentarianismically-speaking"
+                                   "-it-is-a-very-long-word indeed.")
+
+
+@pytest.mark.parametrize("segment", [LONG_SEGMENT, Segment(0.0, 30.0, "one two"), Segment(2.0, 3.0, "a b c " * 20)],
+                         ids=["long", "few-words-long-time", "many-words-short-time"])
+def test_long_segments_become_cues_within_subtitle_limits(segment, tmp_path):
+    """At most 42 characters a line, 2 lines and 7 s a cue, the words in order, inside the segment's time."""
+    cues = srt_cues(audio_io.render_srt([segment]))
+    assert vtt_cues(audio_io.render_vtt([segment]), tmp_path) == [c[1:] for c in cues]
+    assert " ".join(c[3].replace("\n", " ") for c in cues).replace(" ", "") == segment.text.replace(" ", "")
+    for index, start, end, text in cues:
+        assert segment.start <= start < end <= segment.end and end - start <= 7.0
+        lines = text.split("\n")
+        assert len(lines) <= 2 and all(len(line) <= 42 for line in lines)
+    assert [c[1] for c in cues] == sorted(c[1] for c in cues)
+    assert all(a[2] <= b[1] + 1e-3 for a, b in zip(cues, cues[1:]))
+
+
+def test_speech_only_maps_times_back_to_the_file():
+    samples = np.arange(10 * SR, dtype=np.float32)
+    regions = [(1 * SR, 3 * SR), (6 * SR, 9 * SR)]
+    speech = audio_io.SpeechOnly.of(samples, regions)
+    assert len(speech.samples) == 5 * SR and speech.samples[2 * SR] == 6 * SR
+    assert speech.original(Segment(0.5, 2.0, "x")) == Segment(1.5, 3.0, "x")  # an end on the seam stays before it
+    assert speech.original(Segment(2.0, 4.5, "y")) == Segment(6.0, 8.5, "y")
+    assert speech.original_seconds(9.0) == 9.0  # past the end: the last region's end
+
+
+def test_windows_in_regions_cover_the_speech_only():
+    samples = np.zeros(200 * SR, dtype=np.float32)
+    regions = [(1 * SR, 5 * SR), (8 * SR, 20 * SR), (25 * SR, 32 * SR), (40 * SR, 120 * SR)]
+    windows = audio_io.windows_in_regions(samples, regions, 30.0)
+    assert [(w.start // SR, w.end // SR) for w in windows[:2]] == [(1, 20), (25, 32)]
+    assert windows[2].start == 40 * SR and windows[-1].end == 120 * SR
+    assert all(w.num_samples <= 30 * SR for w in windows)
+    assert sum(w.num_samples for w in windows[2:]) == 80 * SR
 
 
 def test_render_txt_and_json():

@@ -52,9 +52,9 @@ HANDED_OVER = [("do_sample", True), ("num_beams", 3), ("repetition_penalty", 1.5
                ("exponential_decay_length_penalty", (2, 1.5)), ("min_length", 200)]
 if FAMILY == "meralion2":  # its decoder applies no token suppression
     HANDED_OVER += [("suppress_tokens", ["second"]), ("begin_suppress_tokens", ["first"])]
-else:
-    HANDED_OVER += [("return_timestamps", True)]
 KEPT = [("length_penalty", 3.0), ("temperature", 0.5), ("top_k", 3), ("top_p", 0.5)]  # greedy search ignores them
+if FAMILY == "whisper":  # decoded by Medusa inside the base's own timestamp-aware generate
+    KEPT += [("return_timestamps", True)]
 SETTINGS = [(name, value, True) for name, value in HANDED_OVER] + [(name, value, False) for name, value in KEPT]
 
 

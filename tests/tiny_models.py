@@ -11,15 +11,20 @@ WHISPER_VOCAB = 120  # ids: 0..111 text, 112 eot, 113 sot, then English-only: 11
 
 
 def build_tiny_whisper(folder: Path, seed: int = 0, logit_scale: float = 4.0, multilingual: bool = False,
-                       hub_prompt: bool = False) -> Path:
-    """A 2-layer random Whisper saved with its generation config (English-only layout by default)."""
+                       hub_prompt: bool = False, timestamps: int = 0, timestamp_scale: float = 1.0) -> Path:
+    """A 2-layer random Whisper saved with its generation config (English-only layout by default).
+
+    ``timestamps`` > 0: that many timestamp tokens right after <|notimestamps|> end the vocabulary (0 keeps
+    the 120-token layout, whose last ids double as a few timestamps); ``timestamp_scale`` scales their output
+    rows, so that text and timestamps both win now and then."""
     from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     torch.manual_seed(seed)
     eot, sot = 112, 113
     notimestamps = 118 if multilingual else 116
+    vocab_size = notimestamps + 1 + timestamps if timestamps else WHISPER_VOCAB
     config = WhisperConfig(
-        vocab_size=WHISPER_VOCAB, d_model=32, encoder_layers=1, decoder_layers=2,
+        vocab_size=vocab_size, d_model=32, encoder_layers=1, decoder_layers=2,
         encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
         num_mel_bins=80, max_source_positions=1500, max_target_positions=64,
         decoder_start_token_id=sot, eos_token_id=eot, pad_token_id=eot, bos_token_id=eot,
@@ -33,6 +38,8 @@ def build_tiny_whisper(folder: Path, seed: int = 0, logit_scale: float = 4.0, mu
         model.model.decoder.embed_tokens.weight.normal_(0.0, 1.0)
         model.proj_out.weight.normal_(0.0, logit_scale / config.d_model**0.5)
         model.proj_out.weight[eot] *= 1.15  # EOS now and then, so stopping inside drafts is exercised
+        if timestamps:
+            model.proj_out.weight[notimestamps + 1:] *= timestamp_scale
     # hub_prompt: the legacy forced ids of the Hub's multilingual configs (detect the language, then transcribe)
     languages = {"lang_to_id": {"<|en|>": 114, "<|fr|>": 115}, "task_to_id": {"transcribe": 116, "translate": 117},
                  "forced_decoder_ids": [[1, None], [2, 116]] if hub_prompt else None,

@@ -1,0 +1,58 @@
+"""The transcription command on the real Whisper tiny.en: subtitles carry Whisper's own segments within subtitle
+limits, JSON keeps the segment times, and --vad leaves noise and a click without a transcript."""
+
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+import example_inference
+from conftest import requires_transformers5
+from real_speech import long_recording, real_tiny_en_medusa
+from test_example_inference import assert_subtitle_limits
+
+pytestmark = requires_transformers5
+SR = 16_000
+
+
+@pytest.fixture(scope="module")
+def model():
+    return real_tiny_en_medusa()
+
+
+def transcribe(model, argv, capsys):
+    code = example_inference.main([*map(str, argv), "--quiet"], model_loader=lambda *a, **k: model)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def test_subtitles_and_json_carry_whisper_segments(model, tmp_path, capsys):
+    audio = long_recording(tmp_path, seconds=40.0)
+    sf.write(str(tmp_path / "talk.wav"), audio, SR)
+    for fmt in ("srt", "vtt", "json"):
+        transcribe(model, [tmp_path / "talk.wav", "--format", fmt, "--output", tmp_path / "out"], capsys)
+    cues = assert_subtitle_limits((tmp_path / "out" / "talk.srt").read_text(), tmp_path / "out" / "talk.vtt",
+                                  len(audio) / SR)
+    record = json.loads((tmp_path / "out" / "talk.json").read_text())
+    inputs = model.prepare_audio_inputs([audio])
+    output = model.generate(**inputs, return_timestamps=True, return_segments=True,
+                            max_new_tokens=model.default_max_new_tokens)
+    expected = [(round(start, 3), round(end, 3), text) for start, end, text in model.segments(output)[0] if text]
+    assert [(s["start"], s["end"], s["text"]) for s in record["segments"]] == expected
+    assert len(expected) >= 3 and expected[-1][1] > 30.0  # long-form: past the first window
+    assert " ".join(c.content.replace("\n", " ") for c in cues).split() == record["text"].split()
+    assert "universally acknowledged" in record["text"].lower()
+
+
+def test_vad_gives_noise_and_a_click_no_transcript(model, tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    sf.write(str(tmp_path / "noise.wav"), rng.normal(0, 0.05, 3 * SR).astype(np.float32), SR)
+    sf.write(str(tmp_path / "click.wav"), rng.normal(0, 0.3, int(0.05 * SR)).astype(np.float32), SR)
+    files = [tmp_path / "noise.wav", tmp_path / "click.wav"]
+    without = transcribe(model, [*files, "--format", "json"], capsys)
+    assert any(json.loads(line)["text"] for line in without.splitlines())  # Whisper hallucinates on these
+    with_vad = transcribe(model, [*files, "--format", "json", "--vad"], capsys)
+    records = [json.loads(line) for line in with_vad.splitlines()]
+    assert len(records) == 2 and all(r["text"] == "" and r["segments"] == [] for r in records)

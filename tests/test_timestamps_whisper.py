@@ -1,0 +1,215 @@
+"""Whisper timestamps in the Medusa loop: the rules equal transformers' own WhisperTimeStampLogitsProcessor at
+every node of a draft tree, and ``generate(return_timestamps=True)`` (short-form, long-form, prompts, segments)
+equals the base's own generate token for token."""
+
+import random
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import requires_transformers5
+from oracle import OracleDrafter, randomize_heads
+from tiny_models import build_tiny_whisper, random_features
+
+pytestmark = requires_transformers5
+
+EOS, NO_TIMESTAMPS, TIMESTAMP_BEGIN, VOCAB = 40, 45, 46, 80  # ids below 40 are text, 41..44 other specials
+
+
+def random_paths(rng: random.Random, depth: int, size: int) -> list[list[int]]:
+    paths = {(0,)}
+    for _ in range(size):
+        parent = rng.choice(sorted(paths))
+        paths.add(parent + (rng.randint(0, 2),) if len(parent) < depth else (rng.randint(0, 2),))
+    return [list(p) for p in paths]
+
+
+def random_token(rng: random.Random) -> int:
+    """Mostly timestamps and text, so pairs, closing timestamps and EOS right after one all occur."""
+    kind = rng.random()
+    if kind < 0.45:
+        return rng.randint(TIMESTAMP_BEGIN, VOCAB - 1)
+    return EOS if kind < 0.5 else rng.randint(0, 44)
+
+
+def last_timestamp(tokens: list[int]) -> int:
+    return ([t for t in tokens if t >= TIMESTAMP_BEGIN] or [-1])[-1]
+
+
+def base_processor(max_initial, from_logprob, begin_index):
+    from transformers.generation.logits_process import WhisperTimeStampLogitsProcessor
+
+    config = SimpleNamespace(no_timestamps_token_id=NO_TIMESTAMPS, eos_token_id=EOS, bos_token_id=EOS,
+                             max_initial_timestamp_index=max_initial)
+    return WhisperTimeStampLogitsProcessor(config, begin_index=begin_index, _detect_timestamp_from_logprob=from_logprob)
+
+
+def random_logits(gen: torch.Generator, shape) -> torch.Tensor:
+    """Text and timestamp scores on shifting scales: sometimes the timestamps' total wins, sometimes not."""
+    logits = torch.randn(*shape, VOCAB, generator=gen) * 3
+    logits[..., TIMESTAMP_BEGIN:] += torch.randn(*shape, 1, generator=gen) * 3 - 2
+    return logits
+
+
+@pytest.mark.parametrize("max_initial", [None, 0, 3])
+@pytest.mark.parametrize("from_logprob", [True, False])
+def test_rules_equal_the_base_processor_at_every_tree_node(max_initial, from_logprob):
+    """Random histories (text, timestamps, EOS, at random lengths, prompts of random length) and random trees
+    of random drafts: each node's logits equal the base processor's on that node's whole sequence, and the
+    history carried over a random accepted path equals the one read off that path."""
+    from backbone_whisper import TimestampRules
+    from medusa_decoding import ChunkPath, DraftTree
+
+    rng, gen = random.Random(7), torch.Generator().manual_seed(7)
+    for case in range(40):
+        batch, prompt_len = rng.randint(1, 3), rng.randint(1, 4)
+        tree = DraftTree.from_paths(random_paths(rng, 4, rng.randint(0, 10)))
+        tt = tree.tensors("cpu")
+        base = base_processor(max_initial, from_logprob, prompt_len)
+        rules = TimestampRules(base, VOCAB, "cpu")
+        emitted = [[random_token(rng) for _ in range(rng.choice([1, 1, 2, 3, 6]))] for _ in range(batch)]
+        prompts = [[rng.randint(0, VOCAB - 1) for _ in range(prompt_len)] for _ in range(batch)]
+        chunk = torch.tensor([[row[-1]] + [random_token(rng) for _ in range(tree.num_nodes - 1)] for row in emitted])
+        history = {"before_root": torch.tensor([row[-2] if len(row) > 1 else -1 for row in emitted]),
+                   "last_timestamp": torch.tensor([last_timestamp(row[:-1]) for row in emitted])}
+        generated = torch.tensor([len(row) for row in emitted])[:, None] + tt.depths[None, :]
+        path = ChunkPath(chunk, tt, history, generated)
+        logits = random_logits(gen, (batch, tree.num_nodes))
+        got = rules(logits.clone(), generated, path)
+        for b in range(batch):
+            for node in range(tree.num_nodes):
+                drafts = [int(chunk[b, n]) for n in tt.path_nodes[node, 1:int(tt.depths[node]) + 1]]
+                sequence = torch.tensor([prompts[b] + emitted[b] + drafts])
+                expected = base(sequence, logits[b, node][None].clone())[0]
+                assert torch.equal(got[b, node], expected), f"case {case} row {b} node {node}: {sequence.tolist()}"
+        best = torch.tensor([rng.randrange(tree.num_nodes) for _ in range(batch)])
+        carried = rules.advance(path, best)
+        for b in range(batch):
+            accepted = emitted[b] + [int(chunk[b, n]) for n in tt.path_nodes[best[b], 1:int(tt.depths[best[b]]) + 1]]
+            assert int(carried["before_root"][b]) == accepted[-1]
+            assert int(carried["last_timestamp"][b]) == last_timestamp(accepted)
+
+
+def test_first_token_rules_equal_the_base_processor():
+    """Before anything is generated (the prefill's token): only timestamps, up to max_initial_timestamp_index;
+    timestamps in the prompt (previous windows' text) do not count."""
+    from backbone_whisper import TimestampRules
+    from medusa_decoding import ChunkPath, DraftTree
+
+    gen = torch.Generator().manual_seed(3)
+    for max_initial in (None, 0, 5):
+        base = base_processor(max_initial, True, 3)
+        rules = TimestampRules(base, VOCAB, "cpu")
+        prompt = torch.tensor([[1, 2, 60], [61, 62, 3]])
+        logits = random_logits(gen, (2, 1))
+        nothing = torch.zeros(2, 1, dtype=torch.long)
+        got = rules(logits.clone(), nothing, ChunkPath(prompt[:, -1:], DraftTree(()).tensors("cpu"),
+                                                       rules.start(2, "cpu"), nothing))
+        assert torch.equal(got[:, 0], base(prompt, logits[:, 0].clone()))
+
+
+# --------------------------------------------------------------------------- generate == the base's generate
+
+
+@pytest.fixture(scope="module", params=(1, 2))
+def timestamp_model(request, tmp_path_factory):
+    """Tiny random Whispers with the real timestamp layout (1501 tokens, 0.00-30.00 s)."""
+    from modeling_medusa import MedusaForASR
+
+    folder = build_tiny_whisper(tmp_path_factory.mktemp(f"ts{request.param}"), seed=request.param, timestamps=1501,
+                                timestamp_scale=0.7)
+    return MedusaForASR.from_base(str(folder), medusa_num_heads=4)
+
+
+def oracle_for(model, error: float, seed: int, **inputs):
+    """Drafts the continuation the base decodes for these inputs (every window), from its hidden states."""
+    rows = model.collect_hidden_states(**inputs)
+    return OracleDrafter(model, rows, model.backbone.vocab_size, error, seed=seed)
+
+
+def medusa_equals_base(model, case: dict, **inputs):
+    expected = model.generate(**inputs, use_medusa=False)
+    randomize_heads(model, case["head_seed"])
+    if case["drafter"] != "random":
+        model.drafter = oracle_for(model, 0.0 if case["drafter"] == "oracle" else 0.4, case["head_seed"], **inputs)
+    try:
+        with warnings.catch_warnings():  # every window must run in the Medusa loop
+            warnings.filterwarnings("error", message="Medusa decoding does not support")
+            got, stats = model.generate(**inputs, draft=case["draft"], cuda_graph=case["cuda_graph"],
+                                        return_stats=True)
+    finally:
+        model.drafter = None
+    return expected, got, stats
+
+
+def draw_case(rng: random.Random) -> dict:
+    return {"drafter": rng.choice(["random", "oracle", "oracle", "noisy_oracle"]),
+            "draft": rng.choice(["chain", "none", random_paths(rng, 4, rng.randint(1, 10))]),
+            "head_seed": rng.randint(0, 10_000), "cuda_graph": rng.random() < 0.3}
+
+
+def assert_same_output(expected, got, context):
+    if isinstance(expected, dict):
+        assert torch.equal(expected["sequences"], got["sequences"]), context
+        for rows_expected, rows_got in zip(expected["segments"], got["segments"]):
+            assert len(rows_expected) == len(rows_got), context
+            for a, b in zip(rows_expected, rows_got):
+                assert (float(a["start"]), float(a["end"])) == (float(b["start"]), float(b["end"])), context
+                assert torch.equal(a["tokens"], b["tokens"]) and torch.equal(a["result"], b["result"]), context
+    else:
+        assert torch.equal(expected, got), f"{context}: base {expected.tolist()} medusa {got.tolist()}"
+
+
+def test_timestamps_equal_the_base_on_random_cases(timestamp_model):
+    rng = random.Random(11)
+    accepted = 0
+    for index in range(12):
+        case = draw_case(rng)
+        inputs = {"input_features": random_features(rng.randint(1, 3), rng.randint(0, 10_000)),
+                  "return_timestamps": True, "max_new_tokens": rng.choice([1, 3, 8, 21, 40])}
+        if rng.random() < 0.3:
+            inputs["min_new_tokens"] = rng.choice([2, 6])
+        if rng.random() < 0.4:
+            inputs["return_segments"] = True
+        expected, got, stats = medusa_equals_base(timestamp_model, case, **inputs)
+        assert_same_output(expected, got, f"case {index} {case} {inputs['max_new_tokens']}")
+        accepted += stats["accepted_tokens"]
+    assert accepted > 0, "no draft was accepted: the oracle cases did not exercise acceptance"
+
+
+def long_features(batch: int, seed: int, frames: int) -> torch.Tensor:
+    """More than one 30 s window of features (3000 frames each)."""
+    pieces = [random_features(batch, seed + i) for i in range(-(-frames // 3000))]
+    return torch.cat(pieces, dim=-1)[..., :frames]
+
+
+@pytest.mark.parametrize("condition_on_prev_tokens", [False, True])
+def test_long_form_equals_the_base_long_form(timestamp_model, condition_on_prev_tokens):
+    """Sequential windows (seeking to the last timestamp, the previous text as the prompt when conditioning),
+    batches of different lengths (attention mask): the base's long-form generate, segments included."""
+    rng = random.Random(21 + condition_on_prev_tokens)
+    for index in range(4):
+        batch = rng.randint(1, 3)
+        frames = [rng.randint(3100, 8000) for _ in range(batch)]
+        features = long_features(batch, rng.randint(0, 1000), max(frames))
+        mask = torch.tensor([[1] * n + [0] * (max(frames) - n) for n in frames])
+        case = draw_case(rng)
+        inputs = {"input_features": features * mask[:, None, :], "attention_mask": mask,
+                  "condition_on_prev_tokens": condition_on_prev_tokens, "return_segments": rng.random() < 0.5,
+                  "max_new_tokens": rng.choice([12, 25])}
+        expected, got, _ = medusa_equals_base(timestamp_model, case, **inputs)
+        assert_same_output(expected, got, f"case {index} {case}")
+
+
+def test_prompt_ids_equal_the_base(timestamp_model):
+    """Whisper's prompt (previous text before <|startoftranscript|>), with and without timestamps."""
+    rng = random.Random(5)
+    prompt_ids = torch.tensor([114, 9, 17, 33, 71])  # <|startofprev|> and some text
+    for index, timestamps in enumerate([False, True, True]):
+        case = draw_case(rng)
+        inputs = {"input_features": random_features(2, 40 + index), "prompt_ids": prompt_ids,
+                  "return_timestamps": timestamps, "max_new_tokens": 20}
+        expected, got, _ = medusa_equals_base(timestamp_model, case, **inputs)
+        assert_same_output(expected, got, f"case {index} {case}")
