@@ -39,7 +39,9 @@ except ImportError:
 HEADS_FILE = "medusa_heads.safetensors"
 DRAFT_VOCAB_KEY = "draft_vocab"  # int64 [V_draft]: the token ids the heads project onto (optional)
 CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.py", "medusa_fast.py",
-              "medusa_heads.py", "draft_policy.py", "backbone_whisper.py", "backbone_meralion2.py")
+              "medusa_heads.py", "draft_policy.py", "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py")
+# transformers.pipeline("automatic-speech-recognition", model=<artifact>, trust_remote_code=True) builds this class
+ASR_PIPELINE = {"impl": "asr_pipeline.MedusaSpeechRecognitionPipeline", "pt": ["AutoModel"], "tf": [], "type": "audio"}
 BACKBONES = {"whisper": WhisperBackbone, "meralion2": MERaLiON2Backbone}
 BASE_LOAD_KWARGS = ("torch_dtype", "dtype", "device_map", "attn_implementation", "quantization_config",
                     "revision", "token", "cache_dir", "local_files_only", "low_cpu_mem_usage")
@@ -80,6 +82,8 @@ class MedusaForASR(PreTrainedModel):
         self.round_cache = RoundCache()
         self._drafters: dict = {}
         if base is not None:
+            self.generation_config = base.generation_config  # what callers such as the ASR pipeline read
+            self.main_input_name = self.backbone.required_inputs[0]
             _check_fits(config, self.backbone)
             _check_on_one_device(base)
             base.requires_grad_(False)
@@ -165,6 +169,8 @@ class MedusaForASR(PreTrainedModel):
             self.config.auto_map = {"AutoConfig": "configuration_medusa.MedusaConfig",
                                     "AutoModel": "modeling_medusa.MedusaForASR"}
             self.config.architectures = ["MedusaForASR"]
+            if self.config.base_family == "whisper":
+                self.config.custom_pipelines = {"automatic-speech-recognition": ASR_PIPELINE}
             self.config.save_pretrained(tmp)
             heads = {k: v.detach().contiguous().cpu() for k, v in self.medusa_heads.state_dict().items()}
             if self.draft_vocab is not None:

@@ -14,7 +14,7 @@ from tiny_models import build_tiny_whisper, random_features
 
 CODE_FILES = ["configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.py", "medusa_fast.py",
               "medusa_heads.py", "draft_policy.py",
-              "backbone_whisper.py", "backbone_meralion2.py"]
+              "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py"]
 
 
 def edited_copy(artifact: Path, folder: Path, **config_changes) -> Path:
