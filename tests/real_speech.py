@@ -66,15 +66,21 @@ def flite(text: str, path: Path, voice: str = "slt") -> np.ndarray:
 
 def long_recording(folder: Path, seconds: float = 120.0, pause: float = 0.6) -> np.ndarray:
     """The sentences above, two voices taking turns, with pauses between them, until ``seconds`` long."""
-    pieces, total, index = [], 0, 0
+    return long_recording_with_sentences(folder, seconds, pause)[0]
+
+
+def long_recording_with_sentences(folder: Path, seconds: float = 120.0, pause: float = 0.6):
+    """``long_recording`` and, for each sentence in it, ``(text, first sample, end sample)``."""
+    pieces, sentences, total, index = [], [], 0, 0
     silence = np.zeros(int(pause * 16000), dtype=np.float32)
     while total < seconds * 16000:
         text = LONG_TEXT[index % len(LONG_TEXT)]
         audio = flite(text, folder / f"long{index}.wav", ("slt", "rms")[index % 2])
+        sentences.append((text, total, total + len(audio)))
         pieces += [audio, silence]
         total += len(audio) + len(silence)
         index += 1
-    return np.concatenate(pieces)
+    return np.concatenate(pieces), sentences
 
 
 def with_noise(audio: np.ndarray, snr_db: float, seed: int = 0) -> np.ndarray:

@@ -9,7 +9,8 @@ import soundfile as sf
 
 import example_inference
 from conftest import requires_transformers5
-from real_speech import long_recording, real_tiny_en_medusa
+from pipeline.text_normalizer import wer
+from real_speech import long_recording, long_recording_with_sentences, real_tiny_en_medusa, with_noise
 from test_example_inference import assert_subtitle_limits
 
 pytestmark = requires_transformers5
@@ -56,3 +57,34 @@ def test_vad_gives_noise_and_a_click_no_transcript(model, tmp_path, capsys):
     with_vad = transcribe(model, [*files, "--format", "json", "--vad"], capsys)
     records = [json.loads(line) for line in with_vad.splitlines()]
     assert len(records) == 2 and all(r["text"] == "" and r["segments"] == [] for r in records)
+
+
+
+@pytest.fixture(scope="module")
+def three_minutes(tmp_path_factory):
+    return long_recording_with_sentences(tmp_path_factory.mktemp("three_minutes"), seconds=180.0)
+
+
+@pytest.mark.parametrize("noise", [
+    None,
+    pytest.param(10.0, marks=pytest.mark.xfail(strict=True, reason=(
+        "known gap (issue 10): at 10 dB pink noise tiny.en's greedy long-form loops on one window (28 repeated "
+        "one-second segments; the base's own generate does the same, token for token): whole-file WER 41 % vs 15 % "
+        "one by one; the base's temperature fallback brings it to 18.5 %"))),
+])
+def test_long_audio_keeps_its_words(model, three_minutes, noise, tmp_path, capsys):
+    """Three minutes of known sentences (clean, or under continuous pink noise): the whole file through the
+    command (Whisper's sequential long-form windows) is within 1 WER point of the same sentences cut out of that
+    audio and transcribed one by one, so no speech is lost at the window seams."""
+    clean, sentences = three_minutes
+    audio = clean if noise is None else with_noise(clean, snr_db=noise)
+    references = [text for text, _, _ in sentences]
+    sf.write(str(tmp_path / "talk.wav"), audio, SR)
+    whole = transcribe(model, [tmp_path / "talk.wav"], capsys)
+    one_by_one = []
+    for batch in range(0, len(sentences), 8):
+        clips = [audio[start:end] for _, start, end in sentences[batch:batch + 8]]
+        inputs = model.prepare_audio_inputs(clips)
+        one_by_one += model.decode_text(model.generate(**inputs), inputs)
+    whole_wer, alone_wer = wer([" ".join(references)], [whole]), wer(references, one_by_one)
+    assert whole_wer <= alone_wer + 0.01, (whole_wer, alone_wer)
