@@ -186,6 +186,14 @@ def _draft_name(paths: list) -> str:
     return f"tree of {len(paths)} nodes"
 
 
+def _pipeline_usage(repo: str) -> str:
+    """The Hugging Face ASR pipeline snippet (Whisper-family artifacts register a pipeline class)."""
+    return ("\n\nOr through the library's ASR pipeline (audio files, chunking, batching and timestamps are the "
+            "pipeline's; decoding is greedy Medusa):\n\n```python\nfrom transformers import pipeline\n\n"
+            f"asr = pipeline(\"automatic-speech-recognition\", model=\"{repo}\", trust_remote_code=True)\n"
+            "print(asr(\"speech.wav\", return_timestamps=True, chunk_length_s=30, batch_size=4))\n```")
+
+
 def render_model_card(config, repo_id: str | None = None, license: str | None = None) -> str:
     """README.md text for an artifact; ``config`` is a MedusaConfig or its dict."""
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
@@ -231,7 +239,8 @@ def render_model_card(config, repo_id: str | None = None, license: str | None = 
                     "return_stats=True)\n"
                     "print(model.decode_text(sequences, inputs)[0])\n"
                     "print(stats)  # drafted / accepted tokens per round\n"
-                    "```\n\nOr from the command line: `python example_inference.py speech.wav`.")
+                    "```\n\nOr from the command line: `python example_inference.py speech.wav`."
+                    + (_pipeline_usage(repo) if family == "whisper" else ""))
     if tree:
         draft = (f"A sparse draft tree of {len(tree)} nodes, chosen from the measured per-head top-k "
                  "accuracy below (each path lists the per-head top-k ranks).")

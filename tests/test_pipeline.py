@@ -564,6 +564,11 @@ def test_model_card_minimal_config():
                                           hidden_size=8, vocab_size=10))
     assert card.startswith("---\n") and "license: other" in card and "Not measured" in card
     assert "huggingface.co//local" not in card
+    assert 'pipeline("automatic-speech-recognition", model="/local/base"' not in card  # (model= is the artifact)
+    assert 'pipeline("automatic-speech-recognition", model="' in card  # Whisper artifacts register the pipeline
+    meralion = render_model_card(MedusaConfig(base_model_name_or_path="/local/base", base_family="meralion2",
+                                              hidden_size=8, vocab_size=10))
+    assert "pipeline(" not in meralion
 
 
 
