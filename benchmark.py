@@ -192,9 +192,11 @@ class Timer:
     bar speculation must clear) and ``medusa`` (our loop with the requested draft). With ``draft="none"``
     the last two are the same and only ``greedy`` runs."""
 
-    def __init__(self, model, max_new_tokens: int, draft, repeats: int, warmup: int, medusa_kwargs=None):
+    def __init__(self, model, max_new_tokens: int, draft, repeats: int, warmup: int, medusa_kwargs=None,
+                 generate_kwargs=None):
         self.model = model
         self.medusa_kwargs = dict(medusa_kwargs or {})  # extra generate options for our loop (graph, compile)
+        self.generate_kwargs = dict(generate_kwargs or {})  # options of every decoder's call (e.g. timestamps)
         self.max_new_tokens = max_new_tokens
         self.draft = draft
         self.repeats = repeats
@@ -208,10 +210,10 @@ class Timer:
     def _generate(self, inputs, name: str):
         if name == "baseline":
             return self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, use_medusa=False,
-                                       return_stats=True)
+                                       return_stats=True, **self.generate_kwargs)
         draft = "none" if name == "greedy" else self.draft
         return self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, draft=draft, return_stats=True,
-                                   **self.medusa_kwargs)
+                                   **self.medusa_kwargs, **self.generate_kwargs)
 
     def _timed(self, inputs, name: str):
         import torch
@@ -478,8 +480,9 @@ def _stack_inputs(clips: list[Clip], model) -> tuple[dict, float | None]:
 
 def run_benchmark(model, clips, *, repeats: int = 3, warmup: int = 1, max_new_tokens: int = 128,
                   draft="auto", batch_size: int | None = None, progress: bool = True,
-                  medusa_kwargs: dict | None = None) -> dict:
-    """Baseline greedy vs Medusa on ``clips`` (``Clip`` objects or ``(id, inputs, reference)``).
+                  medusa_kwargs: dict | None = None, generate_kwargs: dict | None = None) -> dict:
+    """Baseline greedy vs Medusa on ``clips`` (``Clip`` objects or ``(id, inputs, reference)``);
+    ``generate_kwargs`` reach every decoder's call (e.g. ``return_timestamps=True``).
 
     Returns the results dict written to results.json, less the environment/settings of the caller.
     """
@@ -493,7 +496,7 @@ def run_benchmark(model, clips, *, repeats: int = 3, warmup: int = 1, max_new_to
     from tqdm import tqdm
 
     tree = model.draft_tree(draft)
-    timer = Timer(model, max_new_tokens, draft, repeats, warmup, medusa_kwargs)
+    timer = Timer(model, max_new_tokens, draft, repeats, warmup, medusa_kwargs, generate_kwargs)
     counter = TokenCounter(model, max_new_tokens)
     max_audio = getattr(model, "max_audio_seconds", None)
 
@@ -767,6 +770,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--cuda-graph", default="auto", choices=["auto", "on", "off"],
                         help="Medusa's CUDA-graph rounds (auto: the model's default, on for CUDA devices)")
     parser.add_argument("--compile", action="store_true", help="torch.compile Medusa's fixed-shape rounds")
+    parser.add_argument("--timestamps", action="store_true",
+                        help="Whisper: every decoder returns timestamps (return_timestamps=True); Medusa then "
+                             "decodes inside the base's own generate, with its timestamp rules")
     parser.add_argument("--limit", type=int, default=None, help="only the first N clips of the manifest")
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (results.json, results.md, the plot)")
     parser.add_argument("--merge-summary", action="append", default=[], metavar="SUMMARY_JSON",
@@ -839,7 +845,8 @@ def _main(args, argv=None) -> int:
         results = run_benchmark(model, clips, repeats=args.repeats, warmup=args.warmup,
                                 max_new_tokens=args.max_new_tokens, draft=[] if args.draft == "none" else args.draft,
                                 batch_size=args.batch_size, progress=not args.quiet,
-                                medusa_kwargs=medusa_kwargs)
+                                medusa_kwargs=medusa_kwargs,
+                                generate_kwargs={"return_timestamps": True} if args.timestamps else None)
     except ValueError as err:  # e.g. max_new_tokens beyond the model's limit
         raise BenchmarkError(" ".join(str(err).split())) from err
     environment["load_average_at_end"] = _load_average()
@@ -855,6 +862,7 @@ def _main(args, argv=None) -> int:
             "max_new_tokens": args.max_new_tokens, "draft": args.draft, "batch_size": args.batch_size,
             **prompt_options,
             "threads": args.threads, "cuda_graph": args.cuda_graph, "compile": args.compile,
+            "timestamps": args.timestamps,
             "model_load_s": load_seconds,
             "timing": "median of the timed repeats of generate(); features prepared once per clip outside the "
                       "timing; decoders interleaved, order flipped each repeat; device synchronised around each call",

@@ -301,7 +301,7 @@ def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> dict:
 
 # --------------------------------------------------------------------------- the summary across runs
 
-SUMMARY_KEY = ("model", "device", "gpu", "dtype", "requested_draft", "rounds_mode")
+SUMMARY_KEY = ("model", "device", "gpu", "dtype", "requested_draft", "rounds_mode", "timestamps")
 
 
 def summary_row(results: dict, command: str) -> dict:
@@ -316,7 +316,8 @@ def summary_row(results: dict, command: str) -> dict:
         "heads": str(settings["model"]), "device": "cuda" if cuda else "cpu",
         "gpu": env["device_name"] if cuda else None, "cpu": None if cuda else env["device_name"],
         "dtype": env["dtype"], "draft": summary["draft_ran"], "requested_draft": settings["draft"],
-        "rounds_mode": mode, "clips": summary["clips"], "exact_match_rate": summary["exact_match_rate"],
+        "rounds_mode": mode, "timestamps": True if settings.get("timestamps") else None,  # (None: rows without)
+        "clips": summary["clips"], "exact_match_rate": summary["exact_match_rate"],
         "divergent_rows_at_base_near_ties": f"{summary['divergent_rows_at_base_near_ties']}/{summary['divergent_rows']}",
         "mean_accepted_per_round": summary["mean_accepted_per_round"],
         "tokens_per_s": summary["medusa_tokens_per_s"], "baseline_hf_tokens_per_s": summary["baseline_tokens_per_s"],

@@ -121,3 +121,20 @@ def test_language_and_task_reach_every_input_and_bad_ones_give_clear_errors(tiny
                            "--quiet", "--out", str(tmp_path / "out")]) == 2
     assert "English-only" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_timestamped_benchmark_compares_timestamped_decoders(tmp_path):
+    """--timestamps: every decoder returns timestamps; Medusa decodes them (no fallback) and equals the base."""
+    from modeling_medusa import MedusaForASR
+
+    folder = build_tiny_whisper(tmp_path / "base", seed=3, timestamps=1501, timestamp_scale=0.7)
+    model = MedusaForASR.from_base(str(folder), medusa_num_heads=3)
+    clips = [(f"clip{i}", {"input_features": random_features(1, seed=i)}, None) for i in range(2)]
+    results = benchmark.run_benchmark(model, clips, repeats=1, warmup=0, max_new_tokens=20, draft="tree",
+                                      progress=False, generate_kwargs={"return_timestamps": True})
+    timestamp_begin = model.base.generation_config.no_timestamps_token_id + 1
+    assert results["summary"]["exact_match_rate"] == 1.0
+    for clip in results["clips"]:
+        assert not clip["medusa"]["fell_back_to_base"] and clip["medusa"]["stats"]["rounds"] >= 1
+    sequences = model.generate(**clips[0][1], max_new_tokens=20, return_timestamps=True, use_medusa=False)
+    assert (sequences >= timestamp_begin).any()  # the runs above decoded timestamp tokens
