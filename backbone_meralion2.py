@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from .medusa_decoding import Backbone, DecodeState, Projection, StaticKVCache, attention_mask, suppression_processor
+    from .medusa_decoding import Backbone, DecodeState, Projection, StaticKVCache, attention_mask, SuppressionRules
 except ImportError:
-    from medusa_decoding import Backbone, DecodeState, Projection, StaticKVCache, attention_mask, suppression_processor
+    from medusa_decoding import Backbone, DecodeState, Projection, StaticKVCache, attention_mask, SuppressionRules
 
 class MERaLiON2Backbone(Backbone):
     family = "meralion2"
@@ -77,7 +77,7 @@ class MERaLiON2Backbone(Backbone):
         return None
 
     def make_logits_processor(self, min_new_tokens: int | None):
-        return suppression_processor(self.vocab_size, self.base.device, self.eos_token_ids, min_new_tokens)
+        return SuppressionRules(self.vocab_size, self.base.device, self.eos_token_ids, min_new_tokens)
 
     def fuse_projections(self) -> bool:
         """Give every layer one q/k/v weight and one gate/up weight, so a verify pass runs two GEMMs

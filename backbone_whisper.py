@@ -11,10 +11,10 @@ import torch.nn.functional as F
 
 try:
     from .medusa_decoding import (Backbone, ChainedRules, ChunkPath, DecodeState, LogitsRules, Projection,
-                                  StaticKVCache, WindowPlan, attention_mask, suppression_processor)
+                                  StaticKVCache, WindowPlan, attention_mask, SuppressionRules)
 except ImportError:
     from medusa_decoding import (Backbone, ChainedRules, ChunkPath, DecodeState, LogitsRules, Projection,
-                                 StaticKVCache, WindowPlan, attention_mask, suppression_processor)
+                                 StaticKVCache, WindowPlan, attention_mask, SuppressionRules)
 
 
 class WhisperBackbone(Backbone):
@@ -99,8 +99,8 @@ class WhisperBackbone(Backbone):
         mask = model_kwargs.get("decoder_attention_mask")
         if mask is not None and not _is_left_padding(mask):
             return "a decoder attention mask other than left padding"
-        rules = suppression_processor(self.vocab_size, self.base.device, suppress["eos_token_ids"],
-                                      suppress["min_new_tokens"] or None, suppress["always"], suppress["at_begin"])
+        rules = SuppressionRules(self.vocab_size, self.base.device, suppress["eos_token_ids"],
+                                 suppress["min_new_tokens"] or None, suppress["always"], suppress["at_begin"])
         inputs = {"encoder_outputs": model_kwargs["encoder_outputs"], "decoder_input_ids": input_ids,
                   "decoder_attention_mask": mask}
         return WindowPlan(inputs, ChainedRules(rules, timestamps) if timestamps else rules,
@@ -180,7 +180,7 @@ class WhisperBackbone(Backbone):
         return lang_ids[logits[:, lang_ids].argmax(-1)].tolist()
 
     def make_logits_processor(self, min_new_tokens: int | None):
-        return suppression_processor(
+        return SuppressionRules(
             self.vocab_size, self.base.device, self.eos_token_ids, min_new_tokens,
             always=getattr(self.gen, "suppress_tokens", None),
             at_begin=getattr(self.gen, "begin_suppress_tokens", None),
@@ -304,13 +304,13 @@ def _left_padding(mask, batch: int, device) -> torch.Tensor:
 
 
 def _is_left_padding(mask: torch.Tensor) -> bool:
-    padding = (mask == 0).long().cumprod(dim=1).sum(dim=1)
+    padding = _left_padding(mask, mask.shape[0], mask.device)
     return bool((mask.long().sum(dim=1) == mask.shape[1] - padding).all())
 
 
 def _add_suppression(suppress: dict, processor, prompt_length: int) -> bool:
     """Fold one of the base's token-blocking processors into ``suppress`` (the arguments of
-    ``suppression_processor``); False when it is not one this window can take."""
+    ``SuppressionRules``); False when it is not one this window can take."""
     from transformers.generation import logits_process as lp
 
     if isinstance(processor, lp.SuppressTokensLogitsProcessor):

@@ -413,7 +413,8 @@ class ChainedRules(LogitsRules):
 
 class SuppressionRules(LogitsRules):
     """The base generate's token-blocking processors: ``always`` ids are never chosen, ``at_begin`` ids not
-    as the first token, EOS not before ``min_new_tokens``. Blocked ids are written in place (a few ids, not a
+    as the first token, EOS not before ``min_new_tokens`` (``num_generated[b, t]`` counts the tokens generated
+    before the one chunk row t predicts). Blocked ids are written in place (a few ids, not a
     pass over the vocabulary)."""
 
     def __init__(self, vocab: int, device, eos_token_ids, min_new_tokens=None, always=None, at_begin=None):
@@ -432,12 +433,6 @@ class SuppressionRules(LogitsRules):
         if self.min_new_tokens and self.eos.numel():
             logits = _block_where(logits, self.eos, num_generated < self.min_new_tokens)
         return logits
-
-
-def suppression_processor(vocab: int, device, eos_token_ids, min_new_tokens=None, always=None, at_begin=None):
-    """``SuppressionRules`` for these ids (``num_generated[b, t]`` counts the tokens generated before the
-    one chunk row t predicts)."""
-    return SuppressionRules(vocab, device, eos_token_ids, min_new_tokens, always, at_begin)
 
 
 def _block_where(logits: torch.Tensor, ids: torch.Tensor, where: torch.Tensor) -> torch.Tensor:

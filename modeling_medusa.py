@@ -320,14 +320,18 @@ class MedusaForASR(PreTrainedModel):
         def decode(plan: WindowPlan):
             return self._decode(plan, draft, cuda_graph, compile, stats, timer)
 
-        if self.backbone.windowed(kwargs):
-            sequences = self._through_base_generate(kwargs, max_new_tokens, min_new_tokens, decode)
-        else:
-            _check_inputs(kwargs, self.backbone.required_inputs)
-            plan = WindowPlan(kwargs, self.backbone.make_logits_processor(min_new_tokens), max_new_tokens,
-                              self.backbone.eos_token_ids)
-            sequences = self.backbone.format_output(*decode(plan))
+        sequences = self._each_window(kwargs, max_new_tokens, min_new_tokens, decode)
         return (sequences, {**stats.as_dict(), **timer.laps}) if return_stats else sequences
+
+    def _each_window(self, kwargs: dict, max_new_tokens, min_new_tokens, decode):
+        """The call's output, with ``decode(plan)`` decoding its batch directly, or each window inside the
+        base's own generate where the backbone says the call takes it (timestamps, long-form, prompts)."""
+        if self.backbone.windowed(kwargs):
+            return self._through_base_generate(kwargs, max_new_tokens, min_new_tokens, decode)
+        _check_inputs(kwargs, self.backbone.required_inputs)
+        plan = WindowPlan(kwargs, self.backbone.make_logits_processor(min_new_tokens), max_new_tokens,
+                          self.backbone.eos_token_ids)
+        return self.backbone.format_output(*decode(plan))
 
     def _decode(self, plan: WindowPlan, draft, cuda_graph, compile: bool, stats: MedusaStats, timer):
         """Prefill and Medusa rounds for one batch (a direct call, or one window of the base's generate);
@@ -416,16 +420,13 @@ class MedusaForASR(PreTrainedModel):
                 rows.append((torch.tensor(row), torch.stack(hidden)) + ((speech[i],) if with_speech else ()))
             return tokens, prompt
 
-        if self.backbone.windowed(inputs):
-            self._through_base_generate(inputs, max_new_tokens, None, decode)
-        else:
+        if not self.backbone.windowed(inputs):
             _check_inputs(inputs, self.backbone.required_inputs)
             reason = self.backbone.unsupported_reason(inputs)
             if reason is not None:  # e.g. right padding: the rows' last prompt positions would be padding
                 raise ValueError(f"collect_hidden_states records the base's plain greedy decoding and cannot take "
                                  f"{reason}; build the inputs with prepare_audio_inputs.")
-            decode(WindowPlan(inputs, self.backbone.make_logits_processor(None), max_new_tokens,
-                              self.backbone.eos_token_ids))
+        self._each_window(inputs, max_new_tokens, None, decode)
         return rows
 
     # ------------------------------------------------------------------ audio convenience
