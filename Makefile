@@ -7,7 +7,7 @@ TORCH ?= torch==2.13.0
 APT_PACKAGES = flite ffmpeg
 export HF_HUB_OFFLINE = 1
 
-.PHONY: demo test test-whisper test-meralion2 lint benchmark system-deps
+.PHONY: demo test test-whisper test-meralion2 lint benchmark upload-check system-deps
 
 demo: system-deps $(VENV)/.installed
 	$(VENV)/bin/python example_inference.py
@@ -32,6 +32,10 @@ lint: $(VENV)/.installed
 benchmark: system-deps $(VENV)/.installed
 	$(VENV)/bin/python -m pipeline.eval_speech --out work_data/eval_speech $(if $(LIBRISPEECH),--librispeech $(LIBRISPEECH))
 	$(VENV)/bin/python benchmark.py --audio work_data/eval_speech/manifest.jsonl --out work_data/benchmarks/cpu_auto
+
+# What `huggingface-cli upload` should publish for each shipped artifact: real files, no links, no tools.
+upload-check: $(VENV)/.installed
+	@for d in heads/*/; do $(VENV)/bin/python -m pipeline.hub_folder $$d work_data/upload/$$(basename $$d) || exit 1; done
 
 test-whisper: system-deps $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -q tests

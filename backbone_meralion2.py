@@ -104,13 +104,14 @@ class MERaLiON2Backbone(Backbone):
             self.fused = None
 
     # ------------------------------------------------------------------ prefill & decode
-    def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits, cache_pool=None):
+    def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits, cache_pool=None,
+                capture=None):
         self._drop_stale_fusion()
         input_ids = inputs["input_ids"].to(self.base.device)
         batch, prompt_len = input_ids.shape
         mask = inputs.get("attention_mask")
         mask = torch.ones_like(input_ids) if mask is None else mask.to(input_ids.device)
-        embeds = self._prompt_embeddings(input_ids, inputs["input_features"], inputs.get("feature_attention_mask"))
+        embeds = self._prompt_embeddings(input_ids, inputs["input_features"], capture)
         max_new = self._max_new_tokens(max_new_tokens, prompt_len)
         make = cache_pool.get if cache_pool is not None else StaticKVCache
         cache = make(len(self.model.layers), batch, self.num_kv_heads, prompt_len + max_new + extra_slots,
@@ -132,12 +133,17 @@ class MERaLiON2Backbone(Backbone):
             return gen.max_new_tokens
         return max(gen.max_length - prompt_len, 1)
 
-    def _prompt_embeddings(self, input_ids, input_features, feature_attention_mask):
-        """Speech encoder -> ln_speech -> adapter, scattered into the <SpeechHere> placeholders."""
+    def _prompt_embeddings(self, input_ids, input_features, capture=None):
+        """Speech encoder -> ln_speech -> adapter, scattered into the <SpeechHere> placeholders. ``capture``
+        (a ``CapturedCalls``) runs the speech part as one CUDA graph."""
         base = self.base
         features = input_features.to(base.device, base.speech_encoder.dtype if hasattr(base.speech_encoder, "dtype") else base.dtype)
-        speech = base.speech_encoder(features).last_hidden_state
-        speech = base.speech_audio_adapter(base.ln_speech(speech))
+
+        def speech_vectors(features):
+            return base.speech_audio_adapter(base.ln_speech(base.speech_encoder(features).last_hidden_state))
+
+        speech = (speech_vectors(features) if capture is None
+                  else capture(("meralion2-speech", tuple(features.shape)), speech_vectors, features))
         embeds = self._embed(input_ids)
         placeholders = input_ids == self.speech_token_index
         speech = self._scale(speech.reshape(-1, speech.shape[-1]).to(embeds.dtype))  # as 4.51 scales them

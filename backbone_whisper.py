@@ -11,17 +11,19 @@ import torch.nn.functional as F
 
 try:
     from .medusa_decoding import (Backbone, ChainedRules, ChunkPath, DecodeState, LogitsRules, Projection,
-                                  StaticKVCache, WindowPlan, attention_mask, SuppressionRules)
+                                  StaticKVCache, WindowPlan, attend_memory, attention_mask, SuppressionRules)
 except ImportError:
     from medusa_decoding import (Backbone, ChainedRules, ChunkPath, DecodeState, LogitsRules, Projection,
-                                 StaticKVCache, WindowPlan, attention_mask, SuppressionRules)
+                                 StaticKVCache, WindowPlan, attend_memory, attention_mask, SuppressionRules)
 
 
 class WhisperBackbone(Backbone):
     family = "whisper"
     required_inputs = ("input_features",)
     max_audio_seconds = 30.0
-    half_attention = "sdpa"  # bf16/fp16 attention: "sdpa" or "matmul" (two GEMMs and a fused softmax)
+    # bf16/fp16 attention: "sdpa" (SDPA's default kernel everywhere), "memory" (cross-attention through
+    # attend_memory), "auto" (that, and self-attention as matmuls) or "matmul" (matmuls everywhere)
+    half_attention = "memory"
 
     def __init__(self, base):
         self.base = base
@@ -59,12 +61,16 @@ class WhisperBackbone(Backbone):
         return None
 
     def windowed(self, kwargs: dict) -> bool:
-        """Timestamps, segments, prompt ids and long-form audio (over 30 s of features) take the base's own
-        generate, which hands each window's decoding to us; plain short-form calls are decoded directly."""
+        """Timestamps, segments, prompt ids, temperature fallback and long-form audio (over 30 s of features)
+        take the base's own generate, which hands each window's decoding to us (and decodes a fallback's
+        sampled retries itself); plain short-form calls are decoded directly."""
         timestamps = kwargs.get("return_timestamps", getattr(self.gen, "return_timestamps", None))
         features = kwargs.get("input_features")
         long_form = features is not None and features.shape[-1] > 2 * self.config.max_source_positions
-        return bool(timestamps or kwargs.get("return_segments") or kwargs.get("prompt_ids") is not None or long_form)
+        temperature = kwargs.get("temperature")
+        fallback = isinstance(temperature, (list, tuple)) and len(temperature) > 1
+        return bool(timestamps or kwargs.get("return_segments") or kwargs.get("prompt_ids") is not None
+                    or long_form or fallback)
 
     def window_plan(self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
         """The window the base's generate hands to its decoding method (these are that method's arguments) as
@@ -109,18 +115,13 @@ class WhisperBackbone(Backbone):
     # ------------------------------------------------------------------ prompt & logits rules
     def decoder_prompt(self, encoder_kv, batch: int, language=None, task=None) -> torch.Tensor:
         """The decoder prompt the base's generate would build: start token, language (given, from the
-        legacy forced ids, or detected per row), task, and <|notimestamps|>."""
+        legacy forced ids, or detected per row from ``encoder_kv``), task, and <|notimestamps|>."""
         gen = self.gen
-        self.check_prompt_options(language, task)
-        language = language or getattr(gen, "language", None)
-        task = task or getattr(gen, "task", None)
-        tokens = [gen.decoder_start_token_id]
-        if task is None and language is None:
-            tokens += self._legacy_forced_tokens()
+        tokens, language, task, detect = self._prompt_start(language, task)
         languages = [None] * batch
         if language is not None:
             languages = [self._language_id(language)] * batch
-        elif getattr(gen, "lang_to_id", None) and (len(tokens) <= 1 or tokens[1] is None):
+        elif detect:
             languages = self._detect_languages(encoder_kv, batch)
         task_ids = set((getattr(gen, "task_to_id", None) or {}).values())
         no_timestamps = self._no_timestamps()
@@ -137,6 +138,18 @@ class WhisperBackbone(Backbone):
                 row += no_timestamps
             rows.append(row)
         return torch.tensor(rows, device=self.base.device)
+
+    def _prompt_start(self, language=None, task=None):
+        """(first prompt tokens, language, task, whether the language must be detected from the speech)."""
+        gen = self.gen
+        self.check_prompt_options(language, task)
+        language = language or getattr(gen, "language", None)
+        task = task or getattr(gen, "task", None)
+        tokens = [gen.decoder_start_token_id]
+        if task is None and language is None:
+            tokens += self._legacy_forced_tokens()
+        detect = language is None and bool(getattr(gen, "lang_to_id", None)) and (len(tokens) <= 1 or tokens[1] is None)
+        return tokens, language, task, detect
 
     def check_prompt_options(self, language=None, task=None) -> None:
         """Clear errors for a language or task this model cannot take, before any decoding."""
@@ -198,17 +211,20 @@ class WhisperBackbone(Backbone):
         encoder_out = encoder_out.to(attn.k_proj.weight.dtype)
         return self._heads(attn.k_proj(encoder_out)), self._heads(attn.v_proj(encoder_out))
 
-    def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits, cache_pool=None):
+    def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits, cache_pool=None,
+                capture=None):
         """Encoder (unless ``encoder_outputs`` are given) and decoder prompt: the one the base's generate builds,
-        or ``decoder_input_ids`` as given (left-padded rows marked by ``decoder_attention_mask``)."""
-        encoder_out = getattr(inputs.get("encoder_outputs"), "last_hidden_state", inputs.get("encoder_outputs"))
-        if encoder_out is None:
-            encoder_out = self.encode(inputs)
-        batch = encoder_out.shape[0]
-        encoder_kv = self._cross_attention_kv(encoder_out.to(self.base.device, self.base.dtype))
+        or ``decoder_input_ids`` as given (left-padded rows marked by ``decoder_attention_mask``). ``capture``
+        (a ``CapturedCalls``) replays the encoder, the cross-attention projections and, where the prompt is
+        known before the speech is encoded (no language to detect), the prompt's decoder pass as CUDA graphs."""
+        language, task = inputs.get("language"), inputs.get("task")
+        if capture is not None and self._prompt_known_before_encoding(inputs):
+            return self._captured_prefill(inputs, max_new_tokens, extra_slots, process_logits, cache_pool, capture)
+        encoder_kv = self._speech_kv(inputs, capture)
+        batch = encoder_kv[0].shape[1]
         prompt = inputs.get("decoder_input_ids")
         if prompt is None:
-            prompt = self.decoder_prompt(encoder_kv, batch, inputs.get("language"), inputs.get("task"))
+            prompt = self.decoder_prompt(encoder_kv, batch, language, task)
         prompt = prompt.to(self.base.device)
         prompt_len = prompt.shape[1]
         max_new = self._max_new_tokens(max_new_tokens, prompt_len)
@@ -218,6 +234,47 @@ class WhisperBackbone(Backbone):
         state.lengths = state.lengths + prompt_len
         self.start_decoding(state, hidden, prompt, process_logits)
         return state, max_new, prompt
+
+    def _prompt_known_before_encoding(self, inputs: dict) -> bool:
+        plain = all(inputs.get(name) is None for name in ("encoder_outputs", "decoder_input_ids"))
+        return plain and not self._prompt_start(inputs.get("language"), inputs.get("task"))[3]
+
+    def _captured_prefill(self, inputs, max_new_tokens, extra_slots, process_logits, cache_pool, capture):
+        """The prefill as one CUDA graph per (cache, batch, prompt): speech features -> cross-attention keys
+        and values -> the prompt's pass, which writes its keys and values into the pool's cache."""
+        features = inputs["input_features"].to(self.base.device, self.base.dtype)
+        batch = features.shape[0]
+        prompt = self.decoder_prompt(None, batch, inputs.get("language"), inputs.get("task"))
+        max_new = self._max_new_tokens(max_new_tokens, prompt.shape[1])
+        state = self._empty_state(None, batch, prompt.shape[1] + max_new + extra_slots, cache_pool)
+        cache = state.cache
+
+        def speech_and_prompt(features, prompt, first_slot):
+            keys, values = self._cross_attention_kv(self.encode({"input_features": features}))
+            prompt_state = DecodeState(cache, torch.zeros_like(first_slot), first_slot, hidden=None, next_token=None,
+                                       extra={"cross_keys": keys, "cross_values": values})
+            return keys, values, self._forward(prompt_state, prompt)
+
+        key = ("whisper-prefill", id(cache), tuple(features.shape), tuple(prompt.shape))
+        keys, values, hidden = capture(key, speech_and_prompt, features, prompt, state.first_slot, keep=cache)
+        state.extra = {"cross_keys": keys, "cross_values": values}
+        state.lengths = state.lengths + prompt.shape[1]
+        self.start_decoding(state, hidden, prompt, process_logits)
+        return state, max_new, prompt
+
+    def _speech_kv(self, inputs: dict, capture=None):
+        """Every decoder layer's cross-attention keys and values [layers, B, heads, L, D] for the speech."""
+        encoder_out = getattr(inputs.get("encoder_outputs"), "last_hidden_state", inputs.get("encoder_outputs"))
+        if encoder_out is not None:  # (the base's generate ran the encoder)
+            return self._cross_attention_kv(encoder_out.to(self.base.device, self.base.dtype))
+        features = inputs["input_features"].to(self.base.device, self.base.dtype)
+
+        def speech_kv(features):
+            return self._cross_attention_kv(self.encode({"input_features": features}))
+
+        if capture is None:
+            return speech_kv(features)
+        return capture(("whisper-speech-kv", tuple(features.shape)), speech_kv, features)
 
     def _max_new_tokens(self, max_new_tokens, prompt_len) -> int:
         limit = self.config.max_target_positions
@@ -243,8 +300,8 @@ class WhisperBackbone(Backbone):
         make = cache_pool.get if cache_pool is not None else StaticKVCache
         cache = make(len(self.decoder.layers), batch, self.num_heads, capacity, self.head_dim, dtype, device)
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
-        return DecodeState(cache, zeros, zeros.clone(), hidden=None, next_token=None,
-                           extra={"cross_keys": encoder_kv[0], "cross_values": encoder_kv[1]})
+        extra = {} if encoder_kv is None else {"cross_keys": encoder_kv[0], "cross_values": encoder_kv[1]}
+        return DecodeState(cache, zeros, zeros.clone(), hidden=None, next_token=None, extra=extra)
 
     def _forward(self, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor:
         """Causal forward of a plain prompt chunk (prefill)."""
@@ -274,14 +331,19 @@ class WhisperBackbone(Backbone):
 
     def _attend(self, attn, x, keys, values, mask):
         query = self._heads(attn.q_proj(x) * self.scaling)
-        if query.dtype == torch.float32 or self.half_attention == "matmul":
-            # A verify chunk has a handful of queries, and SDPA's fused fp32 GPU kernel runs one block per
-            # head for them (measured: half of a tiny.en round on an H200); matmuls fill the GPU.
+        mode = "matmul" if query.dtype == torch.float32 else self.half_attention
+        if mode in ("auto", "memory"):
+            mode = "memory" if mask is None else ("matmul" if mode == "auto" else "sdpa")
+        if mode == "matmul":
+            # A verify chunk has a handful of queries: SDPA's fused kernels run one block per head for them
+            # (fp32: half of a tiny.en round on an H200; bf16 over the cache: 17 us, compiled matmuls 8.6)
             scores = torch.matmul(query, keys.transpose(-1, -2))
             if mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype), values)
-        else:  # half precision: SDPA accumulates in fp32, as the base's own attention does
+        elif mode == "memory":
+            out = attend_memory(query, keys, values, scale=1.0)
+        else:  # SDPA accumulates in fp32, as the base's own attention does
             out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=1.0)
         return attn.out_proj(out.transpose(1, 2).flatten(2))
 

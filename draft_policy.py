@@ -20,8 +20,10 @@ import torch
 
 try:
     from .medusa_decoding import CachePool, DraftTree, MedusaStats, build_tree_from_accuracy, expected_tokens_per_round
+    from .medusa_fast import CapturedCalls
 except ImportError:
     from medusa_decoding import CachePool, DraftTree, MedusaStats, build_tree_from_accuracy, expected_tokens_per_round
+    from medusa_fast import CapturedCalls
 
 AUTO_TREE_SIZES = (8, 32, 64)  # draft nodes of the extra trees tried when only head accuracy is known
 
@@ -153,6 +155,7 @@ class RoundCache:
 
     def __init__(self):
         self.pool = CachePool()
+        self.calls = CapturedCalls()  # the prefill's captured parts (the speech encoder)
         self.runners: dict = {}
         self.signature = None  # the weights the kept rounds were captured with
 
@@ -182,6 +185,7 @@ class RoundCache:
         for runner in self.runners.values():
             runner.release()
         self.runners.clear()
+        self.calls.release()
         self.pool.caches.clear()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -41,6 +41,10 @@ DEFAULT_CLIP_TEXT = (
     "so the transcript comes out faster and stays exactly the same."
 )
 WARMUP_NEW_TOKENS = 8
+# Whisper's temperature fallback (its paper's temperatures; the compression-ratio threshold of transformers'
+# long-form example, measured on token ids): a window whose greedy text compresses too well (a loop) is retried
+# sampled. Thresholds on log-probabilities and no-speech probability need scores and are not offered.
+WHISPER_FALLBACK = {"temperature": (0.0, 0.2, 0.4, 0.6, 0.8, 1.0), "compression_ratio_threshold": 1.35}
 
 EXIT_OK, EXIT_FILE_FAILED, EXIT_USER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -122,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vad", action="store_true",
                         help="transcribe only the speech that voice-activity detection finds (needs silero-vad); "
                         "a file without speech gives an empty transcript")
+    parser.add_argument("--temperature-fallback", action="store_true",
+                        help="Whisper: retry a window whose greedy text repeats itself (compression ratio > 1.35) "
+                        "at temperatures 0.2 ... 1.0, sampled by the base model, as Whisper's long-form recipe does; "
+                        "greedy windows still go through Medusa")
     parser.add_argument("--window-seconds", type=float, default=None,
                         help="MERaLiON-2: seconds of audio per window (default 30, as its model card advises for "
                         "ASR; at most 300). Whisper always takes the whole file (its own 30 s long-form windows)")
@@ -224,6 +232,8 @@ def _vad_problem() -> str | None:
 
 
 def _window_option_problem(args, model) -> str | None:
+    if args.temperature_fallback and model.family != "whisper":
+        return f"--temperature-fallback is Whisper's long-form option; this is a {model.family} model: leave it out"
     limit = float(model.max_audio_seconds)
     if args.window_seconds is not None and not 0 < args.window_seconds <= limit:
         return f"--window-seconds {args.window_seconds:g} is outside this model's 0-{limit:g} s; pass at most {limit:g}"
@@ -275,12 +285,13 @@ class Transcriber:
     """Runs the model on batches of 16 kHz mono windows."""
 
     def __init__(self, model, max_new_tokens: int, use_medusa: bool, compile: bool = False,
-                 prompt_options: dict | None = None):
+                 prompt_options: dict | None = None, decode_options: dict | None = None):
         self.model = model
         self.max_new_tokens = max_new_tokens
         self.use_medusa = use_medusa
         self.compile = compile
         self.prompt_options = prompt_options or {}  # language / task of a multilingual Whisper
+        self.decode_options = decode_options or {}  # e.g. Whisper's temperature fallback
         self.stats = DecodeStats()
 
     def prepare(self, windows: list[np.ndarray]) -> dict:
@@ -292,7 +303,7 @@ class Transcriber:
         extra = {"compile": True} if use_medusa and self.compile else {}
         sequences, stats = self.model.generate(
             **inputs, max_new_tokens=max_new_tokens or self.max_new_tokens, use_medusa=use_medusa, return_stats=True,
-            **extra, **options,
+            **extra, **self.decode_options, **options,
         )
         _synchronize(self.model)
         return sequences, stats
@@ -632,6 +643,7 @@ def transcript_settings(args, model_name: str, transcriber: Transcriber) -> dict
             "dtype": str(getattr(transcriber.model, "dtype", args.dtype)), "format": args.format,
             "max_new_tokens": transcriber.max_new_tokens, **transcriber.prompt_options,
             **({"vad": True} if args.vad else {}),
+            **({"temperature_fallback": True} if args.temperature_fallback else {}),
             **({"window_seconds": args.window_seconds} if args.window_seconds else {})}
 
 
@@ -764,7 +776,8 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
         log(f"error: {error}")
         return EXIT_USER_ERROR
     transcriber = Transcriber(model, max_new_tokens, not args.no_medusa, compile=args.compile,
-                              prompt_options=prompt_options)
+                              prompt_options=prompt_options,
+                              decode_options=WHISPER_FALLBACK if args.temperature_fallback else None)
 
     if not args.audio:
         return run_demo(transcriber, model_name)

@@ -276,6 +276,16 @@ class Projection:
         return self._transposed
 
 
+def attend_memory(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None = None):
+    """Attention of a few queries over a long unmasked memory (the speech), [B, heads, n, D] -> same.
+    Half precision on a GPU: FlashAttention's kernel for several queries, where cuDNN's (SDPA's default)
+    costs twice as much (H200, 1 500 frames: 19.7 vs 11.0 us for 5-33 queries; 6.6 us for one query,
+    where cuDNN's is the faster)."""
+    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and query.shape[-2] > 1:
+        return torch.ops.aten._scaled_dot_product_flash_attention(query, keys, values, scale=scale)[0]
+    return torch.nn.functional.scaled_dot_product_attention(query, keys, values, scale=scale)
+
+
 def is_dense(weight) -> bool:
     """A plain floating-point tensor (not a quantised tensor subclass such as torchao's)."""
     return type(weight) in (torch.Tensor, torch.nn.Parameter) and weight.is_floating_point()

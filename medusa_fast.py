@@ -37,6 +37,35 @@ def capture_cuda_graph(fn, warmups: int = 1, reset=None) -> torch.cuda.CUDAGraph
     return graph
 
 
+class CapturedCalls:
+    """Fixed-shape functions replayed as CUDA graphs, one graph per key (e.g. the speech encoder per batch
+    size): a call copies its inputs into the graph's own input buffers, replays, and returns clones of the
+    outputs (the next replay overwrites the graph's). Eager, the encoder of a 30 s window and the prompt's
+    decoder pass are hundreds of small kernels launched one by one from Python. ``keep``: an object the
+    graph writes into (a KV cache), kept alive with it so that its ``id`` in a key is never reused."""
+
+    def __init__(self):
+        self.graphs: dict = {}
+
+    def __call__(self, key, fn, *inputs, keep=None):
+        entry = self.graphs.get(key)
+        if entry is None:
+            static_inputs, outputs = [x.clone() for x in inputs], {}
+
+            def body():
+                outputs["value"] = fn(*static_inputs)
+
+            entry = self.graphs[key] = (capture_cuda_graph(body, warmups=2), static_inputs, outputs, keep)
+        graph, static_inputs, outputs, _ = entry
+        for static, x in zip(static_inputs, inputs):
+            static.copy_(x)
+        graph.replay()
+        return torch.utils._pytree.tree_map(torch.clone, outputs["value"])
+
+    def release(self):
+        self.graphs.clear()
+
+
 def _compiled_round(round_fn):
     """``torch.compile`` of a round. Every runner (batch size, draft tree, cache capacity) is one
     more specialisation of the same code, so the recompile limit must allow many of them."""

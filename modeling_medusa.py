@@ -344,8 +344,9 @@ class MedusaForASR(PreTrainedModel):
         candidates = self.draft_policy.candidates(draft)
         slack = 2 * max(t.num_nodes for t in candidates)
         pool = self.round_cache.pool if fixed_shape else None
+        capture = self.round_cache.calls if captured and on_cuda else None
         state, max_new, prompt = self.backbone.prefill(plan.inputs, plan.max_new_tokens, slack, plan.rules,
-                                                       cache_pool=pool)
+                                                       cache_pool=pool, capture=capture)
         timer.lap("prefill_seconds")
         tree = self._choose_draft(candidates, state, captured and on_cuda)
         window = MedusaStats(draft=tree.name)
@@ -367,7 +368,8 @@ class MedusaForASR(PreTrainedModel):
             plan = self.backbone.window_plan(input_ids, logits_processor, stopping_criteria, generation_config,
                                              model_kwargs)
             if isinstance(plan, str):
-                warnings.warn(f"Medusa decoding does not support {plan}; this window uses the base's own decoding.")
+                if not generation_config.do_sample:  # (a sampled temperature-fallback retry is the base's by design)
+                    warnings.warn(f"Medusa decoding does not support {plan}; this window uses the base's own decoding.")
                 return GenerationMixin._sample(model, input_ids, logits_processor, stopping_criteria,
                                                generation_config, **model_kwargs)
             generated, _ = decode(plan)
@@ -745,11 +747,11 @@ GREEDY_AS_IS = {
     "output_attentions": (False,), "output_hidden_states": (False,),
 }
 # What each backbone leaves out (MERaLiON-2's decoder applies no token suppression or forced ids; Whisper's
-# temperature-fallback thresholds and token-level timestamps, which need scores and attentions).
+# fallback thresholds on log-probabilities and no-speech probability, and token-level timestamps, which need
+# scores and attentions; its compression-ratio threshold reads only the text, so windows take it).
 FAMILY_GREEDY_AS_IS = {
     "meralion2": {"suppress_tokens": ([],), "begin_suppress_tokens": ([],), "forced_decoder_ids": ([],)},
-    "whisper": {"compression_ratio_threshold": (), "logprob_threshold": (), "no_speech_threshold": (),
-                "return_token_timestamps": (False,)},
+    "whisper": {"logprob_threshold": (), "no_speech_threshold": (), "return_token_timestamps": (False,)},
 }
 # Read by the backbones from the base's own generation config: a call that changes them goes to the base.
 BASE_CONFIG_SETTINGS = {
@@ -797,8 +799,8 @@ def _generation_fallback_reason(kwargs: dict, base_config, family: str) -> str |
                                "force_words_ids", "dola_layers", "prompt_lookup_num_tokens", "assistant_early_exit")
                    if not _is_mode_default(getattr(merged, n, None))]
         return f"{MODE_NAMES.get(mode, mode.replace('_', ' '))} ({', '.join(named(n) for n in differs)})"
-    if family == "whisper" and not _is_greedy_whisper_temperature(kwargs.get("temperature")):
-        return f"sampling ({named('temperature')}: Whisper samples when the temperature is above 0)"
+    if family == "whisper" and not _whisper_starts_greedy(kwargs.get("temperature")):
+        return f"sampling ({named('temperature')}: Whisper samples when its first temperature is above 0)"
     as_is = {**GREEDY_AS_IS, **FAMILY_GREEDY_AS_IS.get(family, {})}
     for name, neutral in as_is.items():
         value = kwargs[name] if name in kwargs else getattr(merged, name, None)
@@ -814,10 +816,12 @@ def _is_mode_default(value) -> bool:
     return value is None or value is False or (type(value) in (int, float) and value in (0, 1))
 
 
-def _is_greedy_whisper_temperature(temperature) -> bool:
-    """Whisper's generate samples whenever its ``temperature`` argument (not the config's) is above 0."""
-    temperatures = temperature if isinstance(temperature, (list, tuple)) else [temperature]
-    return all(t is None or t == 0 for t in temperatures)
+def _whisper_starts_greedy(temperature) -> bool:
+    """Whisper's generate samples when its ``temperature`` argument (not the config's) is above 0. A sequence
+    of temperatures is its fallback: each window is decoded greedily first (by us) and retried at the next
+    temperature, by the base's own sampling, where its thresholds reject the result."""
+    first = temperature[0] if isinstance(temperature, (list, tuple)) and temperature else temperature
+    return first is None or first == 0
 
 
 def _short_repr(value, limit: int = 60) -> str:

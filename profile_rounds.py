@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+import medusa_heads
 from draft_policy import cuda_ms
 from medusa_decoding import DraftTree, accept, build_tree_from_accuracy
 from medusa_fast import CapturedRounds, capture_cuda_graph
@@ -34,14 +35,15 @@ SHAPES = {  # d_model, decoder layers, heads, ffn, vocab (the converted real mod
 PROFILE_TOPK = [[0.55, 0.65, 0.68, 0.71], [0.19, 0.27, 0.31, 0.34], [0.10, 0.16, 0.20, 0.23], [0.065, 0.11, 0.15, 0.18]]
 
 
-def build_model(shape: str, dtype, device, head_kind: str, draft_vocab: int):
+def build_model(shape: str, dtype, device, head_kind: str, draft_vocab: int, encoder_layers: int = 1):
+    """Random weights of a real Whisper shape with heads; one encoder layer unless asked (rounds never run it)."""
     from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
 
     from configuration_medusa import MedusaConfig
     from modeling_medusa import MedusaForASR
 
     d, layers, heads, ffn, vocab = SHAPES[shape]
-    config = WhisperConfig(vocab_size=vocab, d_model=d, encoder_layers=1, decoder_layers=layers,
+    config = WhisperConfig(vocab_size=vocab, d_model=d, encoder_layers=encoder_layers, decoder_layers=layers,
                            encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
                            decoder_ffn_dim=ffn, num_mel_bins=80, max_source_positions=1500, max_target_positions=448,
                            decoder_start_token_id=vocab - 7, eos_token_id=vocab - 8, pad_token_id=vocab - 8)
@@ -193,7 +195,9 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default=None, help="graph,compiled (CUDA) or eager (CPU)")
     p.add_argument("--head-kinds", default="medusa,path")
     p.add_argument("--draft-vocab", type=int, default=4096)
-    p.add_argument("--attention", default="sdpa", help="half-precision attention(s) to time: sdpa,matmul")
+    p.add_argument("--attention", default="auto", help="half-precision attention(s) to time: auto,sdpa,matmul")
+    p.add_argument("--iterated-argmax-max-k", type=int, default=medusa_heads.ITERATED_ARGMAX_MAX_K,
+                   help="drafts' top-k as iterated argmax up to this k (0: always torch.topk)")
     p.add_argument("--drafts", default="none,chain4,tree16,tree32")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="kernel tables of the compiled rounds (CUDA)")
@@ -202,6 +206,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="work_data/round_cost")
     args = p.parse_args(argv)
     device = torch.device(args.device)
+    medusa_heads.ITERATED_ARGMAX_MAX_K = args.iterated_argmax_max_k
     modes = (args.modes or ("graph,compiled" if device.type == "cuda" else "eager")).split(",")
     rows = []
     with torch.no_grad():
@@ -217,6 +222,7 @@ def main(argv=None) -> int:
                         state, process = prefilled_state(model, device, dtype, args.batch, 2 * tree.num_nodes)
                         row = {"shape": shape, "dtype": dtype_name, "heads": kind, "attention": attention, "draft": name,
                                "nodes": tree.num_nodes, "batch": args.batch,
+                               "iterated_argmax_max_k": args.iterated_argmax_max_k,
                                "stages_ms": stage_costs(model, state, process, tree, device, device.type == "cuda")}
                         dtype_modes = [m for m in modes if m != "compiled" or dtype_name in args.compile_dtypes.split(",")]
                         row.update(round_costs(model, state, process, tree, device, dtype_modes,

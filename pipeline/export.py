@@ -25,7 +25,7 @@ import tempfile
 
 from pipeline.collect import (_summarise_entries, apply_umask, atomic_write_text, base_folder, import_medusa,
                               parse_dtype, run_cli)
-from pipeline.model_card import render_model_card
+from pipeline.model_card import BENCHMARK_FIELDS, render_model_card
 
 HEAD_KEY = re.compile(r"^blocks\.(\d+)\.layers\.(\d+)\.weight$")
 TRAINING_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "seed", "val_fraction", "min_tokens", "dtype",
@@ -224,10 +224,6 @@ def _committed_files(out: str) -> list[str]:
     except (OSError, subprocess.TimeoutExpired):
         return []
     return listed.stdout.split() if listed.returncode == 0 else []
-
-
-BENCHMARK_FIELDS = ("speedup_sum_latency", "baseline_tokens_per_s", "medusa_tokens_per_s", "mean_accepted_per_round",
-                    "acceptance_rate", "exact_match_rate", "baseline_wer", "medusa_wer", "clips", "audio_seconds_total")
 
 
 def compact_benchmark(path: str) -> tuple[str, dict]:

@@ -45,8 +45,8 @@ def _fmt(value) -> str:
         return f"{value:.4g}"
     if isinstance(value, (list, tuple)):
         return ", ".join(_fmt(v) for v in value)
-    if isinstance(value, dict):
-        return ", ".join(f"{k}: {_fmt(v)}" for k, v in value.items())
+    if isinstance(value, dict):  # sorted: the same card from a fresh export and from a saved config.json
+        return ", ".join(f"{k}: {_fmt(v)}" for k, v in sorted(value.items()))
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
@@ -60,8 +60,16 @@ def _pct(x) -> str:
     return f"{100.0 * float(x):.1f} %" if isinstance(x, (int, float)) else "–"
 
 
+# what an artifact's benchmark entries hold (pipeline.export), in the card's column order
+BENCHMARK_FIELDS = ("draft_ran", "decode_speedup_vs_own_greedy", "e2e_speedup_vs_own_greedy", "speedup_sum_latency",
+                    "round_cost_vs_plain", "mean_accepted_per_round", "baseline_tokens_per_s", "medusa_tokens_per_s",
+                    "acceptance_rate", "exact_match_rate", "baseline_wer", "medusa_wer", "clips", "audio_seconds_total")
+PROVENANCE_FIELDS = ("torch", "transformers", "date", "source")
+
+
 def _dicts_table(rows: list[tuple[str, dict]]) -> str:
-    columns: list[str] = []
+    known = BENCHMARK_FIELDS + PROVENANCE_FIELDS
+    columns = [k for k in known if any(k in row for _, row in rows)]
     for _, row in rows:
         columns += [k for k in row if k not in columns]
     return _table([""] + columns, [[name] + [row.get(c, "") for c in columns] for name, row in rows])

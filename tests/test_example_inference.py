@@ -113,6 +113,24 @@ def test_compile_flag_reaches_medusa_generate(tmp_path, capsys):
     assert code == 0 and model.compiled_calls == 0
 
 
+def test_temperature_fallback_reaches_whisper_generate_and_is_refused_for_other_families(tmp_path, capsys):
+    class Recording(FakeModel):
+        def generate(self, *args, temperature=None, compression_ratio_threshold=None, **kwargs):
+            self.fallback = (temperature, compression_ratio_threshold)
+            return super().generate(*args, **kwargs)
+
+    audio = write_wav(tmp_path / "a.wav", seconds=2.0)
+    code, model, _, _ = run([audio, "--temperature-fallback"], model=Recording(), capsys=capsys)
+    assert code == 0 and model.fallback == ((0.0, 0.2, 0.4, 0.6, 0.8, 1.0), 1.35)
+    code, model, _, _ = run([audio], model=Recording(), capsys=capsys)
+    assert code == 0 and model.fallback == (None, None)
+    other = Recording()
+    other.family = "meralion2"
+    code, model, out, err = run([audio, "--temperature-fallback"], model=other, capsys=capsys)
+    assert code == example_inference.EXIT_USER_ERROR and model.batches == [] and out == ""
+    assert "--temperature-fallback is Whisper's long-form option" in err
+
+
 def test_language_and_task_reach_the_model_and_bad_ones_stop_early(tmp_path, capsys):
     audio = write_wav(tmp_path / "a.wav", seconds=2.0)
     code, model, _, _ = run([audio, "--language", "fr", "--task", "translate"], capsys=capsys)

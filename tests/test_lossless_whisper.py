@@ -310,3 +310,32 @@ def test_path_heads_equal_the_base_greedy(speech, tmp_path_factory):
         got = model.generate(input_features=features, max_new_tokens=case["max_new_tokens"], draft=case["draft"],
                              cuda_graph=case["cuda_graph"])
         assert torch.equal(expected, got), f"case {index} {case}"
+
+
+def direct_calls(key, fn, *inputs, keep=None):
+    """``CapturedCalls``' contract without CUDA: the function run on the inputs as given."""
+    return fn(*inputs)
+
+
+@pytest.mark.parametrize("multilingual", [False, True])
+def test_captured_prefill_decomposition_equals_the_eager_prefill(tmp_path, multilingual):
+    """On a GPU the prefill runs as captured calls (speech encoder + cross-attention K/V + the prompt's pass
+    as one graph where the prompt is known, i.e. no language to detect); the functions it captures give the
+    same state as the eager prefill: same first token, hidden state and prompt keys/values."""
+    from modeling_medusa import MedusaForASR
+
+    folder = build_tiny_whisper(tmp_path / "w", seed=5, multilingual=multilingual)
+    model = MedusaForASR.from_base(str(folder), medusa_num_heads=4)
+    backbone = model.backbone
+    inputs = {"input_features": random_features(2, seed=3)}
+    process = backbone.make_logits_processor(None)
+    eager, _, eager_prompt = backbone.prefill(inputs, 20, 8, process, cache_pool=model.round_cache.pool)
+    eager_cache = [t.clone() for t in (eager.cache.keys, eager.cache.values)]
+    captured, _, prompt = backbone.prefill(inputs, 20, 8, process, cache_pool=model.round_cache.pool,
+                                           capture=direct_calls)
+    assert backbone._prompt_known_before_encoding(inputs) is (not multilingual)
+    assert torch.equal(prompt, eager_prompt) and torch.equal(captured.lengths, eager.lengths)
+    assert torch.equal(captured.next_token, eager.next_token) and torch.equal(captured.hidden, eager.hidden)
+    n = int(captured.lengths.max())
+    assert all(torch.equal(a[..., :n, :], b[..., :n, :]) for a, b in zip(eager_cache, (captured.cache.keys, captured.cache.values)))
+    assert all(torch.equal(captured.extra[k], eager.extra[k]) for k in ("cross_keys", "cross_values"))

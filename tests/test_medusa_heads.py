@@ -73,3 +73,12 @@ def test_draft_projection_maps_draft_vocabulary_indices_to_token_ids():
     assert torch.allclose(projection.logits(states), full[:, ids])
     best = projection.token_ids(projection.logits(states).argmax(-1))
     assert torch.equal(best, ids[full[:, ids].argmax(-1)])
+
+
+def test_best_indices_are_topk_best_first_for_every_k():
+    """Iterated argmax (k <= 8) and torch.topk (beyond) give the same indices, best first."""
+    from medusa_heads import ITERATED_ARGMAX_MAX_K, best_indices
+
+    logits = torch.randn(2, 3, 500, generator=torch.Generator().manual_seed(0))  # distinct values: no ties
+    for k in range(1, ITERATED_ARGMAX_MAX_K + 3):
+        assert torch.equal(best_indices(logits, k), logits.topk(k, dim=-1).indices), k

@@ -28,7 +28,7 @@ torch.set_num_threads(1)
 
 from configuration_medusa import MedusaConfig  # noqa: E402
 from modeling_medusa import MedusaForASR  # noqa: E402
-from pipeline import collect, export, train  # noqa: E402
+from pipeline import collect, export, train, update_card  # noqa: E402
 from pipeline.model_card import render_model_card  # noqa: E402
 
 V, H, EOS = 40, 32, 39
@@ -448,6 +448,18 @@ def test_export_artifact_and_model_card(shards, tmp_path):
     assert (tmp_path / "artifact" / "NOTES.txt").read_text() == "keep me"
     assert isinstance(json.load(open(os.path.join(art, "config.json")))["tree"], list)
 
+    # a new benchmark run replaces its entry (same label) and the card is rendered again; the heads stay
+    rerun = json.loads(bench.read_text())
+    rerun["summary"].update(medusa_tokens_per_s=75.0, draft_ran="chain-4", decode_speedup_vs_own_greedy=1.4)
+    bench.write_text(json.dumps(rerun))
+    before = load_file(os.path.join(art, "medusa_heads.safetensors"))
+    assert update_card.update_benchmarks(art, [str(bench)]) == ["cpu, float32, draft=chain"]
+    entry = json.load(open(os.path.join(art, "config.json")))["benchmark"]["cpu, float32, draft=chain"]
+    assert entry["medusa_tokens_per_s"] == 75.0 and entry["draft_ran"] == "chain-4"
+    assert "| cpu, float32, draft=chain | chain-4 | 1.4 | 1.5 | 40 | 75 | 0.05 | 0.05 | 4 |" in open(os.path.join(art, "README.md")).read()
+    after = load_file(os.path.join(art, "medusa_heads.safetensors"))
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
 
 def modes(folder) -> dict:
     """Permission bits of a folder and everything in it, by path relative to the folder."""
@@ -712,3 +724,27 @@ def test_base_folder_resolves_known_whisper_ids_offline(tmp_path, monkeypatch):
     assert collect.base_folder(str(tmp_path)) == str(tmp_path)
     assert collect.base_folder("MERaLiON/MERaLiON-2-3B") == "MERaLiON/MERaLiON-2-3B"
     assert calls == ["openai/whisper-tiny.en", "tiny.en"]
+
+
+def test_hub_folder_holds_real_files_of_each_shipped_artifact(tmp_path):
+    """What ``huggingface-cli upload`` would publish for heads/*: the artifact's own files and real copies of
+    the remote code and the transcription command (no links, none of the tools), importable on their own."""
+    import subprocess
+
+    from modeling_medusa import CODE_FILES
+    from pipeline import hub_folder
+
+    root = Path(ROOT)
+    for name in ("whisper-tiny.en", "whisper-base"):
+        artifact, out = root / "heads" / name, tmp_path / name
+        names = hub_folder.write_hub_folder(artifact, out)
+        assert set(names) == {"config.json", "medusa_heads.safetensors", "README.md", "training_metrics.json",
+                              "collect_info.json", *CODE_FILES, "example_inference.py", "audio_io.py"}
+        assert sorted(p.name for p in out.iterdir()) == names
+        assert not any(p.is_symlink() or not p.is_file() for p in out.iterdir())
+        for file in names:
+            source = root / file if file.endswith(".py") else artifact / file
+            assert (out / file).read_bytes() == source.read_bytes(), file
+    env = {**os.environ, "PYTHONPATH": ""}
+    subprocess.run([sys.executable, "-c", "import modeling_medusa, example_inference, asr_pipeline"],
+                   cwd=tmp_path / "whisper-tiny.en", env=env, check=True)

@@ -213,3 +213,28 @@ def test_prompt_ids_equal_the_base(timestamp_model):
                   "return_timestamps": timestamps, "max_new_tokens": 20}
         expected, got, _ = medusa_equals_base(timestamp_model, case, **inputs)
         assert_same_output(expected, got, f"case {index} {case}")
+
+
+@pytest.mark.parametrize("threshold", [1e9, 0.01])  # the compression ratio never / always rejects a window
+def test_temperature_fallback_equals_the_base(timestamp_model, threshold):
+    """``temperature=(0.0, 0.5, 1.0)`` with a compression-ratio threshold, short- and long-form: every window is
+    decoded greedily first, by Medusa, and retried by the base's own sampling where the threshold rejects it
+    (the same random seed: the same samples); the output is the base's, segments included."""
+    rng = random.Random(31)
+    for index in range(4):
+        case = draw_case(rng)
+        frames = rng.choice([3000, 6500])
+        features = long_features(2, rng.randint(0, 1000), frames)
+        inputs = {"input_features": features, "temperature": (0.0, 0.5, 1.0), "compression_ratio_threshold": threshold,
+                  "max_new_tokens": 20, "return_segments": frames > 3000}
+        if frames > 3000:
+            inputs["attention_mask"] = torch.ones(2, frames, dtype=torch.long)
+        torch.manual_seed(index)
+        expected = timestamp_model.generate(**inputs, use_medusa=False)
+        randomize_heads(timestamp_model, case["head_seed"])
+        with warnings.catch_warnings():  # greedy windows in the Medusa loop; only sampled retries in the base's
+            warnings.filterwarnings("error", message="Medusa decoding does not support")
+            torch.manual_seed(index)
+            got, stats = timestamp_model.generate(**inputs, draft=case["draft"], return_stats=True)
+        assert_same_output(expected, got, f"case {index} {case} frames={frames}")
+        assert stats["rounds"] > 0, "no window was decoded by Medusa"

@@ -1,0 +1,75 @@
+"""Write an artifact as the folder to publish on the Hub: real files only (no links), nothing of the tools.
+
+    python -m pipeline.hub_folder heads/whisper-tiny.en work_data/upload/whisper-tiny.en
+    huggingface-cli upload ORG/NAME work_data/upload/whisper-tiny.en .
+
+``huggingface-cli upload`` publishes every file of the folder it is given and follows links, so a
+``heads/*`` folder of this repository (whose code files are links to the root's) is never uploaded as it
+is. This writes exactly the published files: the artifact's own (config, heads, model card, training
+records) and real copies of the remote code and of the transcription command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from pipeline.collect import run_cli
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACT_FILES = ("config.json", "medusa_heads.safetensors", "README.md")  # each artifact has these
+RECORD_FILES = ("training_metrics.json", "collect_info.json")  # published where the artifact has them
+COMMAND_FILES = ("example_inference.py", "audio_io.py")  # `python example_inference.py speech.wav` in a download
+
+
+def code_files() -> tuple[str, ...]:
+    """The remote code ``AutoModel.from_pretrained(..., trust_remote_code=True)`` imports."""
+    from modeling_medusa import CODE_FILES
+
+    return CODE_FILES
+
+
+def published_files(artifact: Path) -> list[str]:
+    """The names the Hub folder of ``artifact`` holds, sorted."""
+    missing = [name for name in ARTIFACT_FILES if not (artifact / name).is_file()]
+    if missing:
+        raise SystemExit(f"{artifact}: no {', '.join(missing)} (export the heads first: python -m pipeline.export)")
+    records = [name for name in RECORD_FILES if (artifact / name).is_file()]
+    return sorted({*ARTIFACT_FILES, *records, *code_files(), *COMMAND_FILES})
+
+
+def write_hub_folder(artifact: Path, out: Path) -> list[str]:
+    """Copy the published files of ``artifact`` into a fresh ``out`` (links resolved: the code from the
+    repository root, so a stale copy inside the artifact is never published); returns their names."""
+    names = published_files(artifact)
+    if out.resolve() == artifact.resolve():
+        raise SystemExit(f"{out}: the upload folder must not be the artifact itself")
+    staged = out.parent / f".{out.name}.upload"
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    source_code = {*code_files(), *COMMAND_FILES}
+    for name in names:
+        source = ROOT / name if name in source_code else artifact / name
+        shutil.copyfile(source, staged / name)  # contents only: a link becomes a real file
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(staged, out)
+    return names
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipeline.hub_folder", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("artifact", type=Path, help="artifact folder, e.g. heads/whisper-tiny.en")
+    p.add_argument("out", type=Path, help="folder to write (replaced), e.g. work_data/upload/whisper-tiny.en")
+    args = p.parse_args(argv)
+    names = write_hub_folder(args.artifact, args.out)
+    size = sum((args.out / name).stat().st_size for name in names)
+    print(f"[hub_folder] {args.out}: {len(names)} files, {size / 1e6:.1f} MB: {' '.join(names)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

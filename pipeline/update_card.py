@@ -1,0 +1,51 @@
+"""Refresh an exported artifact's benchmark figures and model card from new benchmark runs.
+
+    python -m pipeline.update_card heads/whisper-base benchmarks/real_speech/gpu_base_*/results.json
+
+Each ``results.json`` (written by ``benchmark.py``) replaces the artifact's ``config.json`` benchmark entry
+with the same label (device, dtype, draft, rounds mode) or adds one; the README.md model card is then
+rendered again from the updated config. Heads, tree and training provenance are left as exported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from pipeline.collect import atomic_write_text, run_cli
+from pipeline.export import compact_benchmark
+from pipeline.model_card import render_model_card
+
+
+def update_benchmarks(artifact: str, results: list[str]) -> list[str]:
+    """Write the new entries into ``artifact``/config.json and re-render its README.md; returns the labels."""
+    config_path = os.path.join(artifact, "config.json")
+    if not os.path.isfile(config_path):
+        raise SystemExit(f"{artifact}: no config.json (pass an exported artifact folder)")
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    labels = []
+    for path in results:
+        label, row = compact_benchmark(path)
+        config.setdefault("benchmark", {})[label] = row
+        labels.append(label)
+    atomic_write_text(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(os.path.join(artifact, "README.md"), render_model_card(config))
+    return labels
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipeline.update_card", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("artifact", help="exported artifact folder (holds config.json)")
+    p.add_argument("results", nargs="+", help="benchmark.py results.json files")
+    args = p.parse_args(argv)
+    for label in update_benchmarks(args.artifact, args.results):
+        print(f"[update_card] {args.artifact}: {label}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
