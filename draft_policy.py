@@ -155,7 +155,7 @@ class RoundCache:
 
     def __init__(self):
         self.pool = CachePool()
-        self.calls = CapturedCalls()  # the prefill's captured parts (the speech encoder)
+        self.calls = CapturedCalls()  # the prefill's captured parts (speech encoder, prompt pass)
         self.runners: dict = {}
         self.signature = None  # the weights the kept rounds were captured with
 

@@ -43,8 +43,10 @@ DEFAULT_CLIP_TEXT = (
 WARMUP_NEW_TOKENS = 8
 # Whisper's temperature fallback (its paper's temperatures; the compression-ratio threshold of transformers'
 # long-form example, measured on token ids): a window whose greedy text compresses too well (a loop) is retried
-# sampled. Thresholds on log-probabilities and no-speech probability need scores and are not offered.
+# sampled, from a fixed seed so that a transcript does not change between runs. Thresholds on log-probabilities
+# and no-speech probability need scores and are not offered.
 WHISPER_FALLBACK = {"temperature": (0.0, 0.2, 0.4, 0.6, 0.8, 1.0), "compression_ratio_threshold": 1.35}
+FALLBACK_SEED = 0
 
 EXIT_OK, EXIT_FILE_FAILED, EXIT_USER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -126,10 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vad", action="store_true",
                         help="transcribe only the speech that voice-activity detection finds (needs silero-vad); "
                         "a file without speech gives an empty transcript")
-    parser.add_argument("--temperature-fallback", action="store_true",
-                        help="Whisper: retry a window whose greedy text repeats itself (compression ratio > 1.35) "
-                        "at temperatures 0.2 ... 1.0, sampled by the base model, as Whisper's long-form recipe does; "
-                        "greedy windows still go through Medusa")
+    parser.add_argument("--temperature-fallback", action=argparse.BooleanOptionalAction, default=None,
+                        help="Whisper (on by default): retry a window whose greedy text repeats itself (compression "
+                        "ratio > 1.35) at temperatures 0.2 ... 1.0, sampled by the base model from a fixed seed, as "
+                        "Whisper's long-form recipe does; greedy windows still go through Medusa. "
+                        "--no-temperature-fallback: greedy only (every window the base's greedy output)")
     parser.add_argument("--window-seconds", type=float, default=None,
                         help="MERaLiON-2: seconds of audio per window (default 30, as its model card advises for "
                         "ASR; at most 300). Whisper always takes the whole file (its own 30 s long-form windows)")
@@ -234,6 +237,8 @@ def _vad_problem() -> str | None:
 def _window_option_problem(args, model) -> str | None:
     if args.temperature_fallback and model.family != "whisper":
         return f"--temperature-fallback is Whisper's long-form option; this is a {model.family} model: leave it out"
+    if args.temperature_fallback is None:
+        args.temperature_fallback = model.family == "whisper"
     limit = float(model.max_audio_seconds)
     if args.window_seconds is not None and not 0 < args.window_seconds <= limit:
         return f"--window-seconds {args.window_seconds:g} is outside this model's 0-{limit:g} s; pass at most {limit:g}"
@@ -301,6 +306,10 @@ class Transcriber:
     def generate(self, inputs: dict, use_medusa: bool | None = None, max_new_tokens: int | None = None, **options):
         use_medusa = self.use_medusa if use_medusa is None else use_medusa
         extra = {"compile": True} if use_medusa and self.compile else {}
+        if "temperature" in self.decode_options:
+            import torch
+
+            torch.manual_seed(FALLBACK_SEED)  # a sampled retry draws the same samples on every run
         sequences, stats = self.model.generate(
             **inputs, max_new_tokens=max_new_tokens or self.max_new_tokens, use_medusa=use_medusa, return_stats=True,
             **extra, **self.decode_options, **options,

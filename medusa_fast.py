@@ -9,6 +9,7 @@ stop advancing) and the state is updated in place. ``medusa_decoding.run_rounds`
 from __future__ import annotations
 
 import gc
+import warnings
 
 import torch
 
@@ -48,19 +49,30 @@ class CapturedCalls:
         self.graphs: dict = {}
 
     def __call__(self, key, fn, *inputs, keep=None):
-        entry = self.graphs.get(key)
-        if entry is None:
-            static_inputs, outputs = [x.clone() for x in inputs], {}
-
-            def body():
-                outputs["value"] = fn(*static_inputs)
-
-            entry = self.graphs[key] = (capture_cuda_graph(body, warmups=2), static_inputs, outputs, keep)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(key, fn, inputs, keep)
+        entry = self.graphs[key]
+        if entry is None:  # (this function could not be captured: it runs eagerly)
+            return fn(*inputs)
         graph, static_inputs, outputs, _ = entry
         for static, x in zip(static_inputs, inputs):
             static.copy_(x)
         graph.replay()
         return torch.utils._pytree.tree_map(torch.clone, outputs["value"])
+
+    @staticmethod
+    def _capture(key, fn, inputs, keep):
+        static_inputs, outputs = [x.clone() for x in inputs], {}
+
+        def body():
+            outputs["value"] = fn(*static_inputs)
+
+        try:
+            return capture_cuda_graph(body, warmups=2), static_inputs, outputs, keep
+        except RuntimeError as error:  # e.g. a host sync inside a base's own module: same result, eagerly
+            warnings.warn(f"{key[0]} could not be captured as a CUDA graph ({' '.join(str(error).split())[:200]}); "
+                          "it runs eagerly.")
+            return None
 
     def release(self):
         self.graphs.clear()

@@ -46,7 +46,8 @@ class FakeModel:
         self.prompt_options = prompt_options
         return {"input_features": torch.zeros(len(arrays), 2), "lengths": torch.tensor([len(a) for a in arrays])}
 
-    def generate(self, input_features, lengths, max_new_tokens, use_medusa, return_stats, compile=False):
+    def generate(self, input_features, lengths, max_new_tokens, use_medusa, return_stats, compile=False,
+                 temperature=None, compression_ratio_threshold=None):  # (a Whisper's temperature fallback)
         assert return_stats and max_new_tokens > 0
         assert use_medusa or not compile, "compile is a Medusa option"
         self.compiled_calls = getattr(self, "compiled_calls", 0) + compile
@@ -120,13 +121,16 @@ def test_temperature_fallback_reaches_whisper_generate_and_is_refused_for_other_
             return super().generate(*args, **kwargs)
 
     audio = write_wav(tmp_path / "a.wav", seconds=2.0)
-    code, model, _, _ = run([audio, "--temperature-fallback"], model=Recording(), capsys=capsys)
-    assert code == 0 and model.fallback == ((0.0, 0.2, 0.4, 0.6, 0.8, 1.0), 1.35)
-    code, model, _, _ = run([audio], model=Recording(), capsys=capsys)
+    for flags in ([], ["--temperature-fallback"]):  # on by default for Whisper
+        code, model, _, _ = run([audio, *flags], model=Recording(), capsys=capsys)
+        assert code == 0 and model.fallback == ((0.0, 0.2, 0.4, 0.6, 0.8, 1.0), 1.35)
+    code, model, _, _ = run([audio, "--no-temperature-fallback"], model=Recording(), capsys=capsys)
     assert code == 0 and model.fallback == (None, None)
-    other = Recording()
-    other.family = "meralion2"
-    code, model, out, err = run([audio, "--temperature-fallback"], model=other, capsys=capsys)
+    other, refused = Recording(), Recording()
+    other.family = refused.family = "meralion2"
+    code, model, _, _ = run([audio], model=other, capsys=capsys)
+    assert code == 0 and model.fallback == (None, None)  # off by default elsewhere
+    code, model, out, err = run([audio, "--temperature-fallback"], model=refused, capsys=capsys)
     assert code == example_inference.EXIT_USER_ERROR and model.batches == [] and out == ""
     assert "--temperature-fallback is Whisper's long-form option" in err
 

@@ -339,3 +339,29 @@ def test_captured_prefill_decomposition_equals_the_eager_prefill(tmp_path, multi
     n = int(captured.lengths.max())
     assert all(torch.equal(a[..., :n, :], b[..., :n, :]) for a, b in zip(eager_cache, (captured.cache.keys, captured.cache.values)))
     assert all(torch.equal(captured.extra[k], eager.extra[k]) for k in ("cross_keys", "cross_values"))
+
+
+def test_captured_calls_copy_inputs_clone_outputs_and_run_eagerly_what_cannot_be_captured(monkeypatch):
+    """The wrapper around each captured prefill graph, with a stand-in for the CUDA graph: a later call's
+    inputs reach the graph, an earlier call's outputs are not overwritten by it, and a function whose capture
+    fails (a host sync inside, say) runs eagerly with a warning, once."""
+    import medusa_fast
+
+    class ReplayedBody:
+        def __init__(self, body):
+            self.replay = body
+
+    monkeypatch.setattr(medusa_fast, "capture_cuda_graph", lambda body, warmups: ReplayedBody(body))
+    calls = medusa_fast.CapturedCalls()
+    double = lambda x: (x * 2, x + 1)  # noqa: E731
+    first = calls(("double",), double, torch.ones(3))
+    second = calls(("double",), double, torch.full((3,), 5.0))
+    assert first[0].tolist() == [2.0] * 3 and second[0].tolist() == [10.0] * 3 and second[1].tolist() == [6.0] * 3
+
+    def refuse(body, warmups):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(medusa_fast, "capture_cuda_graph", refuse)
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        assert calls(("synced",), double, torch.ones(2))[1].tolist() == [2.0, 2.0]
+    assert calls(("synced",), double, torch.zeros(2))[0].tolist() == [0.0, 0.0]  # eagerly, no second try

@@ -65,17 +65,13 @@ def three_minutes(tmp_path_factory):
     return long_recording_with_sentences(tmp_path_factory.mktemp("three_minutes"), seconds=180.0)
 
 
-@pytest.mark.parametrize("noise", [
-    None,
-    pytest.param(10.0, marks=pytest.mark.xfail(strict=True, reason=(
-        "known gap (issue 10): at 10 dB pink noise tiny.en's greedy long-form loops on one window (28 repeated "
-        "one-second segments; the base's own generate does the same, token for token): whole-file WER 41 % vs 15 % "
-        "one by one; the base's temperature fallback brings it to 18.5 %"))),
-])
+@pytest.mark.parametrize("noise", [None, 10.0])
 def test_long_audio_keeps_its_words(model, three_minutes, noise, tmp_path, capsys):
     """Three minutes of known sentences (clean, or under continuous pink noise): the whole file through the
     command (Whisper's sequential long-form windows) is within 1 WER point of the same sentences cut out of that
-    audio and transcribed one by one, so no speech is lost at the window seams."""
+    audio and transcribed one by one, so no speech is lost at the window seams. Under the noise tiny.en's greedy
+    long-form loops on one window (the base's own generate does the same, token for token: WER 41 % against
+    15 % one by one); the command's default temperature fallback retries that window sampled (13 %)."""
     clean, sentences = three_minutes
     audio = clean if noise is None else with_noise(clean, snr_db=noise)
     references = [text for text, _, _ in sentences]
@@ -87,4 +83,9 @@ def test_long_audio_keeps_its_words(model, three_minutes, noise, tmp_path, capsy
         inputs = model.prepare_audio_inputs(clips)
         one_by_one += model.decode_text(model.generate(**inputs), inputs)
     whole_wer, alone_wer = wer([" ".join(references)], [whole]), wer(references, one_by_one)
+    if noise is not None:
+        assert whole_wer < 0.25, f"the long-form loop is back: WER {whole_wer:.3f} (one by one {alone_wer:.3f})"
+        if whole_wer > alone_wer + 0.01:
+            pytest.xfail(f"known gap (issue 10): under noise the whole file's WER is {whole_wer:.3f}, one by one "
+                         f"{alone_wer:.3f}: the temperature fallback's samples decide how close it comes")
     assert whole_wer <= alone_wer + 0.01, (whole_wer, alone_wer)
