@@ -76,6 +76,32 @@ class MERaLiON2Backbone(Backbone):
             return "right padding (MERaLiON-2 expects left padding)"
         return None
 
+    def check_prompt_options(self, language=None, task=None) -> None:
+        if language or task:
+            raise ValueError("language/task apply to Whisper bases; MERaLiON-2 takes an instruction instead, "
+                             "e.g. instruction='Please transcribe this speech.'")
+
+    def audio_inputs(self, processor, audios: list, instruction=None, language=None, task=None) -> dict:
+        """The model card's ASR prompt (or ``instruction``) in the chat template around <SpeechHere>, the
+        rows left-padded (decoding continues each row at its end)."""
+        prompt = (f"Instruction: {instruction or 'Please transcribe this speech.'} \n"
+                  "Follow the text instruction based on the following audio: <SpeechHere>")
+        tokenizer = processor.tokenizer
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        side, tokenizer.padding_side = tokenizer.padding_side, "left"
+        try:
+            return dict(processor(text=[text] * len(audios), audios=audios, sampling_rate=16000))
+        finally:
+            tokenizer.padding_side = side
+
+    def decode_text(self, tokenizer, sequences: torch.Tensor, inputs: dict | None = None) -> list[str]:
+        """The new tokens' text (generate returns prompt + new tokens), without the speaker tags."""
+        if inputs is not None and "input_ids" in inputs:
+            sequences = sequences[:, inputs["input_ids"].shape[1]:]
+        texts = tokenizer.batch_decode(sequences, skip_special_tokens=True)
+        return [t.replace("<Speaker1>:", "").replace("<Speaker2>:", "").strip() for t in texts]
+
     def make_logits_processor(self, min_new_tokens: int | None):
         return SuppressionRules(self.vocab_size, self.base.device, self.eos_token_ids, min_new_tokens)
 

@@ -161,6 +161,32 @@ class WhisperBackbone(Backbone):
         if task and task not in (getattr(self.gen, "task_to_id", None) or {}):
             raise ValueError(f"Unknown Whisper task {task!r}; use 'transcribe' or 'translate'.")
 
+    def effective_prompt_options(self, language=None, task=None) -> tuple:
+        """An English-only Whisper transcribes English: language en/english and task transcribe are what it
+        does anyway, so they are dropped instead of refused (translation or another language still fail)."""
+        if getattr(self.gen, "lang_to_id", None):
+            return language, task
+        if language and language.strip("<|>").lower() in ("en", "english"):
+            language = None
+        return language, None if task == "transcribe" else task
+
+    @torch.no_grad()
+    def max_new_tokens_limit(self, language=None, task=None) -> int:
+        """Its decoder positions minus the prompt, whose length is measured by building it (language
+        detection runs over one silent encoder frame)."""
+        silence = torch.zeros(1, 1, self.hidden_size, dtype=self.base.dtype, device=self.base.device)
+        prompt = self.decoder_prompt(self._cross_attention_kv(silence), 1, language, task)
+        return self.config.max_target_positions - prompt.shape[1]
+
+    def audio_inputs(self, processor, audios: list, instruction=None, language=None, task=None) -> dict:
+        """Log-mel features; audio longer than one window is kept whole, for the base's long-form generate
+        (sequential 30 s windows, each starting where the last complete segment ended), with an attention
+        mask marking each row's length."""
+        whole = {"truncation": False, "padding": "longest", "return_attention_mask": True} \
+            if any(len(audio) > self.max_audio_seconds * 16000 for audio in audios) else {}
+        inputs = dict(processor(audios, sampling_rate=16000, return_tensors="pt", **whole))
+        return {**inputs, **{k: v for k, v in (("language", language), ("task", task)) if v}}
+
     def _legacy_forced_tokens(self) -> list:
         forced = getattr(self.gen, "forced_decoder_ids", None) or getattr(self.config, "forced_decoder_ids", None)
         tokens = []

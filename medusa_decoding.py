@@ -323,6 +323,28 @@ class Backbone:
 
     speech_heads: int | None = None  # heads of the decoder's cross-attention over the speech (Whisper)
 
+    # ------------------------------------------------------------------ audio in, text out (family specifics)
+    def check_prompt_options(self, language=None, task=None) -> None:
+        """ValueError naming the problem when this base cannot take the language or task."""
+        if language or task:
+            raise ValueError(f"language/task apply to Whisper bases, not to {type(self).__name__}'s "
+                             f"(got language={language!r}, task={task!r}).")
+
+    def effective_prompt_options(self, language=None, task=None) -> tuple:
+        """The language and task a call really asks for (options that change nothing dropped)."""
+        return language, task
+
+    def max_new_tokens_limit(self, language=None, task=None) -> int | None:
+        """The most new tokens one call can ask for, or None where this base sets no limit here."""
+        return None
+
+    def audio_inputs(self, processor, audios: list, instruction=None, language=None, task=None) -> dict:
+        """A batch of 16 kHz mono float arrays -> the base's generate inputs."""
+        raise NotImplementedError
+
+    def decode_text(self, tokenizer, sequences: torch.Tensor, inputs: dict | None = None) -> list[str]:
+        return [t.strip() for t in tokenizer.batch_decode(sequences, skip_special_tokens=True)]
+
     def speech_memory(self, state) -> tuple:
         """(keys, values) [B, heads, L, D] of the last decoder layer's attention over the speech."""
         raise ValueError(f"{type(self).__name__} has no cross-attention over the speech to draft from.")

@@ -186,6 +186,13 @@ class MedusaForASR(PreTrainedModel):
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
 
+    @classmethod
+    def can_generate(cls) -> bool:
+        """``generate`` is ours (it calls the base's where the base decodes). Said outright: the library's guess
+        depends on how the class was loaded (an auto class adds GenerationMixin, a direct import does not), and
+        the ASR pipeline sets up its generation arguments only for models that can generate."""
+        return True
+
     # ------------------------------------------------------------------ heads
     @property
     def family(self) -> str:
@@ -434,34 +441,13 @@ class MedusaForASR(PreTrainedModel):
     # ------------------------------------------------------------------ audio convenience
     def check_prompt_options(self, language: str | None = None, task: str | None = None) -> None:
         """ValueError naming the problem when this base cannot take the language or task."""
-        language, task = self._effective_prompt_options(language, task)
-        if self.family == "whisper":
-            self.backbone.check_prompt_options(language, task)
-        elif language or task:
-            raise ValueError("language/task apply to Whisper bases; MERaLiON-2 takes an instruction instead, "
-                             "e.g. instruction='Please transcribe this speech.'")
+        self.backbone.check_prompt_options(*self.backbone.effective_prompt_options(language, task))
 
     @torch.no_grad()
     def max_new_tokens_limit(self, language: str | None = None, task: str | None = None) -> int | None:
         """The most new tokens one call can ask for with this language/task, or None where this base sets no
-        limit here. Whisper: its decoder positions minus the prompt, whose length is measured by building it
-        (language detection runs over one silent encoder frame)."""
-        if self.family != "whisper":
-            return None
-        language, task = self._effective_prompt_options(language, task)
-        silence = torch.zeros(1, 1, self.backbone.hidden_size, dtype=self.dtype, device=self.device)
-        prompt = self.backbone.decoder_prompt(self.backbone._cross_attention_kv(silence), 1, language, task)
-        return self.base.config.max_target_positions - prompt.shape[1]
-
-    def _effective_prompt_options(self, language, task) -> tuple:
-        """An English-only Whisper transcribes English: language en/english and task transcribe are what it
-        does anyway, so they are dropped instead of refused (translation or another language still fail)."""
-        english_only = self.family == "whisper" and not getattr(self.backbone.generation_config, "lang_to_id", None)
-        if english_only and language and language.strip("<|>").lower() in ("en", "english"):
-            language = None
-        if english_only and task == "transcribe":
-            task = None
-        return language, task
+        limit here (Whisper: its decoder positions minus the prompt)."""
+        return self.backbone.max_new_tokens_limit(*self.backbone.effective_prompt_options(language, task))
 
     def prepare_audio_inputs(self, audios, sampling_rate: int = 16000, instruction: str | None = None,
                              language: str | None = None, task: str | None = None):
@@ -474,32 +460,11 @@ class MedusaForASR(PreTrainedModel):
         if sampling_rate != 16000:
             raise ValueError(f"Audio must be 16 kHz (got {sampling_rate} Hz); resample it first.")
         self.check_prompt_options(language, task)
-        language, task = self._effective_prompt_options(language, task)
-        if self.family == "whisper":
-            audios = list(audios)
-            # Longer than one window: all of it, for the base's long-form generate (sequential 30 s windows,
-            # each starting where the last complete segment ended); the attention mask marks each row's length.
-            whole = {"truncation": False, "padding": "longest", "return_attention_mask": True} \
-                if any(len(audio) > self.max_audio_seconds * 16000 for audio in audios) else {}
-            inputs = dict(self.processor(audios, sampling_rate=16000, return_tensors="pt", **whole))
-            return {**inputs, **{k: v for k, v in (("language", language), ("task", task)) if v}}
-        prompt = (f"Instruction: {instruction or 'Please transcribe this speech.'} \n"
-                  "Follow the text instruction based on the following audio: <SpeechHere>")
-        chat = [{"role": "user", "content": prompt}]
-        tokenizer = self.processor.tokenizer
-        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        side, tokenizer.padding_side = tokenizer.padding_side, "left"  # decoding continues each row at its end
-        try:
-            return dict(self.processor(text=[text] * len(audios), audios=list(audios), sampling_rate=16000))
-        finally:
-            tokenizer.padding_side = side
+        language, task = self.backbone.effective_prompt_options(language, task)
+        return self.backbone.audio_inputs(self.processor, list(audios), instruction, language, task)
 
     def decode_text(self, sequences: torch.Tensor, inputs: dict | None = None) -> list[str]:
-        tokenizer = getattr(self.processor, "tokenizer", self.processor)
-        if self.family == "meralion2" and inputs is not None and "input_ids" in inputs:
-            sequences = sequences[:, inputs["input_ids"].shape[1]:]
-        texts = tokenizer.batch_decode(sequences, skip_special_tokens=True)
-        return [t.replace("<Speaker1>:", "").replace("<Speaker2>:", "").strip() for t in texts]
+        return self.backbone.decode_text(getattr(self.processor, "tokenizer", self.processor), sequences, inputs)
 
 
 MERaLiON2MedusaForASR = MedusaForASR  # the name the seed's snippet uses
