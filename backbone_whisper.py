@@ -244,19 +244,21 @@ class WhisperBackbone(Backbone):
         (a ``CapturedCalls``) replays the encoder, the cross-attention projections and, where the prompt is
         known before the speech is encoded (no language to detect), the prompt's decoder pass as CUDA graphs."""
         language, task = inputs.get("language"), inputs.get("task")
-        if capture is not None and self._prompt_known_before_encoding(inputs):
-            return self._captured_prefill(inputs, max_new_tokens, extra_slots, process_logits, cache_pool, capture)
-        encoder_kv = self._speech_kv(inputs, capture)
-        batch = encoder_kv[0].shape[1]
+        one_graph = capture is not None and self._prompt_known_before_encoding(inputs)
+        encoder_kv = None if one_graph else self._speech_kv(inputs, capture)
+        batch = inputs["input_features"].shape[0] if one_graph else encoder_kv[0].shape[1]
         prompt = inputs.get("decoder_input_ids")
         if prompt is None:
-            prompt = self.decoder_prompt(encoder_kv, batch, language, task)
+            prompt = self.decoder_prompt(encoder_kv, batch, language, task)  # (detects only with encoder_kv)
         prompt = prompt.to(self.base.device)
         prompt_len = prompt.shape[1]
         max_new = self._max_new_tokens(max_new_tokens, prompt_len)
         state = self._empty_state(encoder_kv, batch, prompt_len + max_new + extra_slots, cache_pool)
         state.first_slot = _left_padding(inputs.get("decoder_attention_mask"), batch, self.base.device)
-        hidden = self._forward(state, prompt)
+        if one_graph:
+            hidden = self._captured_speech_and_prompt(state, inputs["input_features"], prompt, capture)
+        else:
+            hidden = self._forward(state, prompt)
         state.lengths = state.lengths + prompt_len
         self.start_decoding(state, hidden, prompt, process_logits)
         return state, max_new, prompt
@@ -265,28 +267,22 @@ class WhisperBackbone(Backbone):
         plain = all(inputs.get(name) is None for name in ("encoder_outputs", "decoder_input_ids"))
         return plain and not self._prompt_start(inputs.get("language"), inputs.get("task"))[3]
 
-    def _captured_prefill(self, inputs, max_new_tokens, extra_slots, process_logits, cache_pool, capture):
-        """The prefill as one CUDA graph per (cache, batch, prompt): speech features -> cross-attention keys
-        and values -> the prompt's pass, which writes its keys and values into the pool's cache."""
-        features = inputs["input_features"].to(self.base.device, self.base.dtype)
-        batch = features.shape[0]
-        prompt = self.decoder_prompt(None, batch, inputs.get("language"), inputs.get("task"))
-        max_new = self._max_new_tokens(max_new_tokens, prompt.shape[1])
-        state = self._empty_state(None, batch, prompt.shape[1] + max_new + extra_slots, cache_pool)
+    def _captured_speech_and_prompt(self, state: DecodeState, features, prompt, capture) -> torch.Tensor:
+        """One CUDA graph per (cache, batch, prompt): features -> cross-attention keys and values (into
+        ``state.extra``) -> the prompt's pass, which writes its keys and values into the pool's cache."""
         cache = state.cache
 
         def speech_and_prompt(features, prompt, first_slot):
-            keys, values = self._cross_attention_kv(self.encode({"input_features": features}))
+            keys, values = self._speech_kv_of(features)
             prompt_state = DecodeState(cache, torch.zeros_like(first_slot), first_slot, hidden=None, next_token=None,
                                        extra={"cross_keys": keys, "cross_values": values})
             return keys, values, self._forward(prompt_state, prompt)
 
+        features = features.to(self.base.device, self.base.dtype)
         key = ("whisper-prefill", id(cache), tuple(features.shape), tuple(prompt.shape))
         keys, values, hidden = capture(key, speech_and_prompt, features, prompt, state.first_slot, keep=cache)
         state.extra = {"cross_keys": keys, "cross_values": values}
-        state.lengths = state.lengths + prompt.shape[1]
-        self.start_decoding(state, hidden, prompt, process_logits)
-        return state, max_new, prompt
+        return hidden
 
     def _speech_kv(self, inputs: dict, capture=None):
         """Every decoder layer's cross-attention keys and values [layers, B, heads, L, D] for the speech."""
@@ -294,13 +290,12 @@ class WhisperBackbone(Backbone):
         if encoder_out is not None:  # (the base's generate ran the encoder)
             return self._cross_attention_kv(encoder_out.to(self.base.device, self.base.dtype))
         features = inputs["input_features"].to(self.base.device, self.base.dtype)
-
-        def speech_kv(features):
-            return self._cross_attention_kv(self.encode({"input_features": features}))
-
         if capture is None:
-            return speech_kv(features)
-        return capture(("whisper-speech-kv", tuple(features.shape)), speech_kv, features)
+            return self._speech_kv_of(features)
+        return capture(("whisper-speech-kv", tuple(features.shape)), self._speech_kv_of, features)
+
+    def _speech_kv_of(self, features: torch.Tensor) -> tuple:
+        return self._cross_attention_kv(self.encode({"input_features": features}))
 
     def _max_new_tokens(self, max_new_tokens, prompt_len) -> int:
         limit = self.config.max_target_positions

@@ -237,8 +237,6 @@ def _vad_problem() -> str | None:
 def _window_option_problem(args, model) -> str | None:
     if args.temperature_fallback and model.family != "whisper":
         return f"--temperature-fallback is Whisper's long-form option; this is a {model.family} model: leave it out"
-    if args.temperature_fallback is None:
-        args.temperature_fallback = model.family == "whisper"
     limit = float(model.max_audio_seconds)
     if args.window_seconds is not None and not 0 < args.window_seconds <= limit:
         return f"--window-seconds {args.window_seconds:g} is outside this model's 0-{limit:g} s; pass at most {limit:g}"
@@ -776,6 +774,8 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
     if problem:
         log(f"error: {problem}")
         return EXIT_USER_ERROR
+    if args.temperature_fallback is None:  # the default: on for Whisper, which has it
+        args.temperature_fallback = model.family == "whisper"
     prompt_options = {k: v for k, v in (("language", args.language), ("task", args.task)) if v}
     try:
         if prompt_options:

@@ -443,7 +443,6 @@ class MedusaForASR(PreTrainedModel):
         """ValueError naming the problem when this base cannot take the language or task."""
         self.backbone.check_prompt_options(*self.backbone.effective_prompt_options(language, task))
 
-    @torch.no_grad()
     def max_new_tokens_limit(self, language: str | None = None, task: str | None = None) -> int | None:
         """The most new tokens one call can ask for with this language/task, or None where this base sets no
         limit here (Whisper: its decoder positions minus the prompt)."""

@@ -13,30 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from profile_rounds import SHAPES, build_model
+from profile_rounds import SHAPES, build_model, timed
 
 
 def cuda_ms(fn, repeats: int = 20) -> float:
-    """Median milliseconds of ``fn`` (events around each call, after warm-up)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return round(statistics.median(times), 3)
+    """Median milliseconds of ``fn`` after warm-up (CUDA events around each call)."""
+    return round(timed(fn, torch.device("cuda"), repeats=repeats), 3)
 
 
 def same_ids_as_base(model, features, max_new: int = 24) -> dict:
