@@ -390,11 +390,20 @@ class SpeechOnly:
         return seconds
 
     def original(self, segment: "Segment") -> "Segment":
+        words = tuple(Word(w.word, self.original_seconds(w.start), self.original_seconds(w.end, is_end=True))
+                      for w in segment.words)
         return Segment(self.original_seconds(segment.start), self.original_seconds(segment.end, is_end=True),
-                       segment.text)
+                       segment.text, words)
 
 
 # --------------------------------------------------------------------------- rendering
+
+
+@dataclass(frozen=True)
+class Word:
+    word: str
+    start: float
+    end: float
 
 
 @dataclass(frozen=True)
@@ -402,6 +411,7 @@ class Segment:
     start: float
     end: float
     text: str
+    words: tuple[Word, ...] = ()  # with word timestamps (Whisper)
 
 
 def format_timestamp(seconds: float, decimal_marker: str = ",") -> str:

@@ -81,9 +81,10 @@ class MERaLiON2Backbone(Backbone):
             raise ValueError("language/task apply to Whisper bases; MERaLiON-2 takes an instruction instead, "
                              "e.g. instruction='Please transcribe this speech.'")
 
-    def audio_inputs(self, processor, audios: list, instruction=None, language=None, task=None) -> dict:
+    def audio_inputs(self, processor, audios: list, instruction=None, language=None, task=None,
+                     return_attention_mask: bool = False) -> dict:
         """The model card's ASR prompt (or ``instruction``) in the chat template around <SpeechHere>, the
-        rows left-padded (decoding continues each row at its end)."""
+        rows left-padded (decoding continues each row at its end); its processor gives the masks always."""
         prompt = (f"Instruction: {instruction or 'Please transcribe this speech.'} \n"
                   "Follow the text instruction based on the following audio: <SpeechHere>")
         tokenizer = processor.tokenizer
@@ -137,19 +138,42 @@ class MERaLiON2Backbone(Backbone):
         batch, prompt_len = input_ids.shape
         mask = inputs.get("attention_mask")
         mask = torch.ones_like(input_ids) if mask is None else mask.to(input_ids.device)
-        embeds = self._prompt_embeddings(input_ids, inputs["input_features"], capture)
         max_new = self._max_new_tokens(max_new_tokens, prompt_len)
         make = cache_pool.get if cache_pool is not None else StaticKVCache
         cache = make(len(self.model.layers), batch, self.num_kv_heads, prompt_len + max_new + extra_slots,
-                     self.head_dim, embeds.dtype, embeds.device)
+                     self.head_dim, self.model.embed_tokens.weight.dtype, input_ids.device)
         first_slot = (mask == 0).long().cumprod(dim=1).sum(dim=1)  # count of left-padding tokens
         state = DecodeState(cache, torch.zeros_like(first_slot), first_slot, hidden=None, next_token=None)
-        depths = torch.arange(prompt_len, device=embeds.device)
-        causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=embeds.device).tril()
-        hidden = self._forward_embeds(state, embeds, depths, causal, upto=prompt_len)
+        features = self._speech_features(inputs["input_features"])
+        placeholders = int((input_ids == self.speech_token_index).sum())
+        if capture is None:
+            hidden = self._prompt_pass(state, input_ids, features, placeholders)
+        else:
+            hidden = self._captured_prompt_pass(state, input_ids, features, placeholders, capture)
         state.lengths = state.lengths + prompt_len
         self.start_decoding(state, hidden, input_ids, process_logits)
         return state, max_new, input_ids
+
+    def _prompt_pass(self, state: DecodeState, input_ids, features, placeholders: int) -> torch.Tensor:
+        """Speech encoder -> adapter -> prompt embeddings -> the decoder layers over the whole prompt."""
+        embeds = self._prompt_embeddings(input_ids, features, placeholders)
+        prompt_len = input_ids.shape[1]
+        depths = torch.arange(prompt_len, device=embeds.device)
+        causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=embeds.device).tril()
+        return self._forward_embeds(state, embeds, depths, causal, upto=prompt_len)
+
+    def _captured_prompt_pass(self, state: DecodeState, input_ids, features, placeholders: int, capture):
+        """``_prompt_pass`` as one CUDA graph per (cache, shapes): eager, the 32-layer speech encoder, the
+        adapter and the prompt's pass through every decoder layer are hundreds of kernels launched one by one
+        from Python. The graph writes the prompt's keys and values into the pool's cache."""
+        cache = state.cache
+
+        def prompt_pass(input_ids, features, first_slot):
+            prompt_state = DecodeState(cache, torch.zeros_like(first_slot), first_slot, hidden=None, next_token=None)
+            return self._prompt_pass(prompt_state, input_ids, features, placeholders)
+
+        key = ("meralion2-prefill", id(cache), tuple(features.shape), tuple(input_ids.shape), placeholders)
+        return capture(key, prompt_pass, input_ids, features, state.first_slot, keep=cache)
 
     def _max_new_tokens(self, max_new_tokens, prompt_len) -> int:
         if max_new_tokens is not None:
@@ -159,26 +183,27 @@ class MERaLiON2Backbone(Backbone):
             return gen.max_new_tokens
         return max(gen.max_length - prompt_len, 1)
 
-    def _prompt_embeddings(self, input_ids, input_features, capture=None):
-        """Speech encoder -> ln_speech -> adapter, scattered into the <SpeechHere> placeholders. ``capture``
-        (a ``CapturedCalls``) runs the speech part as one CUDA graph."""
+    def _speech_features(self, input_features) -> torch.Tensor:
+        encoder = self.base.speech_encoder
+        return input_features.to(self.base.device, getattr(encoder, "dtype", self.base.dtype))
+
+    def _prompt_embeddings(self, input_ids, input_features, placeholders: int | None = None):
+        """Speech encoder -> ln_speech -> adapter, scattered into the <SpeechHere> placeholders (``placeholders``:
+        their count, when the caller has it: counting them here is a host sync)."""
         base = self.base
-        features = input_features.to(base.device, base.speech_encoder.dtype if hasattr(base.speech_encoder, "dtype") else base.dtype)
-
-        def speech_vectors(features):
-            return base.speech_audio_adapter(base.ln_speech(base.speech_encoder(features).last_hidden_state))
-
-        speech = (speech_vectors(features) if capture is None
-                  else capture(("meralion2-speech", tuple(features.shape)), speech_vectors, features))
+        speech = base.speech_audio_adapter(base.ln_speech(base.speech_encoder(self._speech_features(input_features)).last_hidden_state))
         embeds = self._embed(input_ids)
-        placeholders = input_ids == self.speech_token_index
+        mask = input_ids == self.speech_token_index
         speech = self._scale(speech.reshape(-1, speech.shape[-1]).to(embeds.dtype))  # as 4.51 scales them
-        if int(placeholders.sum()) != speech.shape[0]:
+        if placeholders is None:
+            placeholders = int(mask.sum())
+        if placeholders != speech.shape[0]:
             raise ValueError(
-                f"input_ids hold {int(placeholders.sum())} speech placeholders but the audio gives "
+                f"input_ids hold {placeholders} speech placeholders but the audio gives "
                 f"{speech.shape[0]} speech vectors; build the inputs with the MERaLiON-2 processor."
             )
-        return embeds.masked_scatter(placeholders[..., None], speech)
+        order = (mask.flatten().cumsum(0) - 1).clamp(min=0).view(mask.shape)  # (masked_scatter, without its sync)
+        return torch.where(mask[..., None], speech[order], embeds)
 
     def decode(self, state: DecodeState, tokens, depths, ancestors, upto: int) -> torch.Tensor:
         return self._forward_embeds(state, self._embed(tokens), depths, ancestors, upto)

@@ -6,6 +6,8 @@ the library's; only attention over our preallocated cache is written here.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -70,7 +72,7 @@ class WhisperBackbone(Backbone):
         temperature = kwargs.get("temperature")
         fallback = isinstance(temperature, (list, tuple)) and len(temperature) > 1
         return bool(timestamps or kwargs.get("return_segments") or kwargs.get("prompt_ids") is not None
-                    or long_form or fallback)
+                    or kwargs.get("return_token_timestamps") or long_form or fallback)
 
     def window_plan(self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
         """The window the base's generate hands to its decoding method (these are that method's arguments) as
@@ -79,8 +81,11 @@ class WhisperBackbone(Backbone):
 
         if generation_config.do_sample or (generation_config.num_beams or 1) > 1:
             return "sampling or beam search (a temperature-fallback retry)"
-        if generation_config.return_dict_in_generate:
+        token_timestamps = _asks_only_token_timestamps(generation_config)
+        if generation_config.return_dict_in_generate and not token_timestamps:
             return "scores or other generate outputs beyond the ids"
+        if token_timestamps:
+            self.check_word_timestamps()
         prompt_length = input_ids.shape[1]
         max_length, eos = None, self.eos_token_ids
         for criterion in stopping_criteria:
@@ -111,6 +116,67 @@ class WhisperBackbone(Backbone):
                   "decoder_attention_mask": mask}
         return WindowPlan(inputs, ChainedRules(rules, timestamps) if timestamps else rules,
                           max_length - prompt_length, eos)
+
+    def window_output(self, sequences: torch.Tensor, prompt_length: int, generation_config, model_kwargs: dict):
+        """A decoded window as the base's generate takes it back: the ids, and where token timestamps are asked
+        for, the cross-attentions that its ``_extract_token_timestamps`` aligns with the speech."""
+        if not _asks_only_token_timestamps(generation_config):
+            return sequences
+        from transformers.generation.utils import GenerateEncoderDecoderOutput
+
+        steps = self._cross_attention_steps(sequences, prompt_length, model_kwargs)
+        return GenerateEncoderDecoderOutput(sequences=sequences, cross_attentions=steps)
+
+    def _cross_attention_steps(self, sequences: torch.Tensor, prompt_length: int, model_kwargs: dict) -> tuple:
+        """The base decoder's cross-attention weights over a window's tokens from ONE teacher-forced pass, laid
+        out as its token-by-token decoding returns them: the prompt's rows, then a row for each generated token
+        but the last (the base never feeds it back). The queries are the ones that decoding saw, the padding
+        after a row's EOS and the left-padded, position-shifted prompts of long-form windows included."""
+        tokens = sequences[:, :-1]
+        mask, positions = model_kwargs.get("decoder_attention_mask"), None
+        if mask is not None:
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], tokens.shape[1] - mask.shape[1])], dim=1)
+            positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        speech = model_kwargs["encoder_outputs"]
+        speech = getattr(speech, "last_hidden_state", speech)
+        out = self.decoder(input_ids=tokens, encoder_hidden_states=speech, attention_mask=mask, position_ids=positions,
+                           output_attentions=True, use_cache=False)
+        if not out.cross_attentions:
+            raise RuntimeError("the base's decoder returned no attention weights; token timestamps need eager "
+                               "attention, which the base's generate switches to for return_token_timestamps")
+        rows = range(prompt_length, tokens.shape[1])
+        return (tuple(layer[:, :, :prompt_length] for layer in out.cross_attentions),
+                *(tuple(layer[:, :, i : i + 1] for layer in out.cross_attentions) for i in rows))
+
+    def check_word_timestamps(self) -> None:
+        """ValueError naming the problem when this base cannot time tokens: Whisper aligns them with the speech
+        through the cross-attention of its generation config's ``alignment_heads`` ((decoder layer, head) pairs)."""
+        heads = getattr(self.gen, "alignment_heads", None)
+        if not heads:
+            raise ValueError("this Whisper base's generation_config has no alignment_heads (the cross-attention "
+                             "heads that word times are read from); add them to its generation_config.json as the "
+                             "Hub's copy of the model has them (a base converted by pipeline.real_whisper takes "
+                             "them from CTranslate2's config.json)")
+        layers, heads_per_layer = len(self.decoder.layers), self.num_heads
+        outside = [list(h) for h in heads if not (0 <= h[0] < layers and 0 <= h[1] < heads_per_layer)]
+        if outside:
+            raise ValueError(f"alignment_heads {outside} in the generation_config are outside this Whisper "
+                             f"decoder's {layers} layers x {heads_per_layer} heads")
+
+    def segment_words(self, tokenizer, segment: dict) -> list[tuple[str, float, float]]:
+        """The words of one segment of ``generate(return_segments=True, return_token_timestamps=True)``, split
+        by the rules of the language its window was decoded in, inside the segment's start and end."""
+        return segment_words(tokenizer, segment["tokens"].tolist(), segment["token_timestamps"].tolist(),
+                             self._window_language(segment), (float(segment["start"]), float(segment["end"])))
+
+    def _window_language(self, segment: dict) -> str | None:
+        """The language (its name, as the tokenizer's word rules take it) whose token is in the prompt of the
+        segment's window; None for an English-only model."""
+        from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+        codes = {i: token.strip("<|>") for token, i in (getattr(self.gen, "lang_to_id", None) or {}).items()}
+        prompt = segment["result"]["sequences"][: segment["idxs"][0]].tolist()  # (and earlier segments' tokens)
+        return next((LANGUAGES.get(codes[i]) for i in prompt if i in codes), None)
 
     # ------------------------------------------------------------------ prompt & logits rules
     def decoder_prompt(self, encoder_kv, batch: int, language=None, task=None) -> torch.Tensor:
@@ -178,12 +244,16 @@ class WhisperBackbone(Backbone):
         prompt = self.decoder_prompt(self._cross_attention_kv(silence), 1, language, task)
         return self.config.max_target_positions - prompt.shape[1]
 
-    def audio_inputs(self, processor, audios: list, instruction=None, language=None, task=None) -> dict:
+    def audio_inputs(self, processor, audios: list, instruction=None, language=None, task=None,
+                     return_attention_mask: bool = False) -> dict:
         """Log-mel features; audio longer than one window is kept whole, for the base's long-form generate
         (sequential 30 s windows, each starting where the last complete segment ended), with an attention
-        mask marking each row's length."""
+        mask marking each row's length (given for short audio too with ``return_attention_mask``: token
+        timestamps align only with the frames it marks, not with the padding after the speech)."""
         whole = {"truncation": False, "padding": "longest", "return_attention_mask": True} \
             if any(len(audio) > self.max_audio_seconds * 16000 for audio in audios) else {}
+        if return_attention_mask:
+            whole["return_attention_mask"] = True
         inputs = dict(processor(audios, sampling_rate=16000, return_tensors="pt", **whole))
         return {**inputs, **{k: v for k, v in (("language", language), ("task", task)) if v}}
 
@@ -376,6 +446,36 @@ class WhisperBackbone(Backbone):
         """Like Whisper's short-form generate: the new tokens without the final EOS, right-padded."""
         eos = set(self.eos_token_ids)
         return self.padded([g[:-1] if g and g[-1] in eos else g for g in generated], prompt)
+
+
+def _asks_only_token_timestamps(generation_config) -> bool:
+    """Whether the outputs asked for beyond the ids are those of ``return_token_timestamps``: the base's generate
+    then asks for attentions (a window gives the cross-attentions) and scores, which only its log-probability
+    threshold reads (a call with one is the base's own, see ``FAMILY_GREEDY_AS_IS``)."""
+    return bool(getattr(generation_config, "return_token_timestamps", False)
+                and not generation_config.output_hidden_states and not generation_config.output_logits)
+
+
+def segment_words(tokenizer, tokens: list[int], times: list[float], language: str | None = None,
+                  within: tuple[float, float] = (-math.inf, math.inf)) -> list[tuple[str, float, float]]:
+    """(word, start, end) of one segment from its tokens and their times in seconds (a segment's
+    ``token_timestamps``). A token lasts from the time of the token before it to its own, as transformers' ASR
+    pipeline reads them (a token's time is where the alignment moves past it); the tokenizer's own Whisper
+    rules group the text tokens into words (a word starts with a space, punctuation joins its neighbour;
+    per character for languages without spaces) and timestamp and other special tokens time only their
+    neighbours. Times are held ``within`` (the segment's own start and end): the alignment runs into the pause
+    around a segment, past where the next window of a long recording starts."""
+    from transformers.models.whisper.tokenization_whisper import _collate_word_timestamps
+
+    text = [i for i, token in enumerate(tokens) if token < tokenizer.eos_token_id]
+    spans = [(times[i - 1] if i else times[i], times[i]) for i in text]
+    words = _collate_word_timestamps(tokenizer, [tokens[i] for i in text], spans, language, return_language=False)
+
+    def held(seconds: float) -> float:
+        return min(max(seconds, within[0]), within[1])
+
+    return [(word["text"].strip(), held(word["timestamp"][0]), held(word["timestamp"][1]))
+            for word in words if word["text"].strip()]
 
 
 def _left_padding(mask, batch: int, device) -> torch.Tensor:

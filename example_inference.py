@@ -6,6 +6,7 @@ report the speed-up of Medusa decoding over plain greedy decoding on it.
 
     python example_inference.py
     python example_inference.py talk.mp3 recordings/ "calls/**/*.m4a" --format srt --output subs/
+    python example_inference.py talk.mp3 --format json --word-timestamps    # Whisper: words with their times
 
 Long files are transcribed whole, window by window; windows of several files are batched.
 With --output, each input gets its own output file, and a rerun resumes: an input is skipped when
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 import audio_io
-from audio_io import AudioError, AudioSource, Segment, SpeechOnly, Window
+from audio_io import AudioError, AudioSource, Segment, SpeechOnly, Window, Word
 
 SCRIPT_DIR = Path(__file__).resolve().parent
 DEFAULT_MODEL = "heads/whisper-tiny.en"  # relative to this script
@@ -120,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the decoding rounds: faster on a GPU after a one-off compile per batch size")
     parser.add_argument("--format", default="txt", choices=audio_io.OUTPUT_FORMATS, help="output format (default: txt)")
+    parser.add_argument("--word-timestamps", action="store_true",
+                        help="Whisper, with --format json: each segment also gets its words with their start and "
+                        "end seconds, aligned as Whisper's return_token_timestamps does (its alignment heads' "
+                        "cross-attention, median filter, dynamic time warping): one more decoder pass per 30 s window")
     parser.add_argument("--output", type=Path, default=None, metavar="DIR", help="write <stem>.<format> files here instead of stdout")
     parser.add_argument("--overwrite", action="store_true",
                         help="with --output: transcribe again even where the output is up to date")
@@ -234,7 +239,29 @@ def _vad_problem() -> str | None:
     return None
 
 
+def _format_problem(args) -> str | None:
+    if args.word_timestamps and args.format != "json":
+        return (f"--word-timestamps puts word times into the JSON output, which --format {args.format} has no "
+                "place for; pass --format json")
+    return None
+
+
+def _word_timestamps_problem(model) -> str | None:
+    if model.family != "whisper":
+        return (f"--word-timestamps times words by Whisper's cross-attention alignment; this is a {model.family} "
+                "model: leave it out")
+    try:
+        model.check_word_timestamps()
+    except ValueError as error:
+        return f"--word-timestamps: {error}"
+    return None
+
+
 def _window_option_problem(args, model) -> str | None:
+    if args.word_timestamps:
+        problem = _word_timestamps_problem(model)
+        if problem:
+            return problem
     if args.temperature_fallback and model.family != "whisper":
         return f"--temperature-fallback is Whisper's long-form option; this is a {model.family} model: leave it out"
     limit = float(model.max_audio_seconds)
@@ -288,17 +315,19 @@ class Transcriber:
     """Runs the model on batches of 16 kHz mono windows."""
 
     def __init__(self, model, max_new_tokens: int, use_medusa: bool, compile: bool = False,
-                 prompt_options: dict | None = None, decode_options: dict | None = None):
+                 prompt_options: dict | None = None, decode_options: dict | None = None,
+                 word_timestamps: bool = False):
         self.model = model
         self.max_new_tokens = max_new_tokens
         self.use_medusa = use_medusa
         self.compile = compile
         self.prompt_options = prompt_options or {}  # language / task of a multilingual Whisper
         self.decode_options = decode_options or {}  # e.g. Whisper's temperature fallback
+        self.word_timestamps = word_timestamps  # whole recordings' segments get their words' times
         self.stats = DecodeStats()
 
-    def prepare(self, windows: list[np.ndarray]) -> dict:
-        inputs = self.model.prepare_audio_inputs(windows, **self.prompt_options)
+    def prepare(self, windows: list[np.ndarray], **options) -> dict:
+        inputs = self.model.prepare_audio_inputs(windows, **self.prompt_options, **options)
         return _to_model_device(inputs, self.model)
 
     def generate(self, inputs: dict, use_medusa: bool | None = None, max_new_tokens: int | None = None, **options):
@@ -325,11 +354,20 @@ class Transcriber:
         return [t.strip() for t in texts]
 
     def transcribe_segments(self, audios: list[np.ndarray]) -> list[list[Segment]]:
-        """Whole recordings, each as the model's own timestamped segments (Whisper: long-form over 30 s)."""
-        inputs = self.prepare(audios)
-        output, stats = self.generate(inputs, return_timestamps=True, return_segments=True)
+        """Whole recordings, each as the model's own timestamped segments (Whisper: long-form over 30 s), with
+        ``word_timestamps`` each with its words (aligned within each row's audio frames, not the padding)."""
+        if self.word_timestamps:
+            inputs = self.prepare(audios, return_attention_mask=True)
+            output, stats = self.generate(inputs, return_timestamps=True, return_segments=True,
+                                          return_token_timestamps=True)
+            words = self.model.segment_words(output)
+        else:
+            output, stats = self.generate(self.prepare(audios), return_timestamps=True, return_segments=True)
+            words = [[()] * len(row) for row in output["segments"]]
         self.stats.add(stats)
-        return [[Segment(start, end, text) for start, end, text in row if text] for row in self.model.segments(output)]
+        return [[Segment(start, end, text, tuple(Word(*word) for word in segment_words))
+                 for (start, end, text), segment_words in zip(row, row_words) if text]
+                for row, row_words in zip(self.model.segments(output), words)]
 
 
 def _to_model_device(inputs: dict, model) -> dict:
@@ -624,10 +662,17 @@ class TranscriptionRun:
             "file": str(job.source.path),
             "duration_seconds": round(job.duration, 3),
             "text": text,
-            "segments": [{"start": round(s.start, 3), "end": round(s.end, 3), "text": s.text} for s in segments],
+            "segments": [self.json_segment(s) for s in segments],
             "model": self.model_name,
             "medusa": self.transcriber.use_medusa,
         }
+
+    def json_segment(self, segment: Segment) -> dict:
+        record = {"start": round(segment.start, 3), "end": round(segment.end, 3), "text": segment.text}
+        if self.args.word_timestamps:
+            record["words"] = [{"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3)}
+                               for w in segment.words]
+        return record
 
     def emit(self, source: AudioSource, rendered: str) -> None:
         output = self.output_path(source)
@@ -651,6 +696,7 @@ def transcript_settings(args, model_name: str, transcriber: Transcriber) -> dict
             "max_new_tokens": transcriber.max_new_tokens, **transcriber.prompt_options,
             **({"vad": True} if args.vad else {}),
             **({"temperature_fallback": True} if args.temperature_fallback else {}),
+            **({"word_timestamps": True} if args.word_timestamps else {}),
             **({"window_seconds": args.window_seconds} if args.window_seconds else {})}
 
 
@@ -754,7 +800,8 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
         log(f"Summary: 0 done, {len(input_errors)} failed: no audio files to transcribe")
         return EXIT_FILE_FAILED
 
-    problem = (args.output is not None and output_folder_problem(args.output)) or (args.vad and _vad_problem())
+    problem = (_format_problem(args) or (args.output is not None and output_folder_problem(args.output))
+               or (args.vad and _vad_problem()))
     if problem:
         log(f"error: {problem}")
         return EXIT_USER_ERROR
@@ -786,7 +833,8 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
         return EXIT_USER_ERROR
     transcriber = Transcriber(model, max_new_tokens, not args.no_medusa, compile=args.compile,
                               prompt_options=prompt_options,
-                              decode_options=WHISPER_FALLBACK if args.temperature_fallback else None)
+                              decode_options=WHISPER_FALLBACK if args.temperature_fallback else None,
+                              word_timestamps=args.word_timestamps)
 
     if not args.audio:
         return run_demo(transcriber, model_name)

@@ -338,8 +338,10 @@ class Backbone:
         """The most new tokens one call can ask for, or None where this base sets no limit here."""
         return None
 
-    def audio_inputs(self, processor, audios: list, instruction=None, language=None, task=None) -> dict:
-        """A batch of 16 kHz mono float arrays -> the base's generate inputs."""
+    def audio_inputs(self, processor, audios: list, instruction=None, language=None, task=None,
+                     return_attention_mask: bool = False) -> dict:
+        """A batch of 16 kHz mono float arrays -> the base's generate inputs (``return_attention_mask``: with
+        the mask of each row's audio frames, where the family's processor makes one only on request)."""
         raise NotImplementedError
 
     def decode_text(self, tokenizer, sequences: torch.Tensor, inputs: dict | None = None) -> list[str]:
@@ -353,6 +355,15 @@ class Backbone:
         """Whether a call takes the base's own generate, with our decoding for each window it hands over
         (``window_plan``), instead of being decoded here directly."""
         return False
+
+    def window_output(self, sequences: torch.Tensor, prompt_length: int, generation_config, model_kwargs: dict):
+        """A window decoded for the base's generate (``window_plan``) as that generate takes it back."""
+        return sequences
+
+    def check_word_timestamps(self) -> None:
+        """ValueError naming the problem when this base cannot time the words it transcribes."""
+        raise ValueError(f"word timestamps come from Whisper's cross-attention alignment heads; "
+                         f"{type(self).__name__} has none")
 
     def fuse_projections(self) -> bool:
         """Optionally merge projections into fewer, larger GEMMs for the GPU rounds; True if done."""

@@ -221,6 +221,19 @@ class MedusaForASR(PreTrainedModel):
         return [[(float(s["start"]), float(s["end"]), tokenizer.decode(s["tokens"], skip_special_tokens=True).strip())
                  for s in row] for row in output["segments"]]
 
+    def segment_words(self, output: dict) -> list[list[list[tuple[str, float, float]]]]:
+        """Per row and segment (as ``segments``), (word, start seconds, end seconds) of each word of a
+        ``return_segments=True, return_token_timestamps=True`` output (Whisper)."""
+        if any("token_timestamps" not in s for row in output["segments"] for s in row):
+            raise ValueError("segment_words needs the output of generate(..., return_segments=True, "
+                             "return_token_timestamps=True)")
+        tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        return [[self.backbone.segment_words(tokenizer, s) for s in row] for row in output["segments"]]
+
+    def check_word_timestamps(self) -> None:
+        """ValueError naming the problem when this model cannot time words (Whisper: its alignment heads)."""
+        self.backbone.check_word_timestamps()
+
     @property
     def pad_token_id(self) -> int:
         return self.backbone.pad_token_id
@@ -319,7 +332,7 @@ class MedusaForASR(PreTrainedModel):
         if reason is not None:
             if reason != "disabled":
                 warnings.warn(f"Medusa decoding does not support {reason}; using the base model's generate.")
-            out = self.base.generate(**_base_kwargs(kwargs, max_new_tokens, min_new_tokens))
+            out = self._base_generate(**_base_kwargs(kwargs, max_new_tokens, min_new_tokens))
             return (out, MedusaStats().as_dict()) if return_stats else out
         stats = MedusaStats()
         timer = _PhaseTimer(self.backbone.base.device, enabled=return_stats)
@@ -380,9 +393,20 @@ class MedusaForASR(PreTrainedModel):
                 return GenerationMixin._sample(model, input_ids, logits_processor, stopping_criteria,
                                                generation_config, **model_kwargs)
             generated, _ = decode(plan)
-            return torch.cat([input_ids, self.backbone.padded(generated, input_ids)], dim=1)
+            sequences = torch.cat([input_ids, self.backbone.padded(generated, input_ids)], dim=1)
+            return self.backbone.window_output(sequences, input_ids.shape[1], generation_config, model_kwargs)
 
-        return self.base.generate(**_base_kwargs(kwargs, max_new_tokens, min_new_tokens), custom_generate=decode_window)
+        return self._base_generate(**_base_kwargs(kwargs, max_new_tokens, min_new_tokens), custom_generate=decode_window)
+
+    def _base_generate(self, **kwargs):
+        """The base's own generate, which leaves the model with the attention implementation it was loaded
+        with: for return_token_timestamps Whisper's switches the whole model to eager attention (it reads
+        the weights) and would leave it so for every later call."""
+        implementation = self.base.config._attn_implementation
+        try:
+            return self.base.generate(**kwargs)
+        finally:
+            self.base.config._attn_implementation = implementation
 
     generate_medusa = generate
 
@@ -449,18 +473,22 @@ class MedusaForASR(PreTrainedModel):
         return self.backbone.max_new_tokens_limit(*self.backbone.effective_prompt_options(language, task))
 
     def prepare_audio_inputs(self, audios, sampling_rate: int = 16000, instruction: str | None = None,
-                             language: str | None = None, task: str | None = None):
+                             language: str | None = None, task: str | None = None,
+                             return_attention_mask: bool = False):
         """A batch of 16 kHz mono float arrays -> the base's generate inputs. ``language`` and ``task``
         (multilingual Whisper only; default: the model's own, i.e. detect the language and transcribe)
         are carried in the inputs; ``instruction`` is MERaLiON-2's prompt. Whisper audio over 30 s is kept
-        whole: generate then transcribes it the way the base's long-form generate does."""
+        whole: generate then transcribes it the way the base's long-form generate does.
+        ``return_attention_mask``: Whisper's mask of each row's audio frames also for short audio (what
+        ``return_token_timestamps`` needs to align tokens with the speech rather than the padding)."""
         if self.processor is None:
             raise ValueError("This model was loaded without a processor; pass processor= to from_pretrained.")
         if sampling_rate != 16000:
             raise ValueError(f"Audio must be 16 kHz (got {sampling_rate} Hz); resample it first.")
         self.check_prompt_options(language, task)
         language, task = self.backbone.effective_prompt_options(language, task)
-        return self.backbone.audio_inputs(self.processor, list(audios), instruction, language, task)
+        return self.backbone.audio_inputs(self.processor, list(audios), instruction, language, task,
+                                          return_attention_mask)
 
     def decode_text(self, sequences: torch.Tensor, inputs: dict | None = None) -> list[str]:
         return self.backbone.decode_text(getattr(self.processor, "tokenizer", self.processor), sequences, inputs)
@@ -711,11 +739,12 @@ GREEDY_AS_IS = {
     "output_attentions": (False,), "output_hidden_states": (False,),
 }
 # What each backbone leaves out (MERaLiON-2's decoder applies no token suppression or forced ids; Whisper's
-# fallback thresholds on log-probabilities and no-speech probability, and token-level timestamps, which need
-# scores and attentions; its compression-ratio threshold reads only the text, so windows take it).
+# fallback thresholds on log-probabilities and no-speech probability, which need scores; its compression-ratio
+# threshold reads only the text, so windows take it, and its token-level timestamps read the cross-attentions,
+# which a window gives from one teacher-forced pass over the tokens it decoded).
 FAMILY_GREEDY_AS_IS = {
     "meralion2": {"suppress_tokens": ([],), "begin_suppress_tokens": ([],), "forced_decoder_ids": ([],)},
-    "whisper": {"logprob_threshold": (), "no_speech_threshold": (), "return_token_timestamps": (False,)},
+    "whisper": {"logprob_threshold": (), "no_speech_threshold": ()},
 }
 # Read by the backbones from the base's own generation config: a call that changes them goes to the base.
 BASE_CONFIG_SETTINGS = {

@@ -14,7 +14,7 @@ import soundfile as sf
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import audio_io  # noqa: E402
-from audio_io import AudioError, Segment, Window  # noqa: E402
+from audio_io import AudioError, Segment, Window, Word  # noqa: E402
 
 SR = audio_io.TARGET_SAMPLE_RATE
 needs_flite = pytest.mark.skipif(shutil.which("flite") is None, reason="flite is not installed")
@@ -317,6 +317,8 @@ def test_speech_only_maps_times_back_to_the_file():
     assert speech.original(Segment(0.5, 2.0, "x")) == Segment(1.5, 3.0, "x")  # an end on the seam stays before it
     assert speech.original(Segment(2.0, 4.5, "y")) == Segment(6.0, 8.5, "y")
     assert speech.original_seconds(9.0) == 9.0  # past the end: the last region's end
+    words = (Word("a", 1.5, 2.0), Word("b", 2.0, 2.5))  # one word on each side of the seam
+    assert speech.original(Segment(1.5, 2.5, "a b", words)).words == (Word("a", 2.5, 3.0), Word("b", 6.0, 6.5))
 
 
 def test_windows_in_regions_cover_the_speech_only():

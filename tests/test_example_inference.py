@@ -135,6 +135,25 @@ def test_temperature_fallback_reaches_whisper_generate_and_is_refused_for_other_
     assert "--temperature-fallback is Whisper's long-form option" in err
 
 
+def test_word_timestamps_are_refused_outside_whisper_json(tmp_path, capsys):
+    """Word times go into the JSON output and come from Whisper's alignment: another format stops before the model
+    loads, another family before any audio is decoded, each with one error line."""
+    audio = write_wav(tmp_path / "a.wav", seconds=2.0)
+    loads = []
+    code = example_inference.main([str(audio), "--word-timestamps", "--format", "srt", "--quiet"],
+                                  model_loader=lambda *args, **kwargs: loads.append(args))
+    out, err = capsys.readouterr()
+    assert code == example_inference.EXIT_USER_ERROR and loads == [] and out == ""
+    assert err.splitlines() == ["error: --word-timestamps puts word times into the JSON output, which --format srt "
+                                "has no place for; pass --format json"]
+    other = FakeModel()
+    other.family = "meralion2"
+    code, model, out, err = run([audio, "--word-timestamps", "--format", "json"], model=other, capsys=capsys)
+    assert code == example_inference.EXIT_USER_ERROR and model.batches == [] and out == ""
+    assert err.splitlines() == ["error: --word-timestamps times words by Whisper's cross-attention alignment; this "
+                                "is a meralion2 model: leave it out"]
+
+
 def test_language_and_task_reach_the_model_and_bad_ones_stop_early(tmp_path, capsys):
     audio = write_wav(tmp_path / "a.wav", seconds=2.0)
     code, model, _, _ = run([audio, "--language", "fr", "--task", "translate"], capsys=capsys)

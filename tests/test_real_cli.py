@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 
 import example_inference
 from conftest import requires_transformers5
@@ -45,6 +46,36 @@ def test_subtitles_and_json_carry_whisper_segments(model, tmp_path, capsys):
     assert len(expected) >= 3 and expected[-1][1] > 30.0  # long-form: past the first window
     assert " ".join(c.content.replace("\n", " ") for c in cues).split() == record["text"].split()
     assert "universally acknowledged" in record["text"].lower()
+
+
+def test_json_words_are_whisper_token_times(model, tmp_path, capsys):
+    """--word-timestamps --format json on 40 s of speech (two long-form windows): the segments are the ones the
+    command writes without it (the ids are Medusa's as ever); every segment's words spell its text, in order,
+    their times never go back (over the seam of the windows too) and stay inside their segment and the audio;
+    and they are the base's own generate(return_token_timestamps=True) token times on the same audio and
+    options, grouped into words (one teacher-forced pass per window gives the same alignment)."""
+    audio = long_recording(tmp_path, seconds=40.0)
+    sf.write(str(tmp_path / "talk.wav"), audio, SR)
+    without = json.loads(transcribe(model, [tmp_path / "talk.wav", "--format", "json"], capsys))
+    record = json.loads(transcribe(model, [tmp_path / "talk.wav", "--format", "json", "--word-timestamps"], capsys))
+    assert [{k: s[k] for k in ("start", "end", "text")} for s in record["segments"]] == without["segments"]
+    assert len(record["segments"]) >= 3 and record["segments"][-1]["end"] > 30.0
+    times = []
+    for segment in record["segments"]:
+        words = segment["words"]
+        assert "".join(w["word"] for w in words) == "".join(segment["text"].split())
+        assert all(segment["start"] <= w["start"] <= w["end"] <= segment["end"] for w in words)
+        times += [t for w in words for t in (w["start"], w["end"])]
+    assert times == sorted(times) and 0.0 <= times[0] and times[-1] <= len(audio) / SR
+
+    inputs = model.prepare_audio_inputs([audio], return_attention_mask=True)
+    torch.manual_seed(example_inference.FALLBACK_SEED)
+    base = model.generate(**inputs, use_medusa=False, return_timestamps=True, return_segments=True,
+                          return_token_timestamps=True, max_new_tokens=model.default_max_new_tokens,
+                          **example_inference.WHISPER_FALLBACK)
+    expected = [[{"word": w, "start": round(start, 3), "end": round(end, 3)} for w, start, end in words]
+                for (_, _, text), words in zip(model.segments(base)[0], model.segment_words(base)[0]) if text]
+    assert [s["words"] for s in record["segments"]] == expected
 
 
 def test_vad_gives_noise_and_a_click_no_transcript(model, tmp_path, capsys):

@@ -321,7 +321,7 @@ def test_base_matches_ctranslate2(flite_speech):
 def test_converted_folder_is_cached_and_reloads():
     from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-    hf_dir, _ = _converted("openai/whisper-tiny.en")
+    hf_dir, ct2_dir = _converted("openai/whisper-tiny.en")
     assert rw.ensure_converted("openai/whisper-tiny.en") == hf_dir  # cached: no second conversion
     assert rw.resolve_whisper(str(hf_dir)) == str(hf_dir)
     assert json.loads((hf_dir / rw.MARKER).read_text())["num_parameters"] == 37_760_256
@@ -329,6 +329,9 @@ def test_converted_folder_is_cached_and_reloads():
     processor = WhisperProcessor.from_pretrained(hf_dir)
     assert model.proj_out.weight.data_ptr() == model.model.decoder.embed_tokens.weight.data_ptr()
     assert model.generation_config.forced_decoder_ids == [[1, 50362]]
+    # word timestamps align with these heads: CTranslate2's config.json ships them, the conversion keeps them
+    ct2_heads = json.loads((ct2_dir / "config.json").read_text())["alignment_heads"]
+    assert model.generation_config.alignment_heads == ct2_heads and len(ct2_heads) == 8
     ids = processor.tokenizer(" Hello world.", add_special_tokens=False).input_ids
     assert processor.decode(ids) == " Hello world."
     assert processor.feature_extractor.sampling_rate == 16000

@@ -238,3 +238,64 @@ def test_temperature_fallback_equals_the_base(timestamp_model, threshold):
             got, stats = timestamp_model.generate(**inputs, draft=case["draft"], return_stats=True)
         assert_same_output(expected, got, f"case {index} {case} frames={frames}")
         assert stats["rounds"] > 0, "no window was decoded by Medusa"
+
+
+# --------------------------------------------------------------------------- token timestamps (word times)
+
+ALIGNMENT_HEADS = [[0, 1], [1, 0], [1, 3]]  # (decoder layer, head) of the tiny models
+
+
+@pytest.mark.parametrize("frames, condition_on_prev_tokens", [((900, 3000, 2100), False), ((3400, 7000, 5200), True)])
+def test_token_timestamps_equal_the_base(timestamp_model, monkeypatch, frames, condition_on_prev_tokens):
+    """``return_token_timestamps=True``: Medusa decodes each window, then one teacher-forced pass of the base's
+    decoder gives the window's cross-attentions, which the base's own generate collects token by token. The
+    queries are the same (the padding after a row's EOS and the left-padded prompts of conditioned long-form
+    windows included), so every token's time equals the base's: short-form rows of different lengths, each
+    aligned within its own frames, and long-form windows, offset to where they start. (One pass and token by
+    token differ in the last bits of the weights; a time could move by one 0.02 s frame only where two warping
+    paths cost the same to that precision.) The model keeps its attention implementation afterwards."""
+    monkeypatch.setattr(timestamp_model.base.generation_config, "alignment_heads", ALIGNMENT_HEADS, raising=False)
+    implementation = timestamp_model.base.config._attn_implementation
+    width = max(max(frames), 3000)
+    mask = torch.tensor([[1] * n + [0] * (width - n) for n in frames])
+    inputs = {"input_features": long_features(len(frames), 7, width) * mask[:, None, :], "attention_mask": mask,
+              "return_timestamps": True, "return_segments": True, "return_token_timestamps": True,
+              "condition_on_prev_tokens": condition_on_prev_tokens, "max_new_tokens": 25}
+    case = {"drafter": "oracle", "draft": "chain", "head_seed": 3, "cuda_graph": False}
+    expected, got, stats = medusa_equals_base(timestamp_model, case, **inputs)
+    assert torch.equal(expected["sequences"], got["sequences"]) and stats["accepted_tokens"] > 0
+    for rows_expected, rows_got in zip(expected["segments"], got["segments"], strict=True):
+        assert len(rows_expected) == len(rows_got) > 0
+        for a, b in zip(rows_expected, rows_got):
+            assert torch.equal(a["tokens"], b["tokens"]) and float(a["start"]) == float(b["start"])
+            assert torch.equal(a["token_timestamps"], b["token_timestamps"]), (a["token_timestamps"], b["token_timestamps"])
+    if width > 3000:  # long-form: the times of later windows carry their offsets
+        assert (torch.cat([s["token_timestamps"] for row in got["segments"] for s in row]) > 30.0).any()
+    assert timestamp_model.base.config._attn_implementation == implementation
+
+
+def test_word_timestamps_need_alignment_heads(timestamp_model, monkeypatch, tmp_path, capsys):
+    """A base without alignment heads (the tiny models, or a conversion whose source had none: an empty list)
+    cannot time words: a clear error naming them, from the model, its generate and, before any audio is
+    decoded, the transcription command."""
+    import soundfile as sf
+
+    import example_inference
+
+    gen = timestamp_model.base.generation_config
+    with pytest.raises(ValueError, match="no alignment_heads"):
+        timestamp_model.check_word_timestamps()
+    monkeypatch.setattr(gen, "alignment_heads", [], raising=False)
+    with pytest.raises(ValueError, match="no alignment_heads"):
+        timestamp_model.generate(input_features=random_features(1, 0), return_token_timestamps=True)
+    sf.write(str(tmp_path / "a.wav"), random_features(1, 0)[0, 0].numpy() * 0.1, 16000)
+    code = example_inference.main([str(tmp_path / "a.wav"), "--format", "json", "--word-timestamps", "--quiet"],
+                                  model_loader=lambda *args, **kwargs: timestamp_model)
+    err = capsys.readouterr().err
+    assert code == example_inference.EXIT_USER_ERROR
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        line for line in err.splitlines() if "--word-timestamps: this Whisper base's generation_config has no "
+        "alignment_heads" in line]
+    monkeypatch.setattr(gen, "alignment_heads", [[2, 0]], raising=False)  # the tiny decoder has layers 0 and 1
+    with pytest.raises(ValueError, match=r"alignment_heads \[\[2, 0\]\] .* outside"):
+        timestamp_model.check_word_timestamps()
