@@ -1,11 +1,15 @@
-"""GPU benchmark on a MERaLiON-2-3B-shaped model (random weights, bf16): verify-pass cost against the
-memory-bandwidth floor, and the end-to-end decode loop with a *replayed* acceptance profile.
+"""GPU benchmark on MERaLiON-2-shaped models (3B or 10B; random weights, bf16): verify-pass cost against
+the memory-bandwidth floor, whole calls at realistic output lengths, and batching against batched greedy.
 
-Random weights cannot draft, so the decode-loop rows replay an acceptance profile: drafts come from
-the base's own known continuation and each head is right with a given per-rank probability. These
-rows measure speed at a realistic acceptance, not draft quality. Prints a table, writes JSON.
+Random weights cannot draft, so the decode rows replay an acceptance profile: drafts come from the base's
+own known continuation and each head is right with a given per-rank probability. These rows measure speed
+at a realistic acceptance (speed-only), never draft quality. Each run updates ``OUT/results-SHAPE.json``
+(section by section, with the command that measured it), its Markdown, and ``OUT/summary.json`` over every
+shape measured there (``benchmark_gpu_report.py``).
 
-    python benchmark_gpu.py --out benchmarks/gpu
+    python benchmark_gpu.py --shape meralion2-3b --sections verify,lengths
+    python benchmark_gpu.py --shape meralion2-3b --sections batching
+    python benchmark_gpu.py --shape meralion2-10b --sections verify,lengths
 """
 
 from __future__ import annotations
@@ -18,18 +22,28 @@ import statistics
 import time
 from pathlib import Path
 
+import sys
+
 import torch
 import torch.nn as nn
 
+import benchmark_gpu_report as report_gpu
 from backbone_meralion2 import MERaLiON2Backbone
 from draft_policy import cuda_ms
 from medusa_decoding import CachePool, DraftTree, MedusaStats, build_tree_from_accuracy, run_rounds
-from medusa_fast import CapturedRounds, capture_cuda_graph
+from medusa_fast import CapturedCalls, CapturedRounds, capture_cuda_graph
 from medusa_heads import MedusaDrafter
 
 SEED_TOP1 = [0.76, 0.47, 0.35, 0.27]  # the seed model card's held-out per-head accuracy (MERaLiON-2-3B)
 SEED_PROFILE = "seed_76_47_35_27"
 PROMPT_TEXT_TOKENS = 37  # ~137-token prompt: 100 speech tokens + chat template and instruction
+SHAPES = {  # the Gemma2 decoders of MERaLiON-2-3B (Gemma2-2B) and MERaLiON-2-10B (Gemma2-9B)
+    "meralion2-3b": {"hidden_size": 2304, "num_hidden_layers": 26, "num_attention_heads": 8,
+                     "num_key_value_heads": 4, "intermediate_size": 9216},
+    "meralion2-10b": {"hidden_size": 3584, "num_hidden_layers": 42, "num_attention_heads": 16,
+                      "num_key_value_heads": 8, "intermediate_size": 14336},
+}
+SECTIONS = ("verify", "lengths", "batching")
 
 
 # --------------------------------------------------------------------------- the model
@@ -52,23 +66,25 @@ class GatedAdapter(nn.Module):
 
 
 class MERaLiON2Shaped(nn.Module):
-    """Same module names and sizes as MERaLiON-2-3B, built from the library's Whisper encoder and Gemma2."""
+    """Same module names and sizes as MERaLiON-2 (``SHAPES``), built from the library's Whisper encoder
+    (Whisper-large-v3's) and Gemma2."""
 
-    def __init__(self, text_layers=26):
+    def __init__(self, shape="meralion2-3b", text_layers=None):
         super().__init__()
         from transformers import Gemma2Config, Gemma2ForCausalLM, GenerationConfig, WhisperConfig
         from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
         speech = WhisperConfig(d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120,
                                num_mel_bins=128, max_source_positions=1500)
-        text = Gemma2Config(hidden_size=2304, num_hidden_layers=text_layers, num_attention_heads=8,
-                            num_key_value_heads=4, head_dim=256, intermediate_size=9216, vocab_size=256000,
-                            sliding_window=4096, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
-                            query_pre_attn_scalar=256, max_position_embeddings=8192)
+        sizes = dict(SHAPES[shape], **({"num_hidden_layers": text_layers} if text_layers else {}))
+        text = Gemma2Config(**sizes, head_dim=256, vocab_size=256000, sliding_window=4096,
+                            final_logit_softcapping=30.0, attn_logit_softcapping=50.0, query_pre_attn_scalar=256,
+                            max_position_embeddings=8192)
         text._attn_implementation = "eager"  # soft-capping needs eager attention in the library
+        speech._attn_implementation = "sdpa"  # the library's default for a loaded Whisper encoder
         self.speech_encoder = WhisperEncoder(speech)
         self.ln_speech = nn.LayerNorm(1280)
-        self.speech_audio_adapter = GatedAdapter()
+        self.speech_audio_adapter = GatedAdapter(text_dim=sizes["hidden_size"])
         self.text_decoder = Gemma2ForCausalLM(text)
         self.config = type("Cfg", (), {"text_config": text, "speech_token_index": 255999})()
         self.generation_config = GenerationConfig(eos_token_id=[1, 107], pad_token_id=0)
@@ -82,10 +98,10 @@ class MERaLiON2Shaped(nn.Module):
         return next(self.parameters()).dtype
 
 
-def build_model(device, dtype, text_layers=26):
+def build_model(device, dtype, shape="meralion2-3b", text_layers=None):
     torch.manual_seed(0)
     with torch.device(device):
-        model = MERaLiON2Shaped(text_layers).to(dtype).eval().requires_grad_(False)
+        model = MERaLiON2Shaped(shape, text_layers).to(dtype).eval().requires_grad_(False)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.02)
@@ -124,9 +140,9 @@ def make_prompt(model, batch, device):
     return {"input_ids": ids, "input_features": features, "feature_attention_mask": torch.ones(batch, 3000, device=device)}
 
 
-def prefill(backbone, inputs, max_new, extra, min_new=None, cache_pool=None):
+def prefill(backbone, inputs, max_new, extra, min_new=None, cache_pool=None, capture=None):
     process = backbone.make_logits_processor(min_new)
-    state, _, _ = backbone.prefill(inputs, max_new, extra, process, cache_pool=cache_pool)
+    state, _, _ = backbone.prefill(inputs, max_new, extra, process, cache_pool=cache_pool, capture=capture)
     return state, process
 
 
@@ -134,12 +150,12 @@ def prefill(backbone, inputs, max_new, extra, min_new=None, cache_pool=None):
 
 
 def verify_cost_table(model, backbone, sizes, compile_sizes, report):
-    """Cost of one verify pass vs tokens verified: HF eager, ours eager / captured / compiled+captured,
-    then the same with q/k/v and gate/up fused (``fuse_projections``)."""
+    """Cost of one verify pass vs tokens verified: HF eager, ours eager / captured, then with q/k/v and
+    gate/up fused (``fuse_projections``, what ``generate`` runs on a GPU) captured and compiled + captured."""
     device = model.device
     rows = []
     inputs = make_prompt(model, 1, device)
-    embeds = backbone._prompt_embeddings(inputs["input_ids"], inputs["input_features"], None)
+    embeds = backbone._prompt_embeddings(inputs["input_ids"], inputs["input_features"])
     from transformers import DynamicCache
 
     def ours_pass(n):
@@ -163,8 +179,6 @@ def verify_cost_table(model, backbone, sizes, compile_sizes, report):
         ours = ours_pass(n)
         row["ours_eager_ms"] = time_cuda(ours, repeats=15)
         row["ours_graph_ms"] = graph_ms(ours)
-        if n in compile_sizes:
-            row.update(compiled_graph_ms(ours, "ours_compiled_graph_ms"))
         rows.append(row)
         report(rows)
     if backbone.fuse_projections():
@@ -175,6 +189,13 @@ def verify_cost_table(model, backbone, sizes, compile_sizes, report):
                 row.update(compiled_graph_ms(ours, "fused_compiled_graph_ms"))
             report(rows)
     return rows
+
+
+def speech_encoder_ms(model, backbone) -> float:
+    """One 30 s window through the speech encoder, ln_speech and the adapter, as a CUDA graph: the part of
+    the prefill no decoder change can shorten."""
+    features = backbone._speech_features(make_prompt(model, 1, model.device)["input_features"])
+    return graph_ms(lambda: model.speech_audio_adapter(model.ln_speech(model.speech_encoder(features).last_hidden_state)))
 
 
 def graph_ms(fn) -> float:
@@ -245,12 +266,14 @@ class ReplayDrafter:
 
 
 class ReplayedRunner:
-    """One captured (optionally compiled) round for a draft tree and batch size, reused by every
-    timed call as ``generate`` reuses it: a call = prefill into the runner's cache + the rounds."""
+    """One captured (optionally compiled) round for a draft tree and batch size, reused by every timed call
+    as ``generate`` reuses it: a call = the captured prefill (speech encoder, adapter and the prompt's pass as
+    one CUDA graph, into the runner's cache) + the rounds. Sized for ``max_new`` tokens; a call may stop
+    sooner (its tokens are then the first of the same continuation)."""
 
     def __init__(self, backbone, inputs, continuation, profile, tree, max_new, compile):
         self.backbone, self.max_new = backbone, max_new
-        self.pool = CachePool()
+        self.pool, self.calls = CachePool(), CapturedCalls()
         state, self.process = self._prefill(inputs, tree)
         self.drafter = ReplayDrafter(backbone, continuation, profile, seed=1)
         drafter = MedusaDrafter(tree, continuation.device, self.drafter) if tree.num_nodes > 1 else None
@@ -261,22 +284,32 @@ class ReplayedRunner:
         self.setup_seconds = time.perf_counter() - start  # compile + capture, paid once per shape
 
     def _prefill(self, inputs, tree):
-        return prefill(self.backbone, inputs, self.max_new, 2 * tree.num_nodes, min_new=self.max_new, cache_pool=self.pool)
+        return prefill(self.backbone, inputs, self.max_new, 2 * tree.num_nodes, min_new=self.max_new,
+                       cache_pool=self.pool, capture=self.calls)
 
-    def __call__(self, inputs):
-        """One call: prefill, then the decode rounds; returns (outputs, stats with loop_seconds)."""
-        state, _ = self._prefill(inputs, self.runner.tree)
-        self.runner.load(state)
-        stats = MedusaStats()
+    @property
+    def prefill_captured(self) -> bool:
+        return bool(self.calls.graphs) and all(entry is not None for entry in self.calls.graphs.values())
+
+    def __call__(self, inputs, new_tokens=None):
+        """One call: prefill, then the rounds; returns (outputs, stats with prefill_seconds (the time to the
+        first token) and loop_seconds)."""
         torch.cuda.synchronize()
         start = time.perf_counter()
-        out = run_rounds(self.runner, state.next_token.tolist(), self.max_new, self.backbone.eos_token_ids, stats)
+        state, _ = self._prefill(inputs, self.runner.tree)
+        self.runner.load(state)
+        first = state.next_token.tolist()
+        stats = MedusaStats()
+        stats.prefill_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        out = run_rounds(self.runner, first, new_tokens or self.max_new, self.backbone.eos_token_ids, stats)
         torch.cuda.synchronize()
         stats.loop_seconds = time.perf_counter() - start
         return out, stats
 
     def release(self):
         self.runner.release()
+        self.calls.release()
         self.pool.caches.clear()
 
 
@@ -291,7 +324,7 @@ def seed_style_chain(model, backbone, inputs, continuation, profile, max_new, se
     """The seed's loop shape: HF text_decoder forward per round (eager), DynamicCache cropped on reject."""
     from transformers import DynamicCache
 
-    embeds = backbone._prompt_embeddings(inputs["input_ids"], inputs["input_features"], None)
+    embeds = backbone._prompt_embeddings(inputs["input_ids"], inputs["input_features"])
     cache = DynamicCache()
     out = model.text_decoder(inputs_embeds=embeds, past_key_values=cache, use_cache=True)
     length = embeds.shape[1]
@@ -316,11 +349,23 @@ def seed_style_chain(model, backbone, inputs, continuation, profile, max_new, se
     return tokens[:max_new], rounds
 
 
-def hf_generate(model, backbone, inputs, max_new, cache_implementation=None):
-    embeds = backbone._prompt_embeddings(inputs["input_ids"], inputs["input_features"], None)
-    kwargs = {"cache_implementation": cache_implementation} if cache_implementation else {}
+def hf_generate(model, backbone, inputs, new_tokens, cache=None):
+    """The library's own greedy ``generate`` on the prompt embeddings: dynamic cache, or ``cache`` (a
+    ``StaticCache`` sized for the longest call and reset here, so that every length replays the graphs the
+    library compiled for it)."""
+    embeds = backbone._prompt_embeddings(inputs["input_ids"], inputs["input_features"])
+    kwargs = {}
+    if cache is not None:
+        cache.reset()
+        kwargs["past_key_values"] = cache
     return model.text_decoder.generate(inputs_embeds=embeds, attention_mask=torch.ones(embeds.shape[:2], device=embeds.device),
-                                       max_new_tokens=max_new, min_new_tokens=max_new, do_sample=False, **kwargs)
+                                       max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **kwargs)
+
+
+def hf_static_cache(model, batch, capacity):
+    from transformers import StaticCache
+
+    return StaticCache(config=model.text_decoder.config, max_cache_len=capacity)
 
 
 def timed(fn, repeats=3):
@@ -336,79 +381,140 @@ def timed(fn, repeats=3):
     return statistics.median(times), result
 
 
-def decode_table(model, backbone, profiles, max_new, batches, compile_batches, tree_nodes, repeats, report):
-    device = model.device
-    rows = []
-    inputs1 = make_prompt(model, 1, device)
-    continuation = plain_continuation(backbone, inputs1, max_new)
+# --------------------------------------------------------------------------- decode tables
 
-    def add(name, profile_name, batch, seconds, tokens, extra=None):
-        rows.append({"method": name, "profile": profile_name, "batch": batch, "seconds": seconds,
-                     "tokens_per_s": tokens / seconds, **(extra or {})})
-        report(rows)
 
-    def add_replayed(draft_name, profile_name, profile, tree, batch, compile):
-        row = replayed_row(backbone, inputs1, continuation, profile, tree, max_new, batch, compile, repeats)
-        name = f"ours_{draft_name}_{'compiled_graph' if compile else 'graph'}"
-        if "error" in row:
-            rows.append({"method": name, "profile": profile_name, "batch": batch, **row})
-            report(rows)
-        else:
-            add(name, profile_name, batch, row.pop("seconds"), batch * max_new, row)
+class DecodeBench:
+    """Whole calls on one prompt (repeated ``batch`` times) with a known greedy continuation: ours with a
+    replayed profile, our plain greedy, and the library's generate (static and dynamic cache), each row
+    one measurement of ``new_tokens`` per row of the batch."""
 
-    for compile in (False, True):
-        add_replayed("greedy", "none", [[1.0]], DraftTree(()), 1, compile)
-    for profile_name, profile in profiles.items():
-        seconds, (tokens, rounds) = timed(lambda: seed_style_chain(model, backbone, inputs1, continuation, profile, max_new, 1), repeats=1)
-        add("seed_style_eager_chain", profile_name, 1, seconds, max_new, {"rounds": rounds, "exact": tokens == continuation[0].tolist()})
-        topk = [[sum(p[: r + 1]) for r in range(len(p))] for p in profile]
-        trees = (("chain", DraftTree.chain(len(profile))),
-                 (f"tree{tree_nodes}", DraftTree.from_paths(build_tree_from_accuracy(topk, tree_nodes))))
-        main_profile = profile_name == SEED_PROFILE
-        for batch in batches if main_profile else [1]:  # batch 1 first: a run cut short keeps the headline rows
-            for draft_name, tree in trees:
-                for compile in (False, True) if batch in compile_batches else (False,):
-                    add_replayed(draft_name, profile_name, profile, tree, batch, compile)
-    # Last: the library's static-cache generate compiles and captures graphs of its own.
-    for cache_impl, name in ((None, "hf_generate_dynamic"), ("static", "hf_generate_static")):
+    def __init__(self, model, backbone, shape, max_new, repeats, report):
+        self.model, self.backbone, self.shape = model, backbone, shape
+        self.max_new, self.repeats, self.report = max_new, repeats, report
+        self.inputs1 = make_prompt(model, 1, model.device)
+        self.continuation = plain_continuation(backbone, self.inputs1, max_new)
+        self.rows = []
+
+    def batched(self, batch):
+        inputs = {k: v.expand(batch, *v.shape[1:]).contiguous() for k, v in self.inputs1.items()}
+        return inputs, self.continuation.expand(batch, -1).contiguous()
+
+    def add(self, row):
+        self.rows.append({"shape": self.shape, **row})
+        self.report(self.rows)
+
+    def ours(self, method, draft, tree, profile_name, profile, batch, lengths, compile):
+        """``method`` ("ours" / "ours_greedy") with one runner, timed at each of ``lengths``."""
+        inputs, cont = self.batched(batch)
+        base = {"method": method, "draft": draft, "profile": profile_name, "batch": batch,
+                "rounds_mode": "compiled" if compile else "graph"}
+        torch.cuda.reset_peak_memory_stats()
+        replay = None
         try:
-            seconds, out = timed(lambda: hf_generate(model, backbone, inputs1, max_new, cache_impl), repeats=1 if cache_impl is None else repeats)
-            add(name, "none", 1, seconds, max_new)
-        except Exception as err:
-            rows.append({"method": name, "error": f"{type(err).__name__}: {str(err)[:300]}"})
-    return rows
+            replay = ReplayedRunner(self.backbone, inputs, cont, profile, tree, self.max_new, compile)
+            replay(inputs)  # warm-up call
+            for n in lengths:
+                self.add({**base, **self._ours_row(replay, inputs, n, batch)})
+        except torch.OutOfMemoryError as err:
+            self.add({**base, "error": f"OutOfMemoryError: {str(err)[:200]}"})
+        finally:
+            if replay is not None:
+                replay.release()
+            del replay
+            gc.collect()
+            torch.cuda.empty_cache()
 
-
-def replayed_row(backbone, inputs1, continuation, profile, tree, max_new, batch, compile, repeats) -> dict:
-    """Median end-to-end call (prefill + rounds) and decode-loop speed of one reused runner."""
-    inputs = {k: v.expand(batch, *v.shape[1:]).contiguous() for k, v in inputs1.items()}
-    cont = continuation.expand(batch, -1).contiguous()
-    torch.cuda.reset_peak_memory_stats()
-    replay = None
-    try:
-        replay = ReplayedRunner(backbone, inputs, cont, profile, tree, max_new, compile)
-        replay(inputs)  # warm-up call
-        calls, loops, stats = [], [], None
-        for _ in range(repeats):
+    def _ours_row(self, replay, inputs, n, batch) -> dict:
+        calls, loops, prefills, stats, out = [], [], [], None, None
+        for _ in range(self.repeats):
             torch.cuda.synchronize()
             start = time.perf_counter()
-            out, stats = replay(inputs)
+            out, stats = replay(inputs, n)
             calls.append(time.perf_counter() - start)
             loops.append(stats.loop_seconds)
-        exact = all(o == continuation[0].tolist() for o in out)
-        return {"seconds": statistics.median(calls), "mean_accepted_per_round": stats.mean_accepted_per_round,
-                "exact": exact, "decode_loop_seconds": statistics.median(loops),
-                "decode_loop_tokens_per_s": batch * max_new / statistics.median(loops),
-                "setup_seconds": replay.setup_seconds,
+            prefills.append(stats.prefill_seconds)
+        call, loop = statistics.median(calls), statistics.median(loops)
+        return {"new_tokens": n, "call_seconds": call, "call_tok_per_s": batch * n / call,
+                "loop_tok_per_s": batch * n / loop, "outside_rounds_ms": (call - loop) * 1000,
+                "time_to_first_token_ms": statistics.median(prefills) * 1000,
+                "tokens_per_round": stats.mean_accepted_per_round,
+                "exact": all(o == self.continuation[0, :n].tolist() for o in out),
+                "first_divergence": first_divergence(out, self.continuation[0, :n].tolist()),
+                "prefill_captured": replay.prefill_captured, "setup_seconds": replay.setup_seconds,
                 "peak_memory_allocated_GB": torch.cuda.max_memory_allocated() / 1e9}
-    except torch.OutOfMemoryError as err:
-        return {"error": f"OutOfMemoryError: {str(err)[:200]}"}
-    finally:
-        if replay is not None:
-            replay.release()
-        del replay
+
+    def hf(self, method, batch, lengths):
+        """The library's generate: ``hf_static`` (one StaticCache for every length; the library compiles
+        its forward) or ``hf_dynamic`` (eager, one repeat: it is slow)."""
+        inputs, _ = self.batched(batch)
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            cache = hf_static_cache(self.model, batch, inputs["input_ids"].shape[1] + max(lengths)) if method == "hf_static" else None
+            for n in lengths:
+                seconds, out = timed(lambda: hf_generate(self.model, self.backbone, inputs, n, cache),
+                                     repeats=self.repeats if cache is not None else 1)
+                self.add({"method": method, "draft": "none", "profile": "none", "batch": batch, "new_tokens": n,
+                          "call_seconds": seconds, "call_tok_per_s": batch * n / seconds,
+                          "matches_our_greedy": all(row[-n:].tolist() == self.continuation[0, :n].tolist() for row in out),
+                          "peak_memory_allocated_GB": torch.cuda.max_memory_allocated() / 1e9})
+        except Exception as err:  # the library's compile support varies by version
+            self.add({"method": method, "batch": batch, "error": f"{type(err).__name__}: {str(err)[:300]}"})
         gc.collect()
         torch.cuda.empty_cache()
+
+    def seed_style(self, profile_name, profile):
+        n = self.max_new
+        seconds, (tokens, rounds) = timed(lambda: seed_style_chain(self.model, self.backbone, self.inputs1, self.continuation,
+                                                                   profile, n, 1), repeats=1)
+        self.add({"method": "seed_style_eager_chain", "draft": f"chain-{len(profile)}", "profile": profile_name,
+                  "batch": 1, "new_tokens": n, "call_seconds": seconds, "call_tok_per_s": n / seconds,
+                  "tokens_per_round": n / rounds, "exact": tokens == self.continuation[0].tolist()})
+
+
+def first_divergence(rows: list[list[int]], reference: list[int]) -> int | None:
+    """The first position where any row leaves the reference continuation (None: every row follows it)."""
+    positions = [next((i for i, (a, b) in enumerate(zip(row, reference)) if a != b), None) for row in rows]
+    return min((p for p in positions if p is not None), default=None)
+
+
+def draft_trees(profile, names):
+    """Name ("none", "chain", "tree-N") -> DraftTree for a replayed profile."""
+    topk = [[sum(p[: r + 1]) for r in range(len(p))] for p in profile]
+    trees = {}
+    for name in names:
+        if name == "none":
+            trees[name] = DraftTree(())
+        elif name == "chain":
+            trees[f"chain-{len(profile)}"] = DraftTree.chain(len(profile))
+        else:
+            trees[name] = DraftTree.from_paths(build_tree_from_accuracy(topk, int(name.split("-")[1])))
+    return trees
+
+
+def lengths_table(bench, profiles, drafts, lengths, compile, report_seed_style=True):
+    """Batch 1 at realistic ASR output lengths: every method, whole calls."""
+    for profile_name, profile in profiles.items():
+        for name, tree in draft_trees(profile, drafts).items():
+            if name == "none" and profile_name != SEED_PROFILE:
+                continue
+            method = "ours_greedy" if name == "none" else "ours"
+            bench.ours(method, name, tree, profile_name if name != "none" else "none", profile, 1, lengths, compile)
+        if report_seed_style:
+            bench.seed_style(profile_name, profile)
+    for method in ("hf_static", "hf_dynamic"):
+        bench.hf(method, 1, lengths)
+
+
+def batching_table(bench, profile, drafts_by_batch, new_tokens, compile_batches):
+    """Batch sizes against batched greedy (ours without drafts, the library's generate) at one length."""
+    for batch, drafts in drafts_by_batch.items():
+        for name, tree in draft_trees(profile, drafts).items():
+            method = "ours_greedy" if name == "none" else "ours"
+            bench.ours(method, name, tree, "none" if name == "none" else SEED_PROFILE, profile, batch, [new_tokens],
+                       batch in compile_batches)
+        for method in ("hf_static", "hf_dynamic"):
+            bench.hf(method, batch, [new_tokens])
 
 
 def check_graph_reuse(device) -> dict:
@@ -440,105 +546,103 @@ def check_graph_reuse(device) -> dict:
     return {"calls": rows, "all_exact": all(r["exact"] for r in rows)}
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/gpu")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--sizes", default="1,2,3,5,8,16,32,64")
-    parser.add_argument("--compile-sizes", default="5,64")
-    parser.add_argument("--text-layers", type=int, default=26, help="fewer for a smoke test")
-    parser.add_argument("--batches", default="1,4,16")
-    parser.add_argument("--compile-batches", default="1,4,16", help="batch sizes also run with compiled rounds")
-    parser.add_argument("--tree-nodes", type=int, default=32)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="meralion2-3b")
+    parser.add_argument("--sections", default="verify,lengths,batching", help=f"comma-separated, of {', '.join(SECTIONS)}")
+    parser.add_argument("--text-layers", type=int, default=None, help="fewer decoder layers, for a smoke test")
+    parser.add_argument("--sizes", default="1,2,3,5,8,16,32,64", help="verify: tokens per pass")
+    parser.add_argument("--compile-sizes", default="5,64", help="verify: sizes also compiled")
+    parser.add_argument("--lengths", default="16,32,64,128", help="lengths: new tokens per call, batch 1")
+    parser.add_argument("--length-drafts", default="none,chain,tree-32")
+    parser.add_argument("--batches", default="4,16,64", help="batching (batch 1 is the lengths section)")
+    parser.add_argument("--batch-drafts", default="none,chain,tree-8,tree-32")
+    parser.add_argument("--batch-new-tokens", type=int, default=64)
+    parser.add_argument("--max-verify-tokens", type=int, default=1024, help="batching: skip trees above batch x nodes")
+    parser.add_argument("--compile-batches", default="1,16", help="batch sizes whose rounds are also compiled")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--whisper-topk", default=None, help="artifact config.json whose head_accuracy.topk to replay too")
-    parser.add_argument("--skip-verify", action="store_true")
-    parser.add_argument("--skip-decode", action="store_true")
     parser.add_argument("--check-reuse-only", action="store_true", help="only check captured-round reuse")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.sections = [name for name in args.sections.split(",") if name]
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"--sections: unknown {sorted(unknown)}; use any of {', '.join(SECTIONS)}.")
+    return args
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmark_gpu.py needs a CUDA GPU; benchmark.py measures the CPU.")
+    import shlex
+
     import transformers
 
-    device = torch.device("cuda")
+    device, out = torch.device("cuda"), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     if args.check_reuse_only:
         result = check_graph_reuse(device)
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "reuse_check.json").write_text(json.dumps(result, indent=2))
+        (out / "reuse_check.json").write_text(json.dumps(result, indent=2))
         print("all exact:", result["all_exact"])
         return
-    model = build_model(device, torch.bfloat16, args.text_layers)
+    model = build_model(device, torch.bfloat16, args.shape, args.text_layers)
     backbone = MERaLiON2Backbone(model)
-    bandwidth = measure_copy_bandwidth(device)
-    weight_bytes = decoder_bytes(model)
+    bandwidth, weight_bytes = measure_copy_bandwidth(device), decoder_bytes(model)
     floor_ms = weight_bytes / bandwidth * 1000
-    result = {
+    path = out / f"results-{args.shape}.json"
+    result = report_gpu.read_results(path)
+    result.update({
+        "shape": args.shape, "text_layers": model.config.text_config.num_hidden_layers,
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
         "python": platform.python_version(), "dtype": "bfloat16", "date": time.strftime("%Y-%m-%d"),
         "copy_bandwidth_GBps": bandwidth / 1e9, "decoder_weight_GB": weight_bytes / 1e9, "floor_ms": floor_ms,
-        "floor_tokens_per_s": 1000 / floor_ms, "max_new_tokens": args.max_new_tokens,
-    }
-    print(result, flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+        "floor_tokens_per_s": 1000 / floor_ms,
+    })
+    command = shlex.join(["python", *sys.argv]) if argv is None else shlex.join(["python", "benchmark_gpu.py", *argv])
+    print({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, flush=True)
 
-    def report(section):
+    def section(name):
+        result.setdefault("commands", {})[name] = command
+        result[name] = []
+
         def write(rows):
             print(rows[-1], flush=True)
-            result[section] = rows
-            write_json_atomic(out / "results.json", result)  # a run cut short keeps every finished row
+            result[name] = list(rows)
+            report_gpu.write_json_atomic(path, result)  # a run cut short keeps every finished row
         return write
 
-    if not args.skip_verify:
-        verify_cost_table(model, backbone, [int(s) for s in args.sizes.split(",")],
-                          {int(s) for s in args.compile_sizes.split(",")}, report("verify_pass"))
+    result["speech_encoder_graph_ms"] = speech_encoder_ms(model, backbone)
+    if "verify" in args.sections:
+        verify_cost_table(model, backbone, ints(args.sizes), set(ints(args.compile_sizes)), section("verify"))
+    result["fused_projections"] = backbone.fuse_projections()  # as generate() does on a GPU
     profiles = {SEED_PROFILE: rank_profile(SEED_TOP1)}
     if args.whisper_topk:
         acc = json.loads(Path(args.whisper_topk).read_text())["head_accuracy"]
         profiles["whisper_tiny_en_measured"] = rank_profile([a[0] for a in acc["topk"]], acc["topk"])
-    result["fused_projections"] = backbone.fuse_projections()  # as generate() does on a GPU
-    if not args.skip_decode:
-            decode_table(model, backbone, profiles, args.max_new_tokens, [int(b) for b in args.batches.split(",")],
-                     [int(b) for b in args.compile_batches.split(",") if b], args.tree_nodes, args.repeats,
-                     report("decode"))
-    table = render_markdown(result)
-    (out / "results.md").write_text(table)
+    lengths, compile_batches = ints(args.lengths), set(ints(args.compile_batches))
+    if "lengths" in args.sections or "batching" in args.sections:
+        max_new = max(lengths + [args.batch_new_tokens])
+        bench = DecodeBench(model, backbone, args.shape, max_new, args.repeats, None)
+        if "lengths" in args.sections:
+            bench.rows, bench.report = [], section("lengths")
+            lengths_table(bench, profiles, args.length_drafts.split(","), lengths, 1 in compile_batches)
+        if "batching" in args.sections:
+            drafts = args.batch_drafts.split(",")
+            by_batch = {b: [d for d in drafts if not d.startswith("tree-") or b * int(d[5:]) <= args.max_verify_tokens]
+                        for b in ints(args.batches)}
+            bench.rows, bench.report = [], section("batching")
+            batching_table(bench, profiles[SEED_PROFILE], by_batch, args.batch_new_tokens, compile_batches)
+    report_gpu.write_json_atomic(path, result)
+    table = report_gpu.render_markdown(result)
+    path.with_suffix(".md").write_text(table)
     print(table)
-
-
-def render_markdown(result: dict) -> str:
-    floor = result["floor_ms"]
-    lines = ["# GPU benchmark: MERaLiON-2-3B shape, random weights, bf16",
-             "",
-             f"{result['device']}, torch {result['torch']}, transformers {result['transformers']}, {result['date']}. "
-             f"Floor (one read of the decoder's {result['decoder_weight_GB']:.2f} GB at the measured "
-             f"{result['copy_bandwidth_GBps']:.0f} GB/s copy bandwidth): {floor:.2f} ms = {1000 / floor:.0f} tok/s.",
-             "", "## One verify pass (ms; x floor)", "",
-             "| tokens | HF eager | ours eager | ours graph | ours compiled+graph | fused graph | fused compiled+graph |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    cell = lambda v: "" if v is None else f"{v:.2f} ({v / floor:.2f}x)"
-    for r in result.get("verify_pass", []):
-        lines.append(f"| {r['tokens']} | " + " | ".join(cell(r.get(k)) for k in (
-            "hf_eager_ms", "ours_eager_ms", "ours_graph_ms", "ours_compiled_graph_ms", "fused_graph_ms",
-            "fused_compiled_graph_ms")) + " |")
-    lines += ["", f"## Decode, {result.get('max_new_tokens', '')} tokens; replayed acceptance rows marked by profile", "",
-              "| method | profile | batch | call tok/s | loop tok/s | tokens/round | exact | setup s | peak GB |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    num = lambda v, f: "" if v is None else format(v, f)
-    for r in result.get("decode", []):
-        if "error" in r:
-            lines.append(f"| {r['method']} | {r.get('profile', '')} | {r.get('batch', '')} | {r['error'][:60]} |||||")
-            continue
-        lines.append(f"| {r['method']} | {r['profile']} | {r['batch']} | {r['tokens_per_s']:.0f} | "
-                     f"{num(r.get('decode_loop_tokens_per_s'), '.0f')} | {num(r.get('mean_accepted_per_round'), '.2f')} | "
-                     f"{r.get('exact', '')} | {num(r.get('setup_seconds'), '.1f')} | {num(r.get('peak_memory_allocated_GB'), '.1f')} |")
-    return "\n".join(lines) + "\n"
-
-
-def write_json_atomic(path: Path, data):
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+    report_gpu.write_summary(out)
 
 
 if __name__ == "__main__":

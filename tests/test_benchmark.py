@@ -138,3 +138,26 @@ def test_timestamped_benchmark_compares_timestamped_decoders(tmp_path):
         assert not clip["medusa"]["fell_back_to_base"] and clip["medusa"]["stats"]["rounds"] >= 1
     sequences = model.generate(**clips[0][1], max_new_tokens=20, return_timestamps=True, use_medusa=False)
     assert (sequences >= timestamp_begin).any()  # the runs above decoded timestamp tokens
+
+
+def test_gpu_summary_rows_come_from_the_results_files(tmp_path):
+    """benchmark_gpu_report.write_summary turns each shape's results file into the issue's summary rows:
+    verify rows with their ratio to that shape's floor, decode rows without failed ones, each run's command."""
+    import benchmark_gpu_report as report
+
+    ours = {"method": "ours", "draft": "tree-32", "profile": "seed_76_47_35_27", "batch": 1, "new_tokens": 32,
+            "call_tok_per_s": 600.0, "loop_tok_per_s": 900.0, "outside_rounds_ms": 17.0, "tokens_per_round": 3.1,
+            "exact": True, "call_seconds": 0.05, "rounds_mode": "compiled", "time_to_first_token_ms": 17.0}
+    results = {"shape": "meralion2-3b", "text_layers": 26, "device": "GPU", "torch": "t", "transformers": "x",
+               "date": "2026-12-01", "floor_ms": 2.0, "decoder_weight_GB": 5.0, "copy_bandwidth_GBps": 2500.0,
+               "commands": {"verify": "python benchmark_gpu.py --sections verify"},
+               "verify": [{"tokens": 5, "hf_eager_ms": 30.0, "fused_compiled_graph_ms": 3.0}],
+               "lengths": [ours, {"method": "hf_static", "batch": 1, "error": "OutOfMemoryError"}]}
+    report.write_json_atomic(tmp_path / "results-meralion2-3b.json", results)
+    summary = report.write_summary(tmp_path)
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    assert summary["floor_ms"] == {"meralion2-3b": 2.0}
+    assert {(r["method"], r["x_floor"]) for r in summary["verify"]} == {("hf_eager", 15.0), ("ours_fused_compiled_graph", 1.5)}
+    assert [r["method"] for r in summary["decode"]] == ["ours"]
+    assert summary["runs"] == [{"shape": "meralion2-3b", "section": "verify", "command": "python benchmark_gpu.py --sections verify"}]
+    assert "| 32 | tree-32 |" in report.render_markdown(results)

@@ -1,0 +1,184 @@
+"""Tables and the summary of ``benchmark_gpu.py``'s results (one ``results-SHAPE.json`` per shape):
+Markdown per shape and ``summary.json`` over every shape in the folder. Rerun alone to rewrite them:
+
+    python benchmark_gpu_report.py --out benchmarks/gpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+VERIFY_METHODS = {"hf_eager_ms": "hf_eager", "ours_eager_ms": "ours_eager", "ours_graph_ms": "ours_graph",
+                  "fused_graph_ms": "ours_fused_graph", "fused_compiled_graph_ms": "ours_fused_compiled_graph"}
+DECODE_FIELDS = ("shape", "profile", "batch", "method", "draft", "rounds_mode", "new_tokens", "call_tok_per_s",
+                 "loop_tok_per_s", "outside_rounds_ms", "time_to_first_token_ms", "tokens_per_round", "exact",
+                 "matches_our_greedy", "peak_memory_allocated_GB")
+
+
+def read_results(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_json_atomic(path: Path, data):
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+def decode_rows(result: dict) -> list[dict]:
+    return [r for section in ("lengths", "batching") for r in result.get(section, []) if "error" not in r]
+
+
+def best_ours(rows: list[dict], batch: int, new_tokens: int, profile: str) -> dict | None:
+    """The fastest draft we measured for a batch size and length (what a tuned ``auto`` would pick)."""
+    ours = [r for r in rows if r["method"] == "ours" and r["batch"] == batch and r["new_tokens"] == new_tokens
+            and r["profile"] == profile]
+    return max(ours, key=lambda r: r["call_tok_per_s"], default=None)
+
+
+def fastest(rows, method, batch, new_tokens) -> dict | None:
+    same = [r for r in rows if r["method"] == method and r["batch"] == batch and r["new_tokens"] == new_tokens]
+    return max(same, key=lambda r: r["call_tok_per_s"], default=None)
+
+
+def render_markdown(result: dict) -> str:
+    floor = result["floor_ms"]
+    lines = [f"# GPU benchmark: {result['shape']} shape ({result['text_layers']} decoder layers), random weights, bf16",
+             "",
+             f"{result['device']}, torch {result['torch']}, transformers {result['transformers']}, {result['date']}. "
+             f"Floor (one read of the decoder's {result['decoder_weight_GB']:.2f} GB at the measured "
+             f"{result['copy_bandwidth_GBps']:.0f} GB/s copy bandwidth): {floor:.2f} ms = {1000 / floor:.0f} tok/s. "
+             "Decode rows replay an acceptance profile on random weights: speed only, never quality. "
+             f"Speech encoder + adapter alone (one 30 s window, CUDA graph): {result.get('speech_encoder_graph_ms', 0):.2f} ms.", ""]
+    lines += _verify_lines(result.get("verify", []), floor)
+    rows = decode_rows(result)
+    lines += _lengths_lines([r for r in rows if r["batch"] == 1])
+    lines += _batching_lines(rows)
+    lines += _all_rows_lines(result)
+    lines += ["", "Commands:", ""] + [f"- {name}: `{cmd}`" for name, cmd in result.get("commands", {}).items()]
+    return "\n".join(lines) + "\n"
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)] + \
+           ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.2f}" if value < 100 else f"{value:.0f}"
+    return str(value)
+
+
+def _verify_lines(rows, floor) -> list[str]:
+    if not rows:
+        return []
+    keys = [k for k in VERIFY_METHODS if any(k in r for r in rows)]
+    body = [[r["tokens"]] + [None if r.get(k) is None else f"{r[k]:.2f} ({r[k] / floor:.2f}x)" for k in keys] for r in rows]
+    return ["## One verify pass (ms; x floor)", ""] + _table(["tokens"] + [VERIFY_METHODS[k] for k in keys], body) + [""]
+
+
+def _lengths_lines(rows) -> list[str]:
+    lengths = sorted({r["new_tokens"] for r in rows if r["method"] == "ours"})
+    if not lengths:
+        return []
+    body = []
+    for n in lengths:
+        ours, greedy = best_ours(rows, 1, n, "seed_76_47_35_27"), fastest(rows, "ours_greedy", 1, n)
+        static, dynamic = fastest(rows, "hf_static", 1, n), fastest(rows, "hf_dynamic", 1, n)
+        if ours is None:
+            continue
+        body.append([n, ours["draft"], ours["call_tok_per_s"], ours["loop_tok_per_s"], ours["outside_rounds_ms"],
+                     ours["time_to_first_token_ms"], ours["tokens_per_round"], _get(greedy, "call_tok_per_s"),
+                     _get(static, "call_tok_per_s"), _get(dynamic, "call_tok_per_s"),
+                     _ratio(ours, greedy), _ratio(ours, static), ours["exact"]])
+    return ["## Whole calls at ASR lengths, batch 1 (replayed seed profile)", ""] + _table(
+        ["new tokens", "best draft", "call tok/s", "loop tok/s", "outside rounds ms", "first token ms",
+         "tokens/round", "ours greedy tok/s", "HF static tok/s", "HF dynamic tok/s", "x ours greedy", "x HF static",
+         "exact"], body) + [""]
+
+
+def _batching_lines(rows) -> list[str]:
+    batches = sorted({r["batch"] for r in rows})
+    body = []
+    for batch in batches:
+        n = max((r["new_tokens"] for r in rows if r["batch"] == batch and r["method"] == "ours"), default=None)
+        if batch == 1:
+            n = 64 if any(r["new_tokens"] == 64 for r in rows if r["batch"] == 1) else n
+        ours = best_ours(rows, batch, n, "seed_76_47_35_27")
+        if ours is None:
+            continue
+        greedy, static = fastest(rows, "ours_greedy", batch, n), fastest(rows, "hf_static", batch, n)
+        dynamic = fastest(rows, "hf_dynamic", batch, n)
+        body.append([batch, n, ours["draft"], ours["rounds_mode"], ours["call_tok_per_s"], ours["call_seconds"] * 1000,
+                     _get(greedy, "call_tok_per_s"), _get(static, "call_tok_per_s"), _get(dynamic, "call_tok_per_s"),
+                     _ratio(ours, greedy), _ratio(ours, static), ours["exact"]])
+    if not body:
+        return []
+    return ["## Batching against batched greedy (replayed seed profile)", ""] + _table(
+        ["batch", "new tokens", "best draft", "rounds", "call tok/s", "latency per call ms", "ours greedy tok/s",
+         "HF static tok/s", "HF dynamic tok/s", "x ours greedy", "x HF static", "exact"], body) + [""]
+
+
+def _all_rows_lines(result) -> list[str]:
+    rows = [r for s in ("lengths", "batching") for r in result.get(s, [])]
+    if not rows:
+        return []
+    fields = ["method", "draft", "profile", "rounds_mode", "batch", "new_tokens", "call_tok_per_s", "loop_tok_per_s",
+              "outside_rounds_ms", "time_to_first_token_ms", "tokens_per_round", "exact", "prefill_captured",
+              "setup_seconds", "peak_memory_allocated_GB", "error"]
+    return ["## Every decode row", ""] + _table(fields, [[r.get(f) for f in fields] for r in rows])
+
+
+def _get(row, key):
+    return None if row is None else row.get(key)
+
+
+def _ratio(ours, other):
+    return None if other is None else ours["call_tok_per_s"] / other["call_tok_per_s"]
+
+
+def write_summary(out: Path, command: str | None = None) -> dict:
+    """``summary.json`` over every ``results-*.json`` in ``out``: the rows the issue asks for, each from
+    the run (command) that measured it."""
+    results = [read_results(p) for p in sorted(out.glob("results-*.json"))]
+    results = [r for r in results if "shape" in r]
+    if not results:
+        return {}
+    summary = {
+        "gpu": results[0]["device"], "torch": results[0]["torch"], "transformers": results[0]["transformers"],
+        "date": max(r["date"] for r in results),
+        "command": command or shlex.join(["python", "benchmark_gpu_report.py", "--out", str(out)]),
+        "runs": [{"shape": r["shape"], "section": name, "command": cmd} for r in results
+                 for name, cmd in r.get("commands", {}).items()],
+        "floor_ms": {r["shape"]: r["floor_ms"] for r in results},
+        "speech_encoder_graph_ms": {r["shape"]: r.get("speech_encoder_graph_ms") for r in results},
+        "verify": [{"shape": r["shape"], "method": VERIFY_METHODS[key], "tokens": row["tokens"], "ms": row[key],
+                    "x_floor": row[key] / r["floor_ms"]}
+                   for r in results for row in r.get("verify", []) for key in VERIFY_METHODS if row.get(key) is not None],
+        "decode": [{f: row.get(f) for f in DECODE_FIELDS if f in row} for r in results for row in decode_rows(r)],
+        "replayed": True,
+        "note": "random weights; decode rows replay an acceptance profile (speed only, never quality)",
+    }
+    write_json_atomic(out / "summary.json", summary)
+    return summary
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="benchmarks/gpu")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    for path in sorted(out.glob("results-*.json")):
+        path.with_suffix(".md").write_text(render_markdown(read_results(path)))
+    write_summary(out, shlex.join(["python", *sys.argv]))
+
+
+if __name__ == "__main__":
+    main()
