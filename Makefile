@@ -3,11 +3,21 @@
 PY ?= python3
 VENV ?= .venv
 VENV_MERALION2 ?= .venv-t451
+VENV_QUANTISE ?= .venv-quant
 TORCH ?= torch==2.13.0
 APT_PACKAGES = flite ffmpeg
 export HF_HUB_OFFLINE = 1
 
-.PHONY: demo test test-whisper test-meralion2 lint benchmark upload-check system-deps
+# A virtual environment $(1) with the CPU torch and the requirements file $(2); its .installed marks it done.
+define new_venv
+	$(PY) -m venv $(1)
+	$(1)/bin/pip install -q --upgrade pip
+	$(1)/bin/pip install -q $(TORCH)
+	$(1)/bin/pip install -q -r $(2)
+	touch $@
+endef
+
+.PHONY: demo test test-whisper test-meralion2 lint benchmark upload-check quantise-env system-deps
 
 demo: system-deps $(VENV)/.installed
 	$(VENV)/bin/python example_inference.py
@@ -51,15 +61,13 @@ system-deps:
 	fi
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
-	$(PY) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q $(TORCH)
-	$(VENV)/bin/pip install -q -r requirements-dev.txt
-	touch $@
+	$(call new_venv,$(VENV),requirements-dev.txt)
+
+# llm-compressor for pipeline.quantise (W4A16 GPTQ bases), in its own environment: it pins an older transformers.
+quantise-env: $(VENV_QUANTISE)/.installed
+
+$(VENV_QUANTISE)/.installed: requirements-quantise.txt
+	$(call new_venv,$(VENV_QUANTISE),requirements-quantise.txt)
 
 $(VENV_MERALION2)/.installed: requirements-meralion2.txt
-	$(PY) -m venv $(VENV_MERALION2)
-	$(VENV_MERALION2)/bin/pip install -q --upgrade pip
-	$(VENV_MERALION2)/bin/pip install -q $(TORCH)
-	$(VENV_MERALION2)/bin/pip install -q -r requirements-meralion2.txt
-	touch $@
+	$(call new_venv,$(VENV_MERALION2),requirements-meralion2.txt)

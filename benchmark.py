@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmark_report import (PLOT_NAME, _load_average, _pct, _ratio, environment_info, memory_info, merge_summaries,
-                              peak_rss_bytes, render_markdown, summary_row, update_summary, write_outputs)
+                              peak_rss_bytes, quantised_row, QUANTISED_SUMMARY_KEY, render_markdown, summary_row,
+                              update_summary, write_outputs)
 
 SCRIPT_DIR = Path(__file__).resolve().parent
 if str(SCRIPT_DIR) not in sys.path:
@@ -706,13 +707,25 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def load_model(folder: Path, device: str, dtype):
+def base_precision(base_folder: str | None, dtype_name: str) -> dict:
+    """What the verifier's weights are and what multiplies them: a ``pipeline.quantise`` base says its
+    recipe in ``quantise_info.json``; it loads decompressed (``modeling_medusa``), so its matmuls are dense."""
+    info = Path(base_folder) / "quantise_info.json" if base_folder else None
+    if info is not None and info.is_file():
+        recipe = json.loads(info.read_text())["recipe"]
+        return {"precision": f"{recipe['scheme'].lower()}-gptq",
+                "kernel": "dense matmul on the 4-bit weights decompressed at load (no 4-bit kernel here)"}
+    return {"precision": {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[dtype_name], "kernel": "dense"}
+
+
+def load_model(folder: Path, device: str, dtype, base_folder: str | None = None):
+    """The artifact with its base (``base_folder``: another base, e.g. a quantised copy of the declared one)."""
     from configuration_medusa import MedusaConfig
     from modeling_medusa import MedusaForASR
 
     config = MedusaConfig.from_pretrained(str(folder))
     declared = str(config.base_model_name_or_path)
-    override, base = resolve_base(config)
+    override, base = (base_folder, base_folder) if base_folder else resolve_base(config)
     try:
         model = MedusaForASR.from_pretrained(str(folder), base_model_name_or_path=override, torch_dtype=dtype)
     except (OSError, ValueError) as err:
@@ -751,6 +764,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL, help="folder (or Hub repo) with the Medusa heads")
     parser.add_argument("--audio", default=DEFAULT_MANIFEST, help="manifest.jsonl of clips")
+    parser.add_argument("--base", default=None,
+                        help="base folder instead of the one the heads name (e.g. a quantised copy: pipeline.quantise)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per decoder per clip (median reported)")
@@ -777,6 +792,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (results.json, results.md, the plot)")
     parser.add_argument("--merge-summary", action="append", default=[], metavar="SUMMARY_JSON",
                         help="only merge these summary lists (rows measured elsewhere) into --summary, and exit")
+    parser.add_argument("--quantised-summary", default=None, metavar="SUMMARY_JSON",
+                        help="also add this run's row to a quantised-verifier summary (benchmarks/quantised/summary.json)")
     parser.add_argument("--summary", default=None,
                         help="also add this run's headline row to a summary list, e.g. "
                              "benchmarks/real_speech/summary.json (its results.json path is recorded)")
@@ -823,7 +840,7 @@ def _main(args, argv=None) -> int:
     environment = environment_info(device, dtype, torch.get_num_threads())
 
     started = time.perf_counter()
-    model, base, declared_base = load_model(folder, device, dtype)
+    model, base, declared_base = load_model(folder, device, dtype, args.base)
     if args.max_new_tokens is None:
         args.max_new_tokens = model.default_max_new_tokens
     load_seconds = time.perf_counter() - started
@@ -863,6 +880,7 @@ def _main(args, argv=None) -> int:
             **prompt_options,
             "threads": args.threads, "cuda_graph": args.cuda_graph, "compile": args.compile,
             "timestamps": args.timestamps,
+            **base_precision(args.base, args.dtype),
             "model_load_s": load_seconds,
             "timing": "median of the timed repeats of generate(); features prepared once per clip outside the "
                       "timing; decoders interleaved, order flipped each repeat; device synchronised around each call",
@@ -891,10 +909,15 @@ def _main(args, argv=None) -> int:
         notes.append(f"Some clips are longer than the model's {model.max_audio_seconds:.0f} s window; "
                      "their features were truncated.")
     written = write_outputs(results, Path(args.out), plot=not args.no_plot)
+    command = "python benchmark.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     if args.summary:
-        row = summary_row(results, "python benchmark.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])))
+        row = summary_row(results, command)
         row["results"] = os.path.relpath(written["json"], Path(args.summary).resolve().parent)
         update_summary(Path(args.summary), row)
+    if args.quantised_summary:
+        row = quantised_row(results, command)
+        row["results"] = os.path.relpath(written["json"], Path(args.quantised_summary).resolve().parent)
+        update_summary(Path(args.quantised_summary), row, QUANTISED_SUMMARY_KEY)
     print(render_markdown(results), end="")
     print(f"\nWrote {written['json']} and {written['markdown']}; plot: {written.get('plot', 'disabled')}",
           file=sys.stderr)

@@ -349,11 +349,30 @@ def merge_summaries(sources: list[Path], into: Path) -> int:
     return count
 
 
-def update_summary(path: Path, row: dict) -> None:
-    """Add ``row`` to the summary list, replacing an earlier row of the same model, device, dtype, draft
-    and rounds mode; written atomically."""
+QUANTISED_SUMMARY_KEY = ("model", "precision", "device", "gpu", "batch", "requested_draft")
+
+
+def quantised_row(results: dict, command: str) -> dict:
+    """One row of ``benchmarks/quantised/summary.json``: a verifier of some precision with the same heads,
+    against its own greedy output (exact match, WER of that base, accepted tokens per round, speed)."""
+    row, settings = summary_row(results, command), results["settings"]
+    return {"model": row["model"], "precision": settings.get("precision"), "kernel": settings.get("kernel"),
+            "base": settings.get("base_model"), "device": row["device"], "gpu": row["gpu"], "dtype": row["dtype"],
+            "batch": settings.get("batch_size") or 1, "draft": row["draft"], "requested_draft": row["requested_draft"],
+            "clips": row["clips"], "exact_match_rate": row["exact_match_rate"],
+            "mean_accepted_per_round": row["mean_accepted_per_round"], "wer": row["wer_hf"], "wer_ours": row["wer_ours"],
+            "tokens_per_s": row["tokens_per_s"], "own_greedy_tokens_per_s": row["own_greedy_tokens_per_s"],
+            "speedup_vs_own_greedy": row["e2e_speedup_vs_own_greedy"],
+            "decode_speedup_vs_own_greedy": row["decode_speedup_vs_own_greedy"],
+            "verify_ms_by_tokens": None, "replayed": False, "date": row["date"], "torch": row["torch"],
+            "transformers": row["transformers"], "command": command}
+
+
+def update_summary(path: Path, row: dict, key: tuple = SUMMARY_KEY) -> None:
+    """Add ``row`` to the summary list, replacing an earlier row with the same ``key`` fields (model, device,
+    dtype, draft and rounds mode by default); written atomically."""
     rows = json.loads(path.read_text()) if path.exists() else []
-    rows = [r for r in rows if tuple(r.get(k) for k in SUMMARY_KEY) != tuple(row.get(k) for k in SUMMARY_KEY)]
+    rows = [r for r in rows if tuple(r.get(k) for k in key) != tuple(row.get(k) for k in key)]
     rows.append(row)
-    rows.sort(key=lambda r: tuple(str(r.get(k)) for k in SUMMARY_KEY))
+    rows.sort(key=lambda r: tuple(str(r.get(k)) for k in key))
     write_atomic(path, json.dumps(rows, indent=1) + "\n")

@@ -557,7 +557,9 @@ def load_base_model(name_or_path: str, family: str | None = None, **kwargs):
     name_or_path = resolve_base(name_or_path)
     adapter = _peft_adapter_base(name_or_path, load_kwargs)
     source = resolve_base(adapter) if adapter else name_or_path
-    family = family or _family_from_config(source, load_kwargs)
+    config = _base_config(source, load_kwargs)
+    family = family or _family_of(config, source)
+    _decompress_compressed_tensors(config, source, load_kwargs)
     try:
         if family == "meralion2":
             from transformers import AutoModelForSpeechSeq2Seq
@@ -633,20 +635,41 @@ def _peft_adapter_base(name_or_path, load_kwargs) -> str | None:
         return None
 
 
-def _family_from_config(source, load_kwargs) -> str:
+def _base_config(source, load_kwargs):
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=True,
-                                            **{k: v for k, v in load_kwargs.items() if k in ("revision", "token")})
+        return AutoConfig.from_pretrained(source, trust_remote_code=True,
+                                          **{k: v for k, v in load_kwargs.items() if k in ("revision", "token")})
     except (OSError, ValueError) as err:
         raise BaseModelNotFound(str(source), _first_line(err)) from err
+
+
+def _family_of(config, source) -> str:
     model_type = getattr(config, "model_type", "")
     if model_type == "whisper":
         return "whisper"
     if model_type.startswith("meralion"):
         return "meralion2"
     raise ValueError(f"{source!r} is a {model_type!r} model; supported bases are MERaLiON-2 and Whisper.")
+
+
+def _decompress_compressed_tensors(config, source, load_kwargs) -> None:
+    """A compressed-tensors base (e.g. a W4A16 GPTQ checkpoint) loads with its weights decompressed, said
+    once: the library's packed layers fail in transformers' own forward here (their forward looks for a
+    dense ``weight``), so they would not run even in the base's generate. The values are the quantised
+    model's, so its outputs are; the speed is that of dense weights, not of a 4-bit kernel (vLLM's Marlin)."""
+    quantization = getattr(config, "quantization_config", None)
+    if not isinstance(quantization, dict) or quantization.get("quant_method") != "compressed-tensors" \
+            or "quantization_config" in load_kwargs:
+        return
+    from transformers import CompressedTensorsConfig
+
+    load_kwargs["quantization_config"] = CompressedTensorsConfig(dequantize=True)
+    warnings.warn(f"{source}: compressed-tensors weights ({quantization.get('format', '?')}) decompressed to dense at "
+                  "load: decoded ids are the quantised model's own, speed is that of dense weights. Pass "
+                  "quantization_config=CompressedTensorsConfig() to try the packed layers.",
+                  stacklevel=3)
 
 
 def _resolve_artifact(name_or_path, kwargs) -> str:

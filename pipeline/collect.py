@@ -20,14 +20,17 @@ the utterances already stored in finished shards, so an interrupted run simply r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -73,6 +76,19 @@ def apply_umask(path) -> None:
         for name in files:
             if not os.path.islink(os.path.join(root, name)):
                 os.chmod(os.path.join(root, name), 0o666 & ~umask)
+
+
+@contextlib.contextmanager
+def staged_folder(out: Path, suffix: str = "partial"):
+    """A fresh sibling folder to write into; it replaces ``out`` only when the block ends without an error
+    (an interrupted run leaves ``out`` as it was, and the staging folder is redone next time)."""
+    staged = out.parent / f".{out.name}.{suffix}"
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    yield staged
+    apply_umask(staged)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(staged, out)
 
 
 def atomic_write_text(path: str, text: str) -> None:

@@ -12,12 +12,11 @@ records) and real copies of the remote code and of the transcription command.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 from pathlib import Path
 
-from pipeline.collect import run_cli
+from pipeline.collect import run_cli, staged_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACT_FILES = ("config.json", "medusa_heads.safetensors", "README.md")  # each artifact has these
@@ -47,15 +46,11 @@ def write_hub_folder(artifact: Path, out: Path) -> list[str]:
     names = published_files(artifact)
     if out.resolve() == artifact.resolve():
         raise SystemExit(f"{out}: the upload folder must not be the artifact itself")
-    staged = out.parent / f".{out.name}.upload"
-    shutil.rmtree(staged, ignore_errors=True)
-    staged.mkdir(parents=True)
     source_code = {*code_files(), *COMMAND_FILES}
-    for name in names:
-        source = ROOT / name if name in source_code else artifact / name
-        shutil.copyfile(source, staged / name)  # contents only: a link becomes a real file
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(staged, out)
+    with staged_folder(out, "upload") as staged:
+        for name in names:
+            source = ROOT / name if name in source_code else artifact / name
+            shutil.copyfile(source, staged / name)  # contents only: a link becomes a real file
     return names
 
 

@@ -748,3 +748,24 @@ def test_hub_folder_holds_real_files_of_each_shipped_artifact(tmp_path):
     env = {**os.environ, "PYTHONPATH": ""}
     subprocess.run([sys.executable, "-c", "import modeling_medusa, example_inference, asr_pipeline"],
                    cwd=tmp_path / "whisper-tiny.en", env=env, check=True)
+
+
+def test_quantise_says_where_llm_compressor_lives_and_keeps_a_finished_folder(tmp_path, capsys):
+    """pipeline.quantise: without llm-compressor (it pins another transformers) one line says how to get it;
+    a folder it finished (its quantise_info.json) is kept as it is, with nothing to redo."""
+    import importlib.util
+
+    from pipeline import quantise
+
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text('{"audio": "a.wav", "text": "hello"}\n')
+    out = tmp_path / "w4a16"
+    if importlib.util.find_spec("llmcompressor") is None:
+        with pytest.raises(SystemExit, match="make quantise-env"):
+            quantise.main(["openai/whisper-tiny.en", str(out), "--calibration", str(manifest)])
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / quantise.INFO_NAME).write_text("{}")
+    assert quantise.main(["openai/whisper-tiny.en", str(out), "--calibration", str(manifest)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert quantise.calibration_clips(manifest, 4)[0]["audio"] == str((tmp_path / "a.wav").resolve())

@@ -13,7 +13,7 @@ from oracle import randomize_heads
 from tiny_models import build_tiny_whisper, random_features
 
 pytestmark = requires_transformers5
-torchao = pytest.importorskip("torchao")
+
 
 
 def quantised_medusa(folder, config, keep_projection: bool):
@@ -28,6 +28,7 @@ def quantised_medusa(folder, config, keep_projection: bool):
 
 @pytest.mark.parametrize("keep_projection", [True, False], ids=["16-bit-projection", "int8-projection"])
 def test_int8_weight_only_base_is_decoded_exactly(keep_projection, tmp_path):
+    pytest.importorskip("torchao")
     from torchao.quantization import Int8WeightOnlyConfig
 
     model = quantised_medusa(build_tiny_whisper(tmp_path, seed=2), Int8WeightOnlyConfig(), keep_projection)
@@ -45,6 +46,7 @@ def test_int8_weight_only_base_is_decoded_exactly(keep_projection, tmp_path):
 
 
 def test_activation_quantised_base_falls_back_to_its_own_generate(tmp_path):
+    pytest.importorskip("torchao")
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig
 
     model = quantised_medusa(build_tiny_whisper(tmp_path, seed=2), Int8DynamicActivationInt8WeightConfig(), True)
@@ -54,3 +56,29 @@ def test_activation_quantised_base_falls_back_to_its_own_generate(tmp_path):
     with pytest.warns(UserWarning, match="quantised activations"):
         got = model.generate(input_features=features, max_new_tokens=14, draft="chain")
     assert torch.equal(expected, got)
+
+
+def test_w4a16_compressed_tensors_base_is_decoded_exactly(tmp_path):
+    """A compressed-tensors W4A16 base (Breeze-ASR-26's quantised format): loaded with its 4-bit values
+    decompressed (said in a warning: the packed layers do not run in transformers' forward here), and Medusa
+    equals that base's own greedy generate, token for token, for chains and trees."""
+    pytest.importorskip("compressed_tensors")
+    from modeling_medusa import MedusaForASR
+    from tiny_models import build_tiny_w4a16_whisper
+
+    folder = build_tiny_w4a16_whisper(tmp_path, seed=2)
+    with pytest.warns(UserWarning, match="compressed-tensors weights .* decompressed"):
+        model = MedusaForASR.from_base(str(folder))
+    fc1 = model.base.model.decoder.layers[0].fc1.weight.detach()
+    assert all(len(group.unique()) <= 16 for group in fc1.view(-1, 16)), "not the 4-bit values"
+    randomize_heads(model, 1)
+    accepted = 0
+    for seed in range(5):
+        features = random_features(2, seed)
+        expected = model.generate(input_features=features, max_new_tokens=14, use_medusa=False)
+        for draft in ("chain", [[0], [1], [0, 0], [1, 0], [0, 0, 0]]):
+            got, stats = model.generate(input_features=features, max_new_tokens=14, draft=draft, cuda_graph=False,
+                                        return_stats=True)
+            assert torch.equal(expected, got), (seed, draft)
+            accepted += stats["accepted_tokens"]
+    assert accepted > 0

@@ -59,3 +59,39 @@ def random_features(batch: int, seed: int, mel_bins: int = 80) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     shape = torch.randn(batch, mel_bins, 1, generator=gen) * 2.0
     return shape + 0.5 * torch.randn(batch, mel_bins, 3000, generator=gen)
+
+
+def build_tiny_w4a16_whisper(folder: Path, seed: int = 0, group_size: int = 16) -> Path:
+    """``build_tiny_whisper`` saved as a compressed-tensors W4A16 checkpoint (the format llm-compressor's GPTQ
+    writes: 4-bit symmetric weights in groups, packed; ``proj_out`` kept dense), with round-to-nearest scales
+    from compressed-tensors' own ``calculate_qparams`` (GPTQ itself needs llm-compressor, which pins an older
+    transformers: pipeline.quantise)."""
+    import shutil
+
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
+                                                 apply_quantization_config)
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from transformers import WhisperForConditionalGeneration
+
+    dense = build_tiny_whisper(folder / "dense", seed=seed)
+    model = WhisperForConditionalGeneration.from_pretrained(dense)
+    weights = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=group_size)
+    scheme = QuantizationScheme(targets=["Linear"], weights=weights)
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["proj_out"],
+                                                        format="pack-quantized"))
+    for module in model.modules():
+        if getattr(module, "quantization_scheme", None) is not None:
+            groups = module.weight.detach().view(module.weight.shape[0], -1, group_size)
+            scale, zero_point = calculate_qparams(groups.amin(-1), groups.amax(-1), weights)
+            module.weight_scale.data.copy_(scale.view_as(module.weight_scale))
+            module.weight_zero_point.data.copy_(zero_point.view_as(module.weight_zero_point))
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized")
+    compressor.compress_model(model)
+    out = folder / "w4a16"
+    model.save_pretrained(out)
+    compressor.update_config(str(out))
+    for name in ("generation_config.json", "preprocessor_config.json"):
+        if (dense / name).exists():
+            shutil.copyfile(dense / name, out / name)
+    return out
