@@ -362,7 +362,7 @@ def hf_generate(model, backbone, inputs, new_tokens, cache=None):
                                        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **kwargs)
 
 
-def hf_static_cache(model, batch, capacity):
+def hf_static_cache(model, capacity):
     from transformers import StaticCache
 
     return StaticCache(config=model.text_decoder.config, max_cache_len=capacity)
@@ -389,12 +389,16 @@ class DecodeBench:
     replayed profile, our plain greedy, and the library's generate (static and dynamic cache), each row
     one measurement of ``new_tokens`` per row of the batch."""
 
-    def __init__(self, model, backbone, shape, max_new, repeats, report):
+    def __init__(self, model, backbone, shape, max_new, repeats):
         self.model, self.backbone, self.shape = model, backbone, shape
-        self.max_new, self.repeats, self.report = max_new, repeats, report
+        self.max_new, self.repeats = max_new, repeats
         self.inputs1 = make_prompt(model, 1, model.device)
         self.continuation = plain_continuation(backbone, self.inputs1, max_new)
-        self.rows = []
+        self.rows, self.report = [], None
+
+    def start_section(self, report):
+        """Rows from here on go to ``report`` (one results section)."""
+        self.rows, self.report = [], report
 
     def batched(self, batch):
         inputs = {k: v.expand(batch, *v.shape[1:]).contiguous() for k, v in self.inputs1.items()}
@@ -450,7 +454,7 @@ class DecodeBench:
         inputs, _ = self.batched(batch)
         torch.cuda.reset_peak_memory_stats()
         try:
-            cache = hf_static_cache(self.model, batch, inputs["input_ids"].shape[1] + max(lengths)) if method == "hf_static" else None
+            cache = hf_static_cache(self.model, inputs["input_ids"].shape[1] + max(lengths)) if method == "hf_static" else None
             for n in lengths:
                 seconds, out = timed(lambda: hf_generate(self.model, self.backbone, inputs, n, cache),
                                      repeats=self.repeats if cache is not None else 1)
@@ -492,7 +496,7 @@ def draft_trees(profile, names):
     return trees
 
 
-def lengths_table(bench, profiles, drafts, lengths, compile, report_seed_style=True):
+def lengths_table(bench, profiles, drafts, lengths, compile):
     """Batch 1 at realistic ASR output lengths: every method, whole calls."""
     for profile_name, profile in profiles.items():
         for name, tree in draft_trees(profile, drafts).items():
@@ -500,8 +504,7 @@ def lengths_table(bench, profiles, drafts, lengths, compile, report_seed_style=T
                 continue
             method = "ours_greedy" if name == "none" else "ours"
             bench.ours(method, name, tree, profile_name if name != "none" else "none", profile, 1, lengths, compile)
-        if report_seed_style:
-            bench.seed_style(profile_name, profile)
+        bench.seed_style(profile_name, profile)
     for method in ("hf_static", "hf_dynamic"):
         bench.hf(method, 1, lengths)
 
@@ -628,15 +631,15 @@ def main(argv=None):
     lengths, compile_batches = ints(args.lengths), set(ints(args.compile_batches))
     if "lengths" in args.sections or "batching" in args.sections:
         max_new = max(lengths + [args.batch_new_tokens])
-        bench = DecodeBench(model, backbone, args.shape, max_new, args.repeats, None)
+        bench = DecodeBench(model, backbone, args.shape, max_new, args.repeats)
         if "lengths" in args.sections:
-            bench.rows, bench.report = [], section("lengths")
+            bench.start_section(section("lengths"))
             lengths_table(bench, profiles, args.length_drafts.split(","), lengths, 1 in compile_batches)
         if "batching" in args.sections:
             drafts = args.batch_drafts.split(",")
             by_batch = {b: [d for d in drafts if not d.startswith("tree-") or b * int(d[5:]) <= args.max_verify_tokens]
                         for b in ints(args.batches)}
-            bench.rows, bench.report = [], section("batching")
+            bench.start_section(section("batching"))
             batching_table(bench, profiles[SEED_PROFILE], by_batch, args.batch_new_tokens, compile_batches)
     report_gpu.write_json_atomic(path, result)
     table = report_gpu.render_markdown(result)

@@ -12,6 +12,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from audio_io import write_atomic
+
 VERIFY_METHODS = {"hf_eager_ms": "hf_eager", "ours_eager_ms": "ours_eager", "ours_graph_ms": "ours_graph",
                   "fused_graph_ms": "ours_fused_graph", "fused_compiled_graph_ms": "ours_fused_compiled_graph"}
 DECODE_FIELDS = ("shape", "profile", "batch", "method", "draft", "rounds_mode", "new_tokens", "call_tok_per_s",
@@ -24,9 +26,7 @@ def read_results(path: Path) -> dict:
 
 
 def write_json_atomic(path: Path, data):
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def decode_rows(result: dict) -> list[dict]:
