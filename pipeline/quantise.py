@@ -68,7 +68,9 @@ def one_example(batch):
 
 
 def quantise(base: str, out: Path, manifest: Path, samples: int) -> dict:
+    import llmcompressor
     import torch
+    import transformers
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import GPTQModifier
     from transformers import WhisperForConditionalGeneration, WhisperProcessor
@@ -84,9 +86,6 @@ def quantise(base: str, out: Path, manifest: Path, samples: int) -> dict:
     oneshot(model=model, dataset=dataset, recipe=GPTQModifier(**RECIPE), num_calibration_samples=len(clips),
             max_seq_length=448, data_collator=one_example, pipeline="basic")
     seconds = time.perf_counter() - start
-    import llmcompressor
-    import transformers
-
     info = {"base": base, "source": str(source), "recipe": RECIPE, "group_size": 128, "format": "compressed-tensors",
             "calibration": {"manifest": str(manifest), "clips": len(clips),
                             "seconds_of_audio": round(sum(c.get("duration", 0.0) for c in clips), 1)},
