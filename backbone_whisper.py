@@ -19,6 +19,24 @@ except ImportError:
                                  StaticKVCache, WindowPlan, attend_memory, attention_mask, SuppressionRules)
 
 
+SPEECH_FRAME_MARGIN = 16  # encoder frames (0.32 s) the drafter reads past the end of the speech
+
+
+def speech_frames(features: torch.Tensor, margin: int = SPEECH_FRAME_MARGIN) -> int | None:
+    """Encoder frames up to the end of the speech in a batch of log-mel windows [B, mels, frames], plus
+    ``margin``; None when that is the whole window. A window's padding is digital silence, whose frames
+    all sit at the window's floor value (the feature extractor clamps to 8 below the maximum). Drafts read
+    only these frames on a CPU: on the real recordings they accept as many tokens as with every frame."""
+    floor = features.amin(dim=(1, 2), keepdim=True)
+    above_floor = (features != floor).any(dim=1)  # [B, frames]
+    if not bool(above_floor.any()):
+        return None
+    last = int(torch.nonzero(above_floor.any(dim=0)).max())
+    total = features.shape[-1] // 2  # the encoder halves the frame rate
+    frames = (last + 2) // 2 + margin
+    return None if frames >= total else frames
+
+
 class WhisperBackbone(Backbone):
     family = "whisper"
     required_inputs = ("input_features",)
@@ -57,7 +75,12 @@ class WhisperBackbone(Backbone):
         return self.num_heads
 
     def speech_memory(self, state: DecodeState) -> tuple:
-        return state.extra["cross_keys"][-1], state.extra["cross_values"][-1]
+        """The last layer's cross-attention keys and values [B, heads, L, D], cut to the frames that hold
+        speech where the state says so (what the drafter attends; the base's own layers read every frame)."""
+        keys, values = state.extra["cross_keys"][-1], state.extra["cross_values"][-1]
+        if state.speech_frames is not None:
+            keys, values = keys[:, :, : state.speech_frames], values[:, :, : state.speech_frames]
+        return keys, values
 
     def unsupported_reason(self, kwargs: dict) -> str | None:
         return None
@@ -325,6 +348,8 @@ class WhisperBackbone(Backbone):
         max_new = self._max_new_tokens(max_new_tokens, prompt_len)
         state = self._empty_state(encoder_kv, batch, prompt_len + max_new + extra_slots, cache_pool)
         state.first_slot = _left_padding(inputs.get("decoder_attention_mask"), batch, self.base.device)
+        if self.base.device.type == "cpu" and inputs.get("input_features") is not None:
+            state.speech_frames = speech_frames(inputs["input_features"])  # (a host read: CPU only)
         if one_graph:
             hidden = self._captured_speech_and_prompt(state, inputs["input_features"], prompt, capture)
         else:

@@ -759,6 +759,12 @@ def load_clips(model, rows: list[dict], progress: bool, prompt_options: dict | N
 # --------------------------------------------------------------------------- command line
 
 
+def draft_option(value: str) -> str:
+    if value in ("auto", "chain", "tree", "none") or (value.startswith("tree-") and value[5:].isdigit()):
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r}: use auto, chain, tree, tree-N or none")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -772,9 +778,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per decoder per clip")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="new tokens per clip (default: the family's, modeling_medusa.DEFAULT_MAX_NEW_TOKENS)")
-    parser.add_argument("--draft", default="auto", choices=["auto", "chain", "tree", "none"],
-                        help="auto: the fastest of plain / chain / tree on this device (timed); "
-                             "none: our decode loop without drafts (isolates the loop's own speed)")
+    parser.add_argument("--draft", default="auto", type=draft_option,
+                        help="auto: the fastest of plain / chain / trees on this device (timed); chain; tree (the "
+                             "artifact's); tree-N (its N-node tree); none: our decode loop without drafts (isolates "
+                             "the loop's own speed)")
     parser.add_argument("--language", default=None,
                         help="multilingual Whisper: language code of the clips (default: detected per clip)")
     parser.add_argument("--task", default=None, choices=["transcribe", "translate"],

@@ -56,7 +56,8 @@ class DraftPolicy:
         return DraftTree.chain(self.config.medusa_num_heads)
 
     def resolve(self, draft) -> DraftTree:
-        """``"chain"``, ``"tree"`` (the artifact's tree), ``"none"``, explicit paths, or ``"auto"``'s default."""
+        """``"chain"``, ``"tree"`` (the artifact's tree), ``"tree-N"`` (its N-node tree), ``"none"``,
+        explicit paths, or ``"auto"``'s default."""
         if isinstance(draft, (list, tuple)):
             return DraftTree.from_paths(draft) if draft else DraftTree(())
         if draft in ("none", None):
@@ -65,7 +66,21 @@ class DraftPolicy:
             return DraftTree.chain(self.config.medusa_num_heads)
         if draft in ("tree", "auto"):
             return self.default_tree()
-        raise ValueError(f"draft={draft!r}: use 'auto', 'chain', 'tree', 'none' or a list of paths.")
+        if isinstance(draft, str) and draft.startswith("tree-") and draft[5:].isdigit():
+            return self.sized_tree(int(draft[5:]))
+        raise ValueError(f"draft={draft!r}: use 'auto', 'chain', 'tree', 'tree-N', 'none' or a list of paths.")
+
+    def sized_tree(self, nodes: int) -> DraftTree:
+        """The artifact's measured tree of ``nodes`` draft nodes, else one built from its heads' accuracy."""
+        for tree in self.measured():
+            if tree.num_nodes - 1 == nodes:
+                return tree
+        accuracy = (self.config.head_accuracy or {}).get("topk")
+        if not accuracy:
+            sizes = sorted(t.num_nodes - 1 for t in self.measured()) or "none"
+            raise ValueError(f"draft='tree-{nodes}': this artifact has no tree of {nodes} nodes (it has: {sizes}) "
+                             "and no head accuracy to build one from.")
+        return DraftTree.from_paths(build_tree_from_accuracy(accuracy, nodes))
 
     def candidates(self, draft) -> list[DraftTree]:
         if draft != "auto":
@@ -161,9 +176,9 @@ class RoundCache:
 
     def check_weights(self, parameters) -> bool:
         """Captured rounds hold raw pointers to the weights: when any weight tensor was replaced since
-        they were captured (``.to()``, ``.half()``, a reload) drop them instead of replaying over freed
+        they were captured (``.to()``, ``.half()``, a reload, an in-place update) drop them instead of replaying over freed
         memory. Returns True when they were dropped (or none were kept)."""
-        signature = tuple((p.data_ptr(), p.dtype, p.device) for p in parameters)
+        signature = tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in parameters)
         if signature == self.signature:
             return False
         self.release()

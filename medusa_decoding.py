@@ -240,26 +240,37 @@ def attention_mask(state: "DecodeState", depths: torch.Tensor, ancestors: torch.
     return mask[:, None]
 
 
-# --------------------------------------------------------------------------- output projections on a CPU
+# --------------------------------------------------------------------------- output projections
 
 CPU_TRANSPOSED_COPY_LIMIT = 256 * 2**20  # bytes: larger projections are not duplicated
+GPU_ROW_MULTIPLE = 64  # a GPU projection's rows are padded to this multiple when they are not one already
 
 
 class Projection:
     """``hidden @ weight.T`` (+ bias) laid out for the device. On a CPU a vocabulary projection is a large
     matrix times a few rows, and MKL's row-major kernels for that are slow (tiny.en's 51 864 x 384: one
     row 9.4 ms through ``F.linear``, 4.1 ms from a transposed copy; five rows 19.8 ms, 7.6 ms as
-    ``weight @ hidden.T``; measured on the 2-core development CPU). The same dot products, in another
-    order: the result equals ``F.linear`` up to float rounding. Elsewhere it is ``F.linear``."""
+    ``weight @ hidden.T``; measured on the 2-core development CPU). On a GPU a vocabulary whose size is not
+    a multiple of 8 (Whisper's multilingual 51 865) leaves the logits' rows unaligned, and cuBLAS falls back
+    to slow kernels for several rows (H200, whisper-base, 17 rows: 78 us, an sm75 ``align1`` kernel, where
+    the weight alone is read in 11 us): it multiplies a copy padded to ``GPU_ROW_MULTIPLE`` rows and returns
+    the first ``vocab`` columns. The same dot products: the result equals ``F.linear`` up to float rounding."""
 
     def __init__(self, weight_of, bias_of=lambda: None):
         self.weight_of, self.bias_of = weight_of, bias_of
         self._transposed, self._source = None, None
+        self._padded, self._padded_source = None, None
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight_of(), self.bias_of()
-        if hidden.device.type != "cpu" or torch.is_grad_enabled() or not is_dense(weight):
+        if torch.is_grad_enabled() or not is_dense(weight):
             return torch.nn.functional.linear(hidden, weight, bias)  # (a quantised weight: its own kernel)
+        if hidden.device.type != "cpu":
+            # compiled code cannot check the copy against the weight: it uses the one prepare() made
+            padded = self._padded if torch.compiler.is_compiling() else self.prepare()
+            if padded is None:
+                return torch.nn.functional.linear(hidden, weight, bias)
+            return torch.nn.functional.linear(hidden, *padded)[..., : weight.shape[0]]
         flat = hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype)
         if flat.shape[0] == 1 and weight.numel() * weight.element_size() <= CPU_TRANSPOSED_COPY_LIMIT:
             out = flat @ self._transposed_weight(weight)
@@ -269,11 +280,36 @@ class Projection:
             out = out + bias
         return out.reshape(*hidden.shape[:-1], weight.shape[0])
 
+    def prepare(self):
+        """The padded (weight, bias) a GPU projection multiplies (None where none is needed), made again
+        when the weight was replaced or changed. Runs eagerly before rounds are compiled."""
+        weight, bias = self.weight_of(), self.bias_of()
+        if weight.device.type == "cpu" or not is_dense(weight) or weight.shape[0] % 8 == 0:
+            self._padded, self._padded_source = None, None
+            return None
+        source = (weight.data_ptr(), weight.dtype, weight.device, weight._version,
+                  None if bias is None else (bias.data_ptr(), bias._version))
+        if self._padded_source != source:
+            self._padded, self._padded_source = pad_rows(weight, bias, GPU_ROW_MULTIPLE), source
+        return self._padded
+
     def _transposed_weight(self, weight: torch.Tensor) -> torch.Tensor:
         source = (weight.data_ptr(), weight.dtype, weight.device, weight._version)
         if self._source != source:
             self._transposed, self._source = weight.detach().T.contiguous(), source
         return self._transposed
+
+
+def pad_rows(weight: torch.Tensor, bias: torch.Tensor | None, multiple: int) -> tuple:
+    """(weight, bias) with zero rows appended up to a multiple of ``multiple`` rows (copies)."""
+    rows = -(-weight.shape[0] // multiple) * multiple
+    padded = weight.new_zeros(rows, weight.shape[1])
+    padded[: weight.shape[0]] = weight.detach()
+    if bias is None:
+        return padded, None
+    padded_bias = bias.new_zeros(rows)
+    padded_bias[: weight.shape[0]] = bias.detach()
+    return padded, padded_bias
 
 
 def attend_memory(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None = None):
@@ -304,6 +340,10 @@ class Backbone:
     ``generation_config``, ``output_projection``, ``prefill``, ``decode``, ``logits`` and ``format_output``."""
 
     default_eos_token_ids: tuple = ()
+
+    def prepare_rounds(self) -> None:
+        """Eager set-up before rounds are captured or compiled (the output projection's padded copy)."""
+        self._projection.prepare()
 
     @property
     def vocab_size(self) -> int:
@@ -504,6 +544,9 @@ class DecodeState:
     next_token: torch.Tensor  # [B]
     extra: dict = field(default_factory=dict)  # family-specific per-layer tensors [layers, B, ...] (cross-attn K/V)
     history: dict = field(default_factory=dict)  # per-row tensors [B] the logits rules keep (LogitsRules.start)
+    # speech frames the drafter reads (eager rounds on a CPU: a short clip's 30 s window is mostly padding);
+    # None = all of them (always in fixed-shape rounds)
+    speech_frames: int | None = None
 
     def positions(self, depths: torch.Tensor) -> torch.Tensor:
         return (self.lengths - self.first_slot)[:, None] + depths[None, :]

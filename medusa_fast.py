@@ -106,6 +106,8 @@ class CapturedRounds:
         self.active = torch.ones(batch, dtype=torch.bool, device=device)
         self.result = torch.zeros(batch, tree.depth + 2, dtype=torch.long, device=device)  # [accepted, emitted...]
         self._active_on_device = [True] * batch
+        state.speech_frames = None  # fixed shapes: the drafter reads every speech frame
+        backbone.prepare_rounds()
         # no bound method stored on self: a runner<->method cycle would be freed by the cyclic GC at a
         # random moment, possibly while another runner is capturing (which invalidates that capture)
         self._compiled = _compiled_round(type(self)._round) if compile else type(self)._round

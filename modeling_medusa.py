@@ -26,7 +26,8 @@ try:
     from .draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
     from .medusa_decoding import DraftTree, EagerRounds, MedusaStats, WindowPlan, run_rounds
     from .medusa_fast import CapturedRounds, capture_cuda_graph
-    from .medusa_heads import DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter, build_heads  # noqa: F401
+    from .medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
+                               build_heads, int8_drafting_copy, int8_drafting_supported)
 except ImportError:
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
@@ -34,7 +35,8 @@ except ImportError:
     from draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
     from medusa_decoding import DraftTree, EagerRounds, MedusaStats, WindowPlan, run_rounds
     from medusa_fast import CapturedRounds, capture_cuda_graph
-    from medusa_heads import DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter, build_heads  # noqa: F401
+    from medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
+                              build_heads, int8_drafting_copy, int8_drafting_supported)
 
 HEADS_FILE = "medusa_heads.safetensors"
 DRAFT_VOCAB_KEY = "draft_vocab"  # int64 [V_draft]: the token ids the heads project onto (optional)
@@ -81,6 +83,9 @@ class MedusaForASR(PreTrainedModel):
         self.draft_policy = DraftPolicy(config)
         self.round_cache = RoundCache()
         self._drafters: dict = {}
+        # Draft on a CPU with int8 weight-only copies of the heads and the draft projection (drafts only
+        # propose; verification stays in the base's precision). False: draft in the heads' own precision.
+        self.int8_cpu_drafting = True
         if base is not None:
             self.generation_config = base.generation_config  # what callers such as the ASR pipeline read
             self.main_input_name = self.backbone.required_inputs[0]
@@ -251,8 +256,8 @@ class MedusaForASR(PreTrainedModel):
         self.config.draft_vocab_size = None if token_ids is None else len(self.draft_vocab)
         self._drafters.clear()
 
-    def draft_projection(self) -> DraftProjection:
-        return DraftProjection(self.backbone, self.draft_vocab)
+    def draft_projection(self, int8: bool = False) -> DraftProjection:
+        return DraftProjection(self.backbone, self.draft_vocab, int8=int8)
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Medusa heads: [..., H] -> [..., K, V'] over the draft vocabulary (all of it without one)."""
@@ -264,23 +269,27 @@ class MedusaForASR(PreTrainedModel):
         """``drafter(state) -> chunk [B, N]`` for ``tree`` (None for plain greedy); kept per tree."""
         if tree.num_nodes == 1:
             return None
-        key = (tree, str(device), id(self.drafter))
+        int8 = self.int8_cpu_drafting and int8_drafting_supported(device)
+        # an int8 drafter holds a copy of the heads: a new one once they change (training, a reload)
+        heads_version = tuple((p.data_ptr(), p._version) for p in self.medusa_heads.parameters()) if int8 else None
+        key = (tree, str(device), id(self.drafter), heads_version)
         if key not in self._drafters:
-            self._drafters[key] = self._build_drafter(tree, device)
+            self._drafters = {k: d for k, d in self._drafters.items() if k[3] in (None, heads_version)}
+            self._drafters[key] = self._build_drafter(tree, device, int8)
         return self._drafters[key]
 
-    def _build_drafter(self, tree: DraftTree, device):
-        projection = self.draft_projection()
+    def _build_drafter(self, tree: DraftTree, device, int8: bool = False):
         if self.drafter is not None:  # a stand-in for the heads: full-vocabulary logits per head
             return MedusaDrafter(tree, device, self.drafter)
         if tree.depth > self.config.medusa_num_heads:
             raise ValueError(f"draft tree of depth {tree.depth} needs {tree.depth} heads; "
                              f"this artifact has {self.config.medusa_num_heads}.")
+        projection = self.draft_projection(int8)
+        heads = int8_drafting_copy(self.medusa_heads) if int8 else self.medusa_heads
         if self.config.head_kind == "medusa":
-            return MedusaDrafter(tree, device, lambda hidden: projection.logits(self.medusa_heads(hidden)),
-                                 projection.token_ids)
+            return MedusaDrafter(tree, device, lambda hidden: projection.logits(heads(hidden)), projection.token_ids)
         speech = self.backbone.speech_memory if self.config.speech_attention else None
-        return PathDrafter(tree, device, self.medusa_heads, projection, self.backbone.embed, speech)
+        return PathDrafter(tree, device, heads, projection, self.backbone.embed, speech)
 
     def draft_tree(self, draft="auto") -> DraftTree:
         """``"chain"``, ``"tree"``/``"auto"`` (the artifact's tree), ``"none"`` or explicit paths."""

@@ -4,7 +4,7 @@
     python profile_rounds.py --device cuda --shapes tiny.en,base --dtypes bfloat16,float32 --out OUT
 
 A round's cost does not depend on the weights' values, so random weights of the real shapes measure it.
-For each shape, dtype, draft (plain greedy, chain of 4, trees of 16/32 nodes) and mode (``graph``: the
+For each shape, dtype, draft (plain greedy, chain of 4, trees of 16/32/64 nodes) and mode (``graph``: the
 fixed-shape round captured as one CUDA graph; ``compiled``: torch.compile'd, then captured; ``eager`` on a
 CPU) it reports the median time of one round replayed alone, the same round split into its stages (each
 stage timed alone: drafting, the decoder pass, the output projection + argmax, acceptance + state update)
@@ -68,7 +68,8 @@ def build_model(shape: str, dtype, device, head_kind: str, draft_vocab: int, enc
 def drafts_for(num_heads: int) -> dict:
     return {"none": DraftTree(()), "chain4": DraftTree.chain(num_heads),
             "tree16": DraftTree.from_paths(build_tree_from_accuracy(PROFILE_TOPK, 16)),
-            "tree32": DraftTree.from_paths(build_tree_from_accuracy(PROFILE_TOPK, 32))}
+            "tree32": DraftTree.from_paths(build_tree_from_accuracy(PROFILE_TOPK, 32)),
+            "tree64": DraftTree.from_paths(build_tree_from_accuracy(PROFILE_TOPK, 64))}
 
 
 def timed(fn, device, repeats: int = 50, before=None) -> float:
@@ -217,7 +218,7 @@ def main(argv=None) -> int:
                     model = build_model(shape, dtype, device, kind, args.draft_vocab)
                     model.backbone.half_attention = attention
                     for name, tree in drafts_for(4).items():
-                        if (kind == "path" and name == "none") or name not in args.drafts.split(","):
+                        if name not in args.drafts.split(","):
                             continue
                         state, process = prefilled_state(model, device, dtype, args.batch, 2 * tree.num_nodes)
                         row = {"shape": shape, "dtype": dtype_name, "heads": kind, "attention": attention, "draft": name,

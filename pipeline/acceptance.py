@@ -31,6 +31,7 @@ class _ReplayState:
     def __init__(self, hidden, next_token, speech):
         self.hidden, self.next_token = hidden, next_token
         self.extra = {"cross_keys": speech[0][None], "cross_values": speech[1][None]} if speech else {}
+        self.speech_frames = None  # every frame, as the heads were trained
 
 
 def accepted_drafts(chunk: torch.Tensor, truth: torch.Tensor, tt) -> torch.Tensor:

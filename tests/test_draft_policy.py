@@ -1,5 +1,7 @@
 """draft="auto": measured candidates, their verify cost, and what each draft emits here."""
 
+import pytest
+
 from configuration_medusa import MedusaConfig
 from draft_policy import PRIOR_ROUNDS, DraftPolicy
 from medusa_decoding import DraftTree, MedusaStats
@@ -39,3 +41,14 @@ def test_observed_rounds_move_the_prediction_smoothly_and_other_trees_keep_their
     assert p.expected_tokens(DraftTree.from_paths(CHAIN)) == 2.0
     p.observe(DraftTree(()), MedusaStats(emitted_tokens=5, row_rounds=5))  # plain greedy teaches nothing
     assert p.expected_tokens(DraftTree(())) == 1.0
+
+
+def test_tree_n_is_the_artifacts_tree_of_n_nodes_or_one_built_from_head_accuracy():
+    p = policy()
+    assert p.resolve("tree-3") == DraftTree.from_paths(TREE)
+    assert p.resolve("tree-2") == DraftTree.from_paths(CHAIN)
+    p.config.head_accuracy = {"topk": [[0.6, 0.7], [0.3, 0.4]]}
+    assert p.resolve("tree-4").num_nodes == 5  # not measured: built from the heads' top-k accuracy
+    p.config.head_accuracy = None
+    with pytest.raises(ValueError, match="no tree of 4 nodes"):
+        p.resolve("tree-4")

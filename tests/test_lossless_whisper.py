@@ -312,6 +312,80 @@ def test_path_heads_equal_the_base_greedy(speech, tmp_path_factory):
         assert torch.equal(expected, got), f"case {index} {case}"
 
 
+def test_cpu_drafts_come_from_an_int8_copy_of_the_current_heads(tmp_path_factory):
+    """On a CPU the drafter multiplies int8 copies of the heads (test_path_heads_equal_the_base_greedy shows
+    the ids stay the base's); a copy made before the heads changed is never used after."""
+    from configuration_medusa import MedusaConfig
+    from medusa_decoding import DraftTree
+    from medusa_heads import Int8Linear, int8_drafting_supported
+    from modeling_medusa import MedusaForASR
+
+    if not int8_drafting_supported("cpu"):
+        pytest.skip("this torch has no CPU int8 weight-only kernel")
+    fresh = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path_factory.mktemp("int8"), seed=3)), medusa_num_heads=4)
+    config = MedusaConfig(**{**fresh.config.to_dict(), "head_kind": "path", "speech_attention": True})
+    model = MedusaForASR(config, base=fresh.base, processor=fresh.processor).eval()
+    tree = DraftTree.chain(4)
+    first = model.make_drafter(tree, "cpu")
+    assert isinstance(first.heads.blocks[0].merge, Int8Linear) and first.projection.int8
+    assert model.make_drafter(tree, "cpu") is first
+    randomize_heads(model, 1, std=0.2)
+    second = model.make_drafter(tree, "cpu")
+    merge, weight = second.heads.blocks[0].merge, model.medusa_heads.blocks[0].merge.weight
+    assert second is not first
+    assert torch.allclose(merge.rows.float() * merge.scales.float()[:, None], weight, atol=float(weight.abs().max()) / 100)
+    model.int8_cpu_drafting = False
+    assert model.make_drafter(tree, "cpu").heads is model.medusa_heads
+
+
+def padded_like_a_short_clip(features: torch.Tensor, speech_ends: list[int]) -> torch.Tensor:
+    """Each row's frames after its end set to the row's floor value, as a 30 s window's padding is."""
+    features = features.clone()
+    floor = features.amin(dim=(1, 2))
+    for row, end in enumerate(speech_ends):
+        features[row, :, end:] = floor[row]
+    return features
+
+
+def test_speech_frames_end_where_the_padding_starts():
+    from backbone_whisper import SPEECH_FRAME_MARGIN, speech_frames
+
+    features = padded_like_a_short_clip(random_features(2, 0), [401, 900])
+    assert speech_frames(features) == 450 + SPEECH_FRAME_MARGIN  # the longer row (900 mel frames), encoder rate
+    assert speech_frames(random_features(1, 0)) is None  # no padding: every frame
+    assert speech_frames(padded_like_a_short_clip(random_features(1, 0), [2990])) is None  # the margin covers the rest
+
+
+def test_drafts_reading_only_the_speech_frames_equal_the_base_greedy(tmp_path_factory, monkeypatch):
+    """On a CPU, speech-attending heads read the frames up to the end of the speech (a short clip's window
+    is mostly padding); the base's layers read every frame, so the ids stay the base's."""
+    import backbone_whisper
+    from configuration_medusa import MedusaConfig
+    from modeling_medusa import MedusaForASR
+
+    fresh = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path_factory.mktemp("frames"), seed=2)), medusa_num_heads=4)
+    config = MedusaConfig(**{**fresh.config.to_dict(), "head_kind": "path", "speech_attention": True})
+    model = MedusaForASR(config, base=fresh.base, processor=fresh.processor).eval()
+    seen = []
+    speech_memory = backbone_whisper.WhisperBackbone.speech_memory
+    monkeypatch.setattr(backbone_whisper.WhisperBackbone, "speech_memory",
+                        lambda self, state: seen.append(speech_memory(self, state)[0].shape[2]) or speech_memory(self, state))
+    rng, drafted_cases = random.Random(5), 0
+    for index in range(6):
+        case = draw_case(rng, 4)
+        ends = [rng.randrange(100, 2000) for _ in range(case["batch"])]
+        features = padded_like_a_short_clip(random_features(case["batch"], case["features_seed"]), ends)
+        expected = model.generate(input_features=features, max_new_tokens=case["max_new_tokens"], use_medusa=False)
+        randomize_heads(model, case["head_seed"], std=0.2)
+        seen.clear()
+        got = model.generate(input_features=features, max_new_tokens=case["max_new_tokens"], draft=case["draft"],
+                             cuda_graph=False)
+        assert torch.equal(expected, got), f"case {index} {case}"
+        assert not seen or set(seen) == {backbone_whisper.speech_frames(features)}, (seen, ends)
+        drafted_cases += bool(seen)
+    assert drafted_cases > 0
+
+
 def direct_calls(key, fn, *inputs, keep=None):
     """``CapturedCalls``' contract without CUDA: the function run on the inputs as given."""
     return fn(*inputs)

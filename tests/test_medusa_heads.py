@@ -1,5 +1,6 @@
 """Drafting from heads: which token lands on which tree node, for both kinds of heads."""
 
+import pytest
 import torch
 
 from medusa_decoding import DecodeState, DraftTree
@@ -82,3 +83,51 @@ def test_best_indices_are_topk_best_first_for_every_k():
     logits = torch.randn(2, 3, 500, generator=torch.Generator().manual_seed(0))  # distinct values: no ties
     for k in range(1, ITERATED_ARGMAX_MAX_K + 3):
         assert torch.equal(best_indices(logits, k), logits.topk(k, dim=-1).indices), k
+
+
+def test_int8_drafting_copy_keeps_the_heads_outputs_within_int8_rounding_and_leaves_them_as_they_are():
+    from medusa_heads import Int8Linear, int8_drafting_copy, int8_drafting_supported
+
+    if not int8_drafting_supported("cpu"):
+        pytest.skip("this torch has no CPU int8 weight-only kernel")
+    torch.manual_seed(0)
+    heads = PathHeads(num_heads=2, num_layers=1, hidden_size=64, speech_heads=4)
+    for p in heads.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    frozen = int8_drafting_copy(heads)
+    assert all(isinstance(m, Int8Linear) for m in frozen.modules() if "Linear" in type(m).__name__)
+    assert all(isinstance(m, torch.nn.Linear) for m in heads.modules() if "Linear" in type(m).__name__)
+    hidden, tokens = torch.randn(1, 3, 64), torch.randn(1, 3, 2, 64)
+    speech = (torch.randn(1, 4, 50, 16), torch.randn(1, 4, 50, 16))
+    with torch.no_grad():
+        exact, approximate = heads.teacher_forced(hidden, tokens, speech), frozen.teacher_forced(hidden, tokens, speech)
+    assert (approximate - exact).norm() / exact.norm() < 0.02  # bf16 activations, int8 weights
+
+
+def test_int8_draft_projection_ranks_like_the_float_projection():
+    from medusa_heads import int8_drafting_supported
+
+    if not int8_drafting_supported("cpu"):
+        pytest.skip("this torch has no CPU int8 weight-only kernel")
+    backbone = CountingBackbone()
+    backbone.output_projection.weight.data = torch.randn(VOCAB, HIDDEN)
+    ids = torch.tensor([4, 9, 17, 30, 2, 11, 23, 5])
+    states = torch.randn(50, HIDDEN)
+    exact = DraftProjection(backbone, ids).logits(states)
+    approximate = DraftProjection(backbone, ids, int8=True).logits(states)
+    assert (approximate - exact).abs().max() < 0.05 * exact.abs().max()
+    assert (approximate.argmax(-1) == exact.argmax(-1)).float().mean() > 0.9
+
+
+def test_padded_projection_rows_give_the_same_logits_in_the_first_columns():
+    """A GPU projection with a vocabulary that is not a multiple of 8 multiplies a padded copy (aligned
+    rows for cuBLAS); its first ``vocab`` columns are the logits."""
+    from medusa_decoding import pad_rows
+
+    weight, bias, hidden = torch.randn(51, 16), torch.randn(51), torch.randn(3, 16)
+    padded_weight, padded_bias = pad_rows(weight, bias, 64)
+    assert padded_weight.shape == (64, 16) and padded_bias.shape == (64,)
+    assert not padded_weight[51:].any() and not padded_bias[51:].any()
+    logits = torch.nn.functional.linear(hidden, padded_weight, padded_bias)[..., :51]
+    assert torch.allclose(logits, torch.nn.functional.linear(hidden, weight, bias))
+    assert pad_rows(weight, None, 64)[1] is None
