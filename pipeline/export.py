@@ -227,7 +227,7 @@ def _committed_files(out: str) -> list[str]:
 
 
 def compact_benchmark(path: str) -> tuple[str, dict]:
-    """One row of headline figures from a benchmark.py results.json (the raw per-clip data stays in
+    """One row of headline figures from a tools.benchmark results.json (the raw per-clip data stays in
     that file), labelled by device and draft."""
     results = _read_json(path)
     env, settings, summary = results.get("environment", {}), results.get("settings", {}), results.get("summary", {})
@@ -259,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft nodes of the artifact's default tree (root excluded); draft='auto' weighs "
                         "every tree pipeline.train measured")
     p.add_argument("--benchmark", action="append", default=[],
-                   help="benchmark.py results.json to summarise in config + model card; repeatable")
+                   help="tools.benchmark results.json to summarise in config + model card; repeatable")
     p.add_argument("--data-info", action="append", default=[],
                    help="extra provenance: a collect folder, a manifest.jsonl, or a JSON dict of "
                         "training_data fields (e.g. {\"licence\": ..., \"description\": ...}); repeatable. "

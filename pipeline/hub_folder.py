@@ -6,7 +6,8 @@
 ``huggingface-cli upload`` publishes every file of the folder it is given and follows links, so a
 ``heads/*`` folder of this repository (whose code files are links to the root's) is never uploaded as it
 is. This writes exactly the published files: the artifact's own (config, heads, model card, training
-records) and real copies of the remote code and of the transcription command.
+records) and real copies of the remote code and of the short example (the full transcription command and
+the other tools stay in the repository's ``tools`` package).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pipeline.collect import run_cli, staged_folder
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACT_FILES = ("config.json", "medusa_heads.safetensors", "README.md")  # each artifact has these
 RECORD_FILES = ("training_metrics.json", "collect_info.json")  # published where the artifact has them
-COMMAND_FILES = ("example_inference.py", "audio_io.py")  # `python example_inference.py speech.wav` in a download
+COMMAND_FILES = ("example_inference.py",)  # `python example_inference.py speech.wav` in a download
 
 
 def code_files() -> tuple[str, ...]:

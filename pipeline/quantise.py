@@ -8,7 +8,7 @@ compressed-tensors (the format vLLM's Marlin kernels read).
 
 llm-compressor pins its own transformers, so it runs from its own environment (``make quantise-env``); the
 folder it writes loads in the main one (``compressed-tensors``) as the base of the committed heads:
-``python benchmark.py --model heads/whisper-tiny.en --base work_data/quantised/whisper-tiny.en-w4a16``.
+``python -m tools.benchmark --model heads/whisper-tiny.en --base work_data/quantised/whisper-tiny.en-w4a16``.
 The calibration speech is synthetic (the training manifest), never the evaluation recordings. A finished
 folder is kept (rerun = nothing to do); an interrupted run leaves only a staging folder, replaced next time.
 """
@@ -49,7 +49,7 @@ def calibration_dataset(clips: list[dict], processor, dtype):
     GPTQ sees the decoder's activations on real transcripts as well as the encoder's."""
     from datasets import Dataset
 
-    from audio_io import load_audio
+    from tools.audio_io import load_audio
 
     rows = []
     for clip in clips:

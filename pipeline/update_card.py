@@ -2,7 +2,7 @@
 
     python -m pipeline.update_card heads/whisper-base benchmarks/real_speech/gpu_base_*/results.json
 
-Each ``results.json`` (written by ``benchmark.py``) replaces the artifact's ``config.json`` benchmark entry
+Each ``results.json`` (written by ``tools.benchmark``) replaces the artifact's ``config.json`` benchmark entry
 with the same label (device, dtype, draft, rounds mode) or adds one; the README.md model card is then
 rendered again from the updated config. Heads, tree and training provenance are left as exported.
 """
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipeline.update_card", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("artifact", help="exported artifact folder (holds config.json)")
-    p.add_argument("results", nargs="+", help="benchmark.py results.json files")
+    p.add_argument("results", nargs="+", help="tools.benchmark results.json files")
     args = p.parse_args(argv)
     for label in update_benchmarks(args.artifact, args.results):
         print(f"[update_card] {args.artifact}: {label}")

@@ -163,7 +163,7 @@ def test_missing_heads_file_is_a_clear_error(artifact, tmp_path):
 
 
 def test_truncated_heads_file_is_one_line_naming_it(artifact, tmp_path, capsys):
-    import example_inference
+    from tools import transcribe
     from modeling_medusa import MedusaForASR
 
     broken = tmp_path / "truncated"
@@ -177,9 +177,9 @@ def test_truncated_heads_file_is_one_line_naming_it(artifact, tmp_path, capsys):
 
     sf.write(tmp_path / "a.wav", np.zeros(1600, np.float32), 16000)
     capsys.readouterr()
-    code = example_inference.main(["--model", str(broken), str(tmp_path / "a.wav"), "--quiet"])
+    code = transcribe.main(["--model", str(broken), str(tmp_path / "a.wav"), "--quiet"])
     err = capsys.readouterr().err
-    assert code == example_inference.EXIT_USER_ERROR and "truncated or corrupt" in err and "Traceback" not in err
+    assert code == transcribe.EXIT_USER_ERROR and "truncated or corrupt" in err and "Traceback" not in err
 
 
 def test_heads_of_the_wrong_shape_are_a_clear_error(artifact, tmp_path):
@@ -226,7 +226,7 @@ def test_readme_automodel_finds_the_offline_converted_base(artifact, base_folder
     """An artifact naming a Whisper Hub id loads offline from the copy pipeline.real_whisper converted into the
     cache folder (checked before the Hub), through AutoModel as the README shows and through the CLI; without
     one the error names what was looked for, and the CLI's names --base, not a Python keyword."""
-    import example_inference
+    from tools import transcribe
     import numpy as np
     import soundfile as sf
     from transformers import AutoModel
@@ -244,7 +244,7 @@ def test_readme_automodel_finds_the_offline_converted_base(artifact, base_folder
 
     monkeypatch.setattr(real_whisper, "resolve_whisper", no_pypi)
     capsys.readouterr()
-    assert example_inference.main(cli) == example_inference.EXIT_USER_ERROR
+    assert transcribe.main(cli) == transcribe.EXIT_USER_ERROR
     err = capsys.readouterr().err
     assert "--base" in err and "base_model_name_or_path" not in err and "Traceback" not in err
 
@@ -252,23 +252,42 @@ def test_readme_automodel_finds_the_offline_converted_base(artifact, base_folder
     (converted / "conversion.json").write_text(json.dumps({"hub_id": "openai/whisper-tiny.en"}))
     model = AutoModel.from_pretrained(str(hub_named), trust_remote_code=True)
     assert Path(model.base.name_or_path) == converted
-    assert example_inference.main(cli) == 0
-    assert example_inference.main(cli + ["--base", str(base_folder[0])]) == 0
+    assert transcribe.main(cli) == 0
+    assert transcribe.main(cli + ["--base", str(base_folder[0])]) == 0
     capsys.readouterr()
-    assert example_inference.main(cli + ["--base", str(tmp_path / "elsewhere")]) == example_inference.EXIT_USER_ERROR
+    assert transcribe.main(cli + ["--base", str(tmp_path / "elsewhere")]) == transcribe.EXIT_USER_ERROR
     assert "elsewhere" in capsys.readouterr().err
 
 
 @requires_transformers5
-def test_a_plain_whisper_folder_as_the_model_names_what_is_missing(base_folder, tmp_path, capsys):
+def test_example_inference_snippet_prints_the_bases_greedy_transcript(artifact, tmp_path, capsys):
+    """The short example a Hub folder ships (``python example_inference.py speech.wav``): audio at any rate,
+    the artifact loaded through AutoModel, the text of the base's own greedy ids."""
+    import numpy as np
+    import soundfile as sf
+    from transformers import AutoModel
+
     import example_inference
+
+    samples = np.random.default_rng(0).normal(0, 0.1, 22_050).astype(np.float32)
+    sf.write(tmp_path / "a.wav", np.stack([samples, samples[::-1]], axis=1), 22_050)  # stereo, 22.05 kHz
+    text = example_inference.transcribe(str(tmp_path / "a.wav"), str(artifact))
+    model = AutoModel.from_pretrained(str(artifact), trust_remote_code=True)
+    inputs = model.prepare_audio_inputs([example_inference.load_audio(str(tmp_path / "a.wav"))])
+    greedy = model.generate(**inputs, use_medusa=False, max_new_tokens=model.default_max_new_tokens)
+    assert text == model.decode_text(greedy, inputs)[0]
+    assert "tokens per decoder pass" in capsys.readouterr().err
+
+
+def test_a_plain_whisper_folder_as_the_model_names_what_is_missing(base_folder, tmp_path, capsys):
+    from tools import transcribe
     import numpy as np
     import soundfile as sf
 
     sf.write(tmp_path / "a.wav", np.zeros(1600, np.float32), 16000)
-    code = example_inference.main([str(tmp_path / "a.wav"), "--model", str(base_folder[0]), "--quiet"])
+    code = transcribe.main([str(tmp_path / "a.wav"), "--model", str(base_folder[0]), "--quiet"])
     err = capsys.readouterr().err
-    assert code == example_inference.EXIT_USER_ERROR and "MERaLiON" not in err
+    assert code == transcribe.EXIT_USER_ERROR and "MERaLiON" not in err
     assert f"{base_folder[0]} is a 'whisper' model, not a Medusa artifact" in err and "medusa_heads.safetensors" in err
 
 

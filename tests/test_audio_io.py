@@ -13,8 +13,8 @@ import soundfile as sf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import audio_io  # noqa: E402
-from audio_io import AudioError, Segment, Window, Word  # noqa: E402
+from tools import audio_io  # noqa: E402
+from tools.audio_io import AudioError, Segment, Window, Word  # noqa: E402
 
 SR = audio_io.TARGET_SAMPLE_RATE
 needs_flite = pytest.mark.skipif(shutil.which("flite") is None, reason="flite is not installed")

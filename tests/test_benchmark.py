@@ -7,7 +7,7 @@ import pytest
 from conftest import requires_transformers5
 from tiny_models import build_tiny_whisper, random_features
 
-import benchmark
+from tools import benchmark
 
 pytestmark = requires_transformers5
 
@@ -143,14 +143,14 @@ def test_timestamped_benchmark_compares_timestamped_decoders(tmp_path):
 def test_gpu_summary_rows_come_from_the_results_files(tmp_path):
     """benchmark_gpu_report.write_summary turns each shape's results file into the issue's summary rows:
     verify rows with their ratio to that shape's floor, decode rows without failed ones, each run's command."""
-    import benchmark_gpu_report as report
+    from tools import benchmark_gpu_report as report
 
     ours = {"method": "ours", "draft": "tree-32", "profile": "seed_76_47_35_27", "batch": 1, "new_tokens": 32,
             "call_tok_per_s": 600.0, "loop_tok_per_s": 900.0, "outside_rounds_ms": 17.0, "tokens_per_round": 3.1,
             "exact": True, "call_seconds": 0.05, "rounds_mode": "compiled", "time_to_first_token_ms": 17.0}
     results = {"shape": "meralion2-3b", "text_layers": 26, "device": "GPU", "torch": "t", "transformers": "x",
                "date": "2026-12-01", "floor_ms": 2.0, "decoder_weight_GB": 5.0, "copy_bandwidth_GBps": 2500.0,
-               "commands": {"verify": "python benchmark_gpu.py --sections verify"},
+               "commands": {"verify": "python -m tools.benchmark_gpu --sections verify"},
                "verify": [{"tokens": 5, "hf_eager_ms": 30.0, "fused_compiled_graph_ms": 3.0}],
                "lengths": [ours, {"method": "hf_static", "batch": 1, "error": "OutOfMemoryError"}]}
     report.write_json_atomic(tmp_path / "results-meralion2-3b.json", results)
@@ -159,5 +159,15 @@ def test_gpu_summary_rows_come_from_the_results_files(tmp_path):
     assert summary["floor_ms"] == {"meralion2-3b": 2.0}
     assert {(r["method"], r["x_floor"]) for r in summary["verify"]} == {("hf_eager", 15.0), ("ours_fused_compiled_graph", 1.5)}
     assert [r["method"] for r in summary["decode"]] == ["ours"]
-    assert summary["runs"] == [{"shape": "meralion2-3b", "section": "verify", "command": "python benchmark_gpu.py --sections verify"}]
+    assert summary["runs"] == [{"shape": "meralion2-3b", "section": "verify", "command": "python -m tools.benchmark_gpu --sections verify"}]
     assert "| 32 | tree-32 |" in report.render_markdown(results)
+
+
+def test_draft_option_takes_the_named_drafts_and_sized_trees():
+    import argparse
+
+    for value in ("auto", "chain", "tree", "none", "tree-32"):
+        assert benchmark.draft_option(value) == value
+    for value in ("tree-", "tree-x", "chain-4", "trees"):
+        with pytest.raises(argparse.ArgumentTypeError, match="tree-N"):
+            benchmark.draft_option(value)

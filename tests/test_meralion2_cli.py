@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(not transformers_below_452(),
 def test_cli_transcribes_multi_chunk_audio_identically_with_and_without_medusa(tmp_path):
     import soundfile as sf
 
-    import example_inference
+    from tools import transcribe
     from modeling_medusa import MedusaForASR
     from standin import build_meralion2_standin
 
@@ -26,8 +26,8 @@ def test_cli_transcribes_multi_chunk_audio_identically_with_and_without_medusa(t
         sf.write(tmp_path / name, (rng.standard_normal(int(16000 * seconds)) * 0.1).astype(np.float32), 16000)
     common = [str(tmp_path / "long.wav"), str(tmp_path / "short.wav"), "--model", str(tmp_path / "artifact"),
               "--format", "json", "--batch-size", "2", "--max-new-tokens", "24"]
-    assert example_inference.main(common + ["--output", str(tmp_path / "medusa")]) == 0
-    assert example_inference.main(common + ["--output", str(tmp_path / "plain"), "--no-medusa"]) == 0
+    assert transcribe.main(common + ["--output", str(tmp_path / "medusa")]) == 0
+    assert transcribe.main(common + ["--output", str(tmp_path / "plain"), "--no-medusa"]) == 0
     for name in ("long.json", "short.json"):
         medusa = json.loads((tmp_path / "medusa" / name).read_text())
         plain = json.loads((tmp_path / "plain" / name).read_text())
@@ -38,15 +38,15 @@ def test_cli_transcribes_multi_chunk_audio_identically_with_and_without_medusa(t
 def test_cli_refuses_whisper_language_options_for_meralion2(tmp_path, capsys):
     import soundfile as sf
 
-    import example_inference
+    from tools import transcribe
     from modeling_medusa import MedusaForASR
     from standin import build_meralion2_standin
 
     base = build_meralion2_standin(tmp_path / "base", seed=0)
     MedusaForASR.from_base(str(base), family="meralion2").save_pretrained(tmp_path / "artifact")
     sf.write(tmp_path / "a.wav", np.zeros(16000, np.float32), 16000)
-    code = example_inference.main([str(tmp_path / "a.wav"), "--model", str(tmp_path / "artifact"),
+    code = transcribe.main([str(tmp_path / "a.wav"), "--model", str(tmp_path / "artifact"),
                                    "--language", "en", "--output", str(tmp_path / "out")])
-    assert code == example_inference.EXIT_USER_ERROR
+    assert code == transcribe.EXIT_USER_ERROR
     assert "MERaLiON-2 takes an instruction instead" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -739,7 +739,7 @@ def test_hub_folder_holds_real_files_of_each_shipped_artifact(tmp_path):
         artifact, out = root / "heads" / name, tmp_path / name
         names = hub_folder.write_hub_folder(artifact, out)
         assert set(names) == {"config.json", "medusa_heads.safetensors", "README.md", "training_metrics.json",
-                              "collect_info.json", *CODE_FILES, "example_inference.py", "audio_io.py"}
+                              "collect_info.json", *CODE_FILES, "example_inference.py"}
         assert sorted(p.name for p in out.iterdir()) == names
         assert not any(p.is_symlink() or not p.is_file() for p in out.iterdir())
         for file in names:

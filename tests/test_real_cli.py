@@ -8,11 +8,11 @@ import pytest
 import soundfile as sf
 import torch
 
-import example_inference
+from tools import transcribe
 from conftest import requires_transformers5
 from pipeline.text_normalizer import wer
 from real_speech import long_recording, long_recording_with_sentences, real_tiny_en_medusa, with_noise
-from test_example_inference import assert_subtitle_limits
+from test_transcribe import assert_subtitle_limits
 
 pytestmark = requires_transformers5
 SR = 16_000
@@ -23,8 +23,8 @@ def model():
     return real_tiny_en_medusa()
 
 
-def transcribe(model, argv, capsys):
-    code = example_inference.main([*map(str, argv), "--quiet"], model_loader=lambda *a, **k: model)
+def run_cli(model, argv, capsys):
+    code = transcribe.main([*map(str, argv), "--quiet"], model_loader=lambda *a, **k: model)
     out, err = capsys.readouterr()
     assert code == 0, err
     return out
@@ -34,7 +34,7 @@ def test_subtitles_and_json_carry_whisper_segments(model, tmp_path, capsys):
     audio = long_recording(tmp_path, seconds=40.0)
     sf.write(str(tmp_path / "talk.wav"), audio, SR)
     for fmt in ("srt", "vtt", "json"):
-        transcribe(model, [tmp_path / "talk.wav", "--format", fmt, "--output", tmp_path / "out"], capsys)
+        run_cli(model, [tmp_path / "talk.wav", "--format", fmt, "--output", tmp_path / "out"], capsys)
     cues = assert_subtitle_limits((tmp_path / "out" / "talk.srt").read_text(), tmp_path / "out" / "talk.vtt",
                                   len(audio) / SR)
     record = json.loads((tmp_path / "out" / "talk.json").read_text())
@@ -56,8 +56,8 @@ def test_json_words_are_whisper_token_times(model, tmp_path, capsys):
     options, grouped into words (one teacher-forced pass per window gives the same alignment)."""
     audio = long_recording(tmp_path, seconds=40.0)
     sf.write(str(tmp_path / "talk.wav"), audio, SR)
-    without = json.loads(transcribe(model, [tmp_path / "talk.wav", "--format", "json"], capsys))
-    record = json.loads(transcribe(model, [tmp_path / "talk.wav", "--format", "json", "--word-timestamps"], capsys))
+    without = json.loads(run_cli(model, [tmp_path / "talk.wav", "--format", "json"], capsys))
+    record = json.loads(run_cli(model, [tmp_path / "talk.wav", "--format", "json", "--word-timestamps"], capsys))
     assert [{k: s[k] for k in ("start", "end", "text")} for s in record["segments"]] == without["segments"]
     assert len(record["segments"]) >= 3 and record["segments"][-1]["end"] > 30.0
     times = []
@@ -69,10 +69,10 @@ def test_json_words_are_whisper_token_times(model, tmp_path, capsys):
     assert times == sorted(times) and 0.0 <= times[0] and times[-1] <= len(audio) / SR
 
     inputs = model.prepare_audio_inputs([audio], return_attention_mask=True)
-    torch.manual_seed(example_inference.FALLBACK_SEED)
+    torch.manual_seed(transcribe.FALLBACK_SEED)
     base = model.generate(**inputs, use_medusa=False, return_timestamps=True, return_segments=True,
                           return_token_timestamps=True, max_new_tokens=model.default_max_new_tokens,
-                          **example_inference.WHISPER_FALLBACK)
+                          **transcribe.WHISPER_FALLBACK)
     expected = [[{"word": w, "start": round(start, 3), "end": round(end, 3)} for w, start, end in words]
                 for (_, _, text), words in zip(model.segments(base)[0], model.segment_words(base)[0]) if text]
     assert [s["words"] for s in record["segments"]] == expected
@@ -83,9 +83,9 @@ def test_vad_gives_noise_and_a_click_no_transcript(model, tmp_path, capsys):
     sf.write(str(tmp_path / "noise.wav"), rng.normal(0, 0.05, 3 * SR).astype(np.float32), SR)
     sf.write(str(tmp_path / "click.wav"), rng.normal(0, 0.3, int(0.05 * SR)).astype(np.float32), SR)
     files = [tmp_path / "noise.wav", tmp_path / "click.wav"]
-    without = transcribe(model, [*files, "--format", "json"], capsys)
+    without = run_cli(model, [*files, "--format", "json"], capsys)
     assert any(json.loads(line)["text"] for line in without.splitlines())  # Whisper hallucinates on these
-    with_vad = transcribe(model, [*files, "--format", "json", "--vad"], capsys)
+    with_vad = run_cli(model, [*files, "--format", "json", "--vad"], capsys)
     records = [json.loads(line) for line in with_vad.splitlines()]
     assert len(records) == 2 and all(r["text"] == "" and r["segments"] == [] for r in records)
 
@@ -107,7 +107,7 @@ def test_long_audio_keeps_its_words(model, three_minutes, noise, tmp_path, capsy
     audio = clean if noise is None else with_noise(clean, snr_db=noise)
     references = [text for text, _, _ in sentences]
     sf.write(str(tmp_path / "talk.wav"), audio, SR)
-    whole = transcribe(model, [tmp_path / "talk.wav"], capsys)
+    whole = run_cli(model, [tmp_path / "talk.wav"], capsys)
     one_by_one = []
     for batch in range(0, len(sentences), 8):
         clips = [audio[start:end] for _, start, end in sentences[batch:batch + 8]]

@@ -137,18 +137,18 @@ def test_resolve_local_folder_and_unknown_name(tmp_path, monkeypatch):
 def test_one_cache_folder_for_converted_models_packages_and_the_demo_clip(monkeypatch, tmp_path):
     """Converted bases, fetched packages and the demo clip share one folder, moved by XDG_CACHE_HOME or
     MEDUSA_ASR_CACHE alike."""
-    import example_inference
+    from tools import transcribe
     from pipeline import texts
 
     monkeypatch.delenv("MEDUSA_ASR_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setattr(example_inference, "BUNDLED_CLIP", "does/not/exist.wav")
-    monkeypatch.setattr(example_inference, "synthesize_speech", lambda text, target: None)
+    monkeypatch.setattr(transcribe, "BUNDLED_CLIP", "does/not/exist.wav")
+    monkeypatch.setattr(transcribe, "synthesize_speech", lambda text, target: None)
     folder = tmp_path / "xdg" / "medusa-asr"
-    assert rw.cache_root() == texts.cache_root() == example_inference.default_clip_path().parent == folder
+    assert rw.cache_root() == texts.cache_root() == transcribe.default_clip_path().parent == folder
     monkeypatch.setenv("MEDUSA_ASR_CACHE", str(tmp_path / "mine"))
     mine = tmp_path / "mine"
-    assert rw.cache_root() == texts.cache_root() == example_inference.default_clip_path().parent == mine
+    assert rw.cache_root() == texts.cache_root() == transcribe.default_clip_path().parent == mine
 
 
 @pytest.mark.parametrize("umask, folder_mode, file_mode", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])

@@ -280,7 +280,7 @@ def test_word_timestamps_need_alignment_heads(timestamp_model, monkeypatch, tmp_
     decoded, the transcription command."""
     import soundfile as sf
 
-    import example_inference
+    from tools import transcribe
 
     gen = timestamp_model.base.generation_config
     with pytest.raises(ValueError, match="no alignment_heads"):
@@ -289,10 +289,10 @@ def test_word_timestamps_need_alignment_heads(timestamp_model, monkeypatch, tmp_
     with pytest.raises(ValueError, match="no alignment_heads"):
         timestamp_model.generate(input_features=random_features(1, 0), return_token_timestamps=True)
     sf.write(str(tmp_path / "a.wav"), random_features(1, 0)[0, 0].numpy() * 0.1, 16000)
-    code = example_inference.main([str(tmp_path / "a.wav"), "--format", "json", "--word-timestamps", "--quiet"],
+    code = transcribe.main([str(tmp_path / "a.wav"), "--format", "json", "--word-timestamps", "--quiet"],
                                   model_loader=lambda *args, **kwargs: timestamp_model)
     err = capsys.readouterr().err
-    assert code == example_inference.EXIT_USER_ERROR
+    assert code == transcribe.EXIT_USER_ERROR
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
         line for line in err.splitlines() if "--word-timestamps: this Whisper base's generation_config has no "
         "alignment_heads" in line]

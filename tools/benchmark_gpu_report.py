@@ -1,7 +1,7 @@
 """Tables and the summary of ``benchmark_gpu.py``'s results (one ``results-SHAPE.json`` per shape):
 Markdown per shape and ``summary.json`` over every shape in the folder. Rerun alone to rewrite them:
 
-    python benchmark_gpu_report.py --out benchmarks/gpu
+    python -m tools.benchmark_gpu_report --out benchmarks/gpu
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from audio_io import write_atomic
+from tools.audio_io import write_atomic
 
 VERIFY_METHODS = {"hf_eager_ms": "hf_eager", "ours_eager_ms": "ours_eager", "ours_graph_ms": "ours_graph",
                   "fused_graph_ms": "ours_fused_graph", "fused_compiled_graph_ms": "ours_fused_compiled_graph"}
@@ -154,7 +154,7 @@ def write_summary(out: Path, command: str | None = None) -> dict:
     summary = {
         "gpu": results[0]["device"], "torch": results[0]["torch"], "transformers": results[0]["transformers"],
         "date": max(r["date"] for r in results),
-        "command": command or shlex.join(["python", "benchmark_gpu_report.py", "--out", str(out)]),
+        "command": command or shlex.join(["python", "-m", "tools.benchmark_gpu_report", "--out", str(out)]),
         "runs": [{"shape": r["shape"], "section": name, "command": cmd} for r in results
                  for name, cmd in r.get("commands", {}).items()],
         "floor_ms": {r["shape"]: r["floor_ms"] for r in results},

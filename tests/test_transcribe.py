@@ -17,7 +17,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import example_inference  # noqa: E402
+from tools import transcribe  # noqa: E402
 
 torch.set_num_threads(1)
 SR = 16_000
@@ -51,7 +51,7 @@ class FakeModel:
         assert return_stats and max_new_tokens > 0
         assert use_medusa or not compile, "compile is a Medusa option"
         self.compiled_calls = getattr(self, "compiled_calls", 0) + compile
-        if max_new_tokens > example_inference.WARMUP_NEW_TOKENS:
+        if max_new_tokens > transcribe.WARMUP_NEW_TOKENS:
             self.batches.append(lengths.tolist())
         if self.fail_on_samples in lengths.tolist():
             raise RuntimeError("CUDA out of memory")
@@ -86,7 +86,7 @@ def write_wav(path: Path, seconds: float = 1.0, seed: int = 0, rate: int = SR) -
 def run(argv, model=None, capsys=None):
     model = model or FakeModel()
     loader = lambda path, device, dtype, base=None: model  # noqa: E731
-    code = example_inference.main([*map(str, argv), "--quiet"], model_loader=loader)
+    code = transcribe.main([*map(str, argv), "--quiet"], model_loader=loader)
     out, err = capsys.readouterr() if capsys else ("", "")
     return code, model, out, err
 
@@ -131,7 +131,7 @@ def test_temperature_fallback_reaches_whisper_generate_and_is_refused_for_other_
     code, model, _, _ = run([audio], model=other, capsys=capsys)
     assert code == 0 and model.fallback == (None, None)  # off by default elsewhere
     code, model, out, err = run([audio, "--temperature-fallback"], model=refused, capsys=capsys)
-    assert code == example_inference.EXIT_USER_ERROR and model.batches == [] and out == ""
+    assert code == transcribe.EXIT_USER_ERROR and model.batches == [] and out == ""
     assert "--temperature-fallback is Whisper's long-form option" in err
 
 
@@ -140,16 +140,16 @@ def test_word_timestamps_are_refused_outside_whisper_json(tmp_path, capsys):
     loads, another family before any audio is decoded, each with one error line."""
     audio = write_wav(tmp_path / "a.wav", seconds=2.0)
     loads = []
-    code = example_inference.main([str(audio), "--word-timestamps", "--format", "srt", "--quiet"],
+    code = transcribe.main([str(audio), "--word-timestamps", "--format", "srt", "--quiet"],
                                   model_loader=lambda *args, **kwargs: loads.append(args))
     out, err = capsys.readouterr()
-    assert code == example_inference.EXIT_USER_ERROR and loads == [] and out == ""
+    assert code == transcribe.EXIT_USER_ERROR and loads == [] and out == ""
     assert err.splitlines() == ["error: --word-timestamps puts word times into the JSON output, which --format srt "
                                 "has no place for; pass --format json"]
     other = FakeModel()
     other.family = "meralion2"
     code, model, out, err = run([audio, "--word-timestamps", "--format", "json"], model=other, capsys=capsys)
-    assert code == example_inference.EXIT_USER_ERROR and model.batches == [] and out == ""
+    assert code == transcribe.EXIT_USER_ERROR and model.batches == [] and out == ""
     assert err.splitlines() == ["error: --word-timestamps times words by Whisper's cross-attention alignment; this "
                                 "is a meralion2 model: leave it out"]
 
@@ -161,7 +161,7 @@ def test_language_and_task_reach_the_model_and_bad_ones_stop_early(tmp_path, cap
     code, model, _, _ = run([audio], capsys=capsys)
     assert code == 0 and model.prompt_options == {}
     code, model, out, err = run([audio, "--language", "xx"], capsys=capsys)
-    assert code == example_inference.EXIT_USER_ERROR and model.batches == [] and out == ""
+    assert code == transcribe.EXIT_USER_ERROR and model.batches == [] and out == ""
     assert "Unknown Whisper language 'xx'" in err
 
 
@@ -297,9 +297,9 @@ def test_unwritable_output_is_refused_before_the_model_loads(tmp_path, capsys, o
     def loader(*args, **kwargs):
         raise AssertionError("the model was loaded although the output cannot be written")
 
-    code = example_inference.main([str(audio), "--output", str(output), "--quiet"], model_loader=loader)
+    code = transcribe.main([str(audio), "--output", str(output), "--quiet"], model_loader=loader)
     err = capsys.readouterr().err
-    assert code == example_inference.EXIT_USER_ERROR and err.count("\n") == 1 and str(output) in err
+    assert code == transcribe.EXIT_USER_ERROR and err.count("\n") == 1 and str(output) in err
 
 
 def test_max_new_tokens_beyond_the_model_limit_is_refused_once_up_front(tmp_path, capsys):
@@ -309,7 +309,7 @@ def test_max_new_tokens_beyond_the_model_limit_is_refused_once_up_front(tmp_path
 
     files = [write_wav(tmp_path / f"{n}.wav") for n in "ab"]
     code, model, _, err = run([*files, "--max-new-tokens", "101"], model=Limited(), capsys=capsys)
-    assert code == example_inference.EXIT_USER_ERROR and model.batches == []
+    assert code == transcribe.EXIT_USER_ERROR and model.batches == []
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
         "error: --max-new-tokens 101 is beyond this model's 100 new tokens per window (its decoder positions minus "
         "the prompt); pass --max-new-tokens 100 or less"]
@@ -321,10 +321,10 @@ def test_ctrl_c_while_loading_the_model_is_one_line(tmp_path, capsys):
     def loader(*args, **kwargs):
         raise KeyboardInterrupt
 
-    code = example_inference.main([str(write_wav(tmp_path / "a.wav")), "--output", str(tmp_path / "out")],
+    code = transcribe.main([str(write_wav(tmp_path / "a.wav")), "--output", str(tmp_path / "out")],
                                   model_loader=loader)
     err = capsys.readouterr().err
-    assert code == example_inference.EXIT_INTERRUPTED and err.startswith("interrupted") and err.count("\n") == 1
+    assert code == transcribe.EXIT_INTERRUPTED and err.startswith("interrupted") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
 
 
@@ -332,7 +332,7 @@ def test_model_without_heads_exits_2(tmp_path, capsys):
     def loader(path, device, dtype, base=None):
         raise FileNotFoundError(f"{path} has no medusa_heads.safetensors")
 
-    code = example_inference.main([str(write_wav(tmp_path / "a.wav")), "--model", str(tmp_path)], model_loader=loader)
+    code = transcribe.main([str(write_wav(tmp_path / "a.wav")), "--model", str(tmp_path)], model_loader=loader)
     err = capsys.readouterr().err
     assert code == 2 and "cannot load model" in err and "no medusa_heads.safetensors" in err
 
@@ -342,7 +342,7 @@ def test_model_without_heads_exits_2(tmp_path, capsys):
 
 def outputs(folder: Path) -> list[str]:
     """The transcripts in an --output folder (not its hidden record of what they came from)."""
-    return sorted(p.name for p in folder.iterdir() if p.name != example_inference.RECORDS_FILE)
+    return sorted(p.name for p in folder.iterdir() if p.name != transcribe.RECORDS_FILE)
 
 
 def test_rerun_skips_files_already_transcribed(tmp_path, capsys):
@@ -360,7 +360,7 @@ def test_rerun_skips_files_already_transcribed(tmp_path, capsys):
 
     code, third, _, _ = run([*files, "--output", out_dir, "--overwrite"], capsys=capsys)
     assert len(third.windows_seen) == 3
-    assert sorted(p.name for p in out_dir.iterdir()) == [example_inference.RECORDS_FILE, "a.txt", "b.txt", "c.txt"]
+    assert sorted(p.name for p in out_dir.iterdir()) == [transcribe.RECORDS_FILE, "a.txt", "b.txt", "c.txt"]
 
 
 def test_same_name_from_another_folder_gets_its_own_output(tmp_path, capsys):
@@ -415,7 +415,7 @@ def test_output_write_is_atomic(tmp_path, capsys, monkeypatch):
     def broken_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(example_inference.audio_io.os, "replace", broken_replace)
+    monkeypatch.setattr(transcribe.audio_io.os, "replace", broken_replace)
     code, _, _, err = run([audio, "--output", out_dir], capsys=capsys)
     assert code == 1 and "cannot write output" in err
     assert list(out_dir.iterdir()) == []  # neither a partial output nor a temp file; a rerun redoes it
@@ -426,7 +426,7 @@ def test_output_write_is_atomic(tmp_path, capsys, monkeypatch):
 
 def test_demo_reports_speed_up(tmp_path, capsys, monkeypatch):
     clip = write_wav(tmp_path / "clip.wav", seconds=3.0)
-    monkeypatch.setattr(example_inference, "default_clip_path", lambda: clip)
+    monkeypatch.setattr(transcribe, "default_clip_path", lambda: clip)
     code, model, out, _ = run([], capsys=capsys)
     assert code == 0
     assert "Transcript: 48000 samples" in out
@@ -439,26 +439,26 @@ def test_demo_reports_speed_up(tmp_path, capsys, monkeypatch):
 @pytest.mark.skipif(shutil.which("flite") is None, reason="flite is not installed")
 def test_default_clip_is_synthesised_once_into_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MEDUSA_ASR_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(example_inference, "BUNDLED_CLIP", "does/not/exist.wav")
-    clip = example_inference.default_clip_path()
+    monkeypatch.setattr(transcribe, "BUNDLED_CLIP", "does/not/exist.wav")
+    clip = transcribe.default_clip_path()
     assert clip == tmp_path / "cache" / "default_clip.wav"
     assert sf.info(str(clip)).duration > 3.0
-    assert example_inference.default_clip_path() == clip
+    assert transcribe.default_clip_path() == clip
 
 
-def test_default_model_path_is_next_to_the_script():
-    assert example_inference.default_model_path() == str(ROOT / "heads" / "whisper-tiny.en")
+def test_default_model_path_is_the_repositorys_tiny_en_heads():
+    assert transcribe.default_model_path() == str(ROOT / "heads" / "whisper-tiny.en")
 
 
 def test_help_runs_without_model_code():
-    result = subprocess.run([sys.executable, str(ROOT / "example_inference.py"), "--help"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "tools.transcribe", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0 and "--batch-size" in result.stdout and "--format" in result.stdout
 
 
 def test_same_token_ids_ignores_trailing_padding():
     a = torch.tensor([[1, 2, 3, 0, 0], [1, 4, 0, 0, 0]])
     b = torch.tensor([[1, 2, 3], [1, 4, 0]])
-    assert example_inference.same_token_ids(a, b, {0})
-    assert not example_inference.same_token_ids(a, torch.tensor([[1, 2, 3], [1, 5, 0]]), {0})
-    assert not example_inference.same_token_ids(a, b)  # no padding ids known: exact comparison
-    assert example_inference.padding_token_ids(FakeModel()) == {0}
+    assert transcribe.same_token_ids(a, b, {0})
+    assert not transcribe.same_token_ids(a, torch.tensor([[1, 2, 3], [1, 5, 0]]), {0})
+    assert not transcribe.same_token_ids(a, b)  # no padding ids known: exact comparison
+    assert transcribe.padding_token_ids(FakeModel()) == {0}

@@ -2,7 +2,7 @@
 """Ours against CTranslate2 (faster-whisper's engine) on the same clips: CPU, greedy, no timestamps.
 
     pip install faster-whisper        # brings ctranslate2; needed by this comparison only
-    python benchmark_ctranslate2.py --model heads/whisper-tiny.en --audio work_data/eval_real/manifest.jsonl --out OUT
+    python -m tools.benchmark_ctranslate2 --model heads/whisper-tiny.en --audio work_data/eval_real/manifest.jsonl --out OUT
 
 Each decoder goes from the clip's 16 kHz samples to its text, its own feature extraction included, one clip at a
 time, warmed up, interleaved, medians of ``--repeats``: faster-whisper over the same weights as CTranslate2 float32
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-import benchmark
+from tools import benchmark
 
 CT2_COMPUTE_TYPES = ("float32", "int8")
 
@@ -87,8 +87,8 @@ def main(argv=None) -> int:
 
     model, base, declared = benchmark.load_model(benchmark.resolve_artifact(args.model), "cpu", torch.float32)
     if model.family != "whisper":
-        raise SystemExit("benchmark_ctranslate2.py compares Whisper artifacts only")
-    import audio_io
+        raise SystemExit("tools.benchmark_ctranslate2 compares Whisper artifacts only")
+    from tools import audio_io
 
     clips = [{"id": row["id"], "text": row["text"], "samples": audio_io.load_audio(row["audio"])}
              for row in benchmark.read_manifest(args.audio)]
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     import ctranslate2
     import transformers
 
-    result = {"command": "python benchmark_ctranslate2.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    result = {"command": "python -m tools.benchmark_ctranslate2 " + " ".join(sys.argv[1:] if argv is None else argv),
               "date": time.strftime("%Y-%m-%d"), "model": args.model, "base": declared, "device": "cpu",
               "threads": threads, "torch": torch.__version__, "transformers": transformers.__version__,
               "ctranslate2": ctranslate2.__version__, "clips": len(clips), "repeats": args.repeats,

@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from audio_io import write_atomic
+from tools.audio_io import write_atomic
 
-SCRIPT_DIR = Path(__file__).resolve().parent
+REPO_ROOT = Path(__file__).resolve().parent.parent
 PLOT_NAME = "speedup_vs_length.png"
 
 
@@ -112,7 +112,7 @@ def _load_average():
 
 def _git_info() -> dict | None:
     def git(*args):
-        return subprocess.run(["git", "-C", str(SCRIPT_DIR), *args], capture_output=True, text=True,
+        return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
 
     try:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Cost of one decode round, and what inside it costs, for Whisper-shaped models (random weights).
 
-    python profile_rounds.py --device cuda --shapes tiny.en,base --dtypes bfloat16,float32 --out OUT
+    python -m tools.profile_rounds --device cuda --shapes tiny.en,base --dtypes bfloat16,float32 --out OUT
 
 A round's cost does not depend on the weights' values, so random weights of the real shapes measure it.
 For each shape, dtype, draft (plain greedy, chain of 4, trees of 16/32/64 nodes) and mode (``graph``: the
@@ -184,7 +184,7 @@ def write_rows(args, device, argv, rows: list, modes) -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
             "torch": torch.__version__, "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d"),
-            "command": "python profile_rounds.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+            "command": "python -m tools.profile_rounds " + " ".join(sys.argv[1:] if argv is None else argv)}
     (out / "round_cost.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Benchmark plain greedy decoding against Medusa decoding on real speech.
 
-    python benchmark.py                                   # heads/whisper-tiny.en on work_data/eval_speech
-    python benchmark.py --model heads/whisper-tiny.en --audio work_data/eval_speech/manifest.jsonl \
+    python -m tools.benchmark                                   # heads/whisper-tiny.en on work_data/eval_speech
+    python -m tools.benchmark --model heads/whisper-tiny.en --audio work_data/eval_speech/manifest.jsonl \
         --device cpu --dtype float32 --repeats 3 --warmup 1 --max-new-tokens 128 --out benchmarks/cpu
 
 For every clip of a manifest.jsonl ({"id", "audio", "text", ...}; relative audio paths are relative
@@ -31,13 +31,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmark_report import (PLOT_NAME, _load_average, _pct, _ratio, environment_info, memory_info, merge_summaries,
+from tools.benchmark_report import (PLOT_NAME, _load_average, _pct, _ratio, environment_info, memory_info, merge_summaries,
                               peak_rss_bytes, quantised_row, QUANTISED_SUMMARY_KEY, render_markdown, summary_row,
                               update_summary, write_outputs)
 
-SCRIPT_DIR = Path(__file__).resolve().parent
-if str(SCRIPT_DIR) not in sys.path:
-    sys.path.insert(0, str(SCRIPT_DIR))
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
 
 DEFAULT_MODEL = "heads/whisper-tiny.en"
 DEFAULT_MANIFEST = "work_data/eval_speech/manifest.jsonl"
@@ -616,7 +616,7 @@ def _run_batched(model, clips, batch_size, timer, counter, depth, progress) -> d
 
 def _local(path_text: str) -> Path | None:
     """``path_text`` as given (relative to the working directory), else relative to this script."""
-    for candidate in (Path(path_text).expanduser(), SCRIPT_DIR / path_text):
+    for candidate in (Path(path_text).expanduser(), REPO_ROOT / path_text):
         if candidate.exists():
             return candidate
     return None
@@ -736,7 +736,7 @@ def load_model(folder: Path, device: str, dtype, base_folder: str | None = None)
 
 def load_clips(model, rows: list[dict], progress: bool, prompt_options: dict | None = None) -> list[Clip]:
     """Audio -> features, once per clip; feature extraction (incl. the copy to the device) is timed."""
-    import audio_io
+    from tools import audio_io
     from tqdm import tqdm
 
     if getattr(model, "processor", None) is None:
@@ -916,7 +916,7 @@ def _main(args, argv=None) -> int:
         notes.append(f"Some clips are longer than the model's {model.max_audio_seconds:.0f} s window; "
                      "their features were truncated.")
     written = write_outputs(results, Path(args.out), plot=not args.no_plot)
-    command = "python benchmark.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = "python -m tools.benchmark " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     if args.summary:
         row = summary_row(results, command)
         row["results"] = os.path.relpath(written["json"], Path(args.summary).resolve().parent)

@@ -1,4 +1,4 @@
-"""Audio input/output for the transcription command (``example_inference.py``).
+"""Audio input/output for the transcription command (``tools/transcribe.py``).
 
 Everything here is model-agnostic:
 

@@ -3,7 +3,7 @@
 eager and as captured CUDA graphs, for Whisper-shaped models with random weights; and a check that every
 draft still gives the base's own greedy ids.
 
-    python profile_prefill.py --shapes tiny.en,base --dtypes float32,bfloat16 --out OUT
+    python -m tools.profile_prefill --shapes tiny.en,base --dtypes float32,bfloat16 --out OUT
 
 A prefill's cost does not depend on the weights' values, so random weights of the real shapes (all
 encoder layers) measure it. Writes OUT/prefill_cost.json and prints each row.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from profile_rounds import SHAPES, build_model, timed
+from tools.profile_rounds import SHAPES, build_model, timed
 
 
 def cuda_ms(fn, repeats: int = 20) -> float:
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d"),
-            "command": "python profile_prefill.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+            "command": "python -m tools.profile_prefill " + " ".join(sys.argv[1:] if argv is None else argv)}
     (out / "prefill_cost.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
     return 0
 

@@ -7,9 +7,9 @@ at a realistic acceptance (speed-only), never draft quality. Each run updates ``
 (section by section, with the command that measured it), its Markdown, and ``OUT/summary.json`` over every
 shape measured there (``benchmark_gpu_report.py``).
 
-    python benchmark_gpu.py --shape meralion2-3b --sections verify,lengths
-    python benchmark_gpu.py --shape meralion2-3b --sections batching
-    python benchmark_gpu.py --shape meralion2-10b --sections verify,lengths
+    python -m tools.benchmark_gpu --shape meralion2-3b --sections verify,lengths
+    python -m tools.benchmark_gpu --shape meralion2-3b --sections batching
+    python -m tools.benchmark_gpu --shape meralion2-10b --sections verify,lengths
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys
 import torch
 import torch.nn as nn
 
-import benchmark_gpu_report as report_gpu
+from tools import benchmark_gpu_report as report_gpu
 from backbone_meralion2 import MERaLiON2Backbone
 from draft_policy import cuda_ms
 from medusa_decoding import CachePool, DraftTree, MedusaStats, build_tree_from_accuracy, run_rounds
@@ -526,7 +526,7 @@ def check_graph_reuse(device) -> dict:
     import sys
     import tempfile
 
-    sys.path.insert(0, str(Path(__file__).parent / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from modeling_medusa import MedusaForASR
     from oracle import randomize_heads
     from tiny_models import build_tiny_whisper, random_features
@@ -582,7 +582,7 @@ def ints(text: str) -> list[int]:
 def main(argv=None):
     args = parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("benchmark_gpu.py needs a CUDA GPU; benchmark.py measures the CPU.")
+        raise SystemExit("tools.benchmark_gpu needs a CUDA GPU; tools.benchmark measures the CPU.")
     import shlex
 
     import transformers
@@ -607,7 +607,7 @@ def main(argv=None):
         "copy_bandwidth_GBps": bandwidth / 1e9, "decoder_weight_GB": weight_bytes / 1e9, "floor_ms": floor_ms,
         "floor_tokens_per_s": 1000 / floor_ms,
     })
-    command = shlex.join(["python", *sys.argv]) if argv is None else shlex.join(["python", "benchmark_gpu.py", *argv])
+    command = shlex.join(["python", "-m", "tools.benchmark_gpu", *(sys.argv[1:] if argv is None else argv)])
     print({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, flush=True)
 
     def section(name):

