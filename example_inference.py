@@ -22,10 +22,11 @@ def load_audio(path: str):
     return soxr.resample(samples.mean(axis=1), rate, SAMPLE_RATE)
 
 
-def transcribe(audio_path: str, model_path: str = ".") -> str:
+def transcribe(audio_path: str, model_path: str = ".", max_new_tokens: int | None = None) -> str:
     model = AutoModel.from_pretrained(model_path, trust_remote_code=True)  # loads the base it names + the heads
     inputs = model.prepare_audio_inputs([load_audio(audio_path)])
-    sequences, stats = model.generate(**inputs, max_new_tokens=model.default_max_new_tokens, return_stats=True)
+    max_new_tokens = max_new_tokens or model.default_max_new_tokens  # (Whisper 224 per 30 s window)
+    sequences, stats = model.generate(**inputs, max_new_tokens=max_new_tokens, return_stats=True)
     print(f"[{stats['draft']}: {stats['mean_accepted_per_round']:.2f} tokens per decoder pass]", file=sys.stderr)
     return model.decode_text(sequences, inputs)[0]
 
