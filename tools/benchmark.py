@@ -766,7 +766,7 @@ def draft_option(value: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m tools.benchmark", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", default=DEFAULT_MODEL, help="folder (or Hub repo) with the Medusa heads")
     parser.add_argument("--audio", default=DEFAULT_MANIFEST, help="manifest.jsonl of clips")

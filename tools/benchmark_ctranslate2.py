@@ -77,7 +77,8 @@ def summarise(measured: dict, clips: list) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m tools.benchmark_ctranslate2", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=benchmark.DEFAULT_MODEL, help="artifact folder with heads")
     p.add_argument("--audio", required=True, help="manifest.jsonl of clips (audio, text)")
     p.add_argument("--repeats", type=int, default=3)

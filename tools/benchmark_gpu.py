@@ -550,7 +550,8 @@ def check_graph_reuse(device) -> dict:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.benchmark_gpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/gpu")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="meralion2-3b")
     parser.add_argument("--sections", default="verify,lengths,batching", help=f"comma-separated, of {', '.join(SECTIONS)}")

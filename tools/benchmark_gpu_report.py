@@ -171,7 +171,8 @@ def write_summary(out: Path, command: str | None = None) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m tools.benchmark_gpu_report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="benchmarks/gpu")
     args = parser.parse_args(argv)
     out = Path(args.out)

@@ -54,7 +54,8 @@ def prefill_row(model, shape: str, dtype_name: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m tools.profile_prefill", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="tiny.en,base")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--out", default="work_data/prefill_cost")

@@ -189,7 +189,8 @@ def write_rows(args, device, argv, rows: list, modes) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m tools.profile_rounds", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--shapes", default="tiny.en,base")
     p.add_argument("--dtypes", default="bfloat16,float32")

@@ -95,6 +95,7 @@ def synthesize_speech(text: str, target: Path) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        prog="python -m tools.transcribe",
         description=__doc__.split("\n\n")[0],
         epilog="With no AUDIO, runs the demo: default clip, plain greedy vs Medusa timing.",
     )
