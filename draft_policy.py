@@ -31,6 +31,16 @@ AUTO_TREE_SIZES = (8, 32, 64)  # draft nodes of the extra trees tried when only 
 PRIOR_ROUNDS = 64  # weight of the artifact's own measurement against the rounds observed since
 
 
+DRAFT_NAMES = ("auto", "chain", "tree", "none")  # besides "tree-N" and explicit paths
+
+
+def sized_tree_nodes(draft) -> int | None:
+    """N for a ``"tree-N"`` draft name, else None."""
+    if isinstance(draft, str) and draft.startswith("tree-") and draft[5:].isdigit():
+        return int(draft[5:])
+    return None
+
+
 class DraftPolicy:
     def __init__(self, config):
         self.config = config
@@ -66,8 +76,8 @@ class DraftPolicy:
             return DraftTree.chain(self.config.medusa_num_heads)
         if draft in ("tree", "auto"):
             return self.default_tree()
-        if isinstance(draft, str) and draft.startswith("tree-") and draft[5:].isdigit():
-            return self.sized_tree(int(draft[5:]))
+        if (nodes := sized_tree_nodes(draft)) is not None:
+            return self.sized_tree(nodes)
         raise ValueError(f"draft={draft!r}: use 'auto', 'chain', 'tree', 'tree-N', 'none' or a list of paths.")
 
     def sized_tree(self, nodes: int) -> DraftTree:

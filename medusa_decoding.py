@@ -246,6 +246,23 @@ CPU_TRANSPOSED_COPY_LIMIT = 256 * 2**20  # bytes: larger projections are not dup
 GPU_ROW_MULTIPLE = 64  # a GPU projection's rows are padded to this multiple when they are not one already
 
 
+class DerivedCopy:
+    """``derive(*tensors)`` kept until any of the tensors is replaced or changed in place (a transposed,
+    padded or int8 copy of a weight)."""
+
+    def __init__(self, derive):
+        self.derive, self.value, self._source = derive, None, None
+
+    def __call__(self, *tensors):
+        source = tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
+        if self._source != source:
+            self.value, self._source = self.derive(*tensors), source
+        return self.value
+
+    def clear(self):
+        self.value, self._source = None, None
+
+
 class Projection:
     """``hidden @ weight.T`` (+ bias) laid out for the device. On a CPU a vocabulary projection is a large
     matrix times a few rows, and MKL's row-major kernels for that are slow (tiny.en's 51 864 x 384: one
@@ -258,8 +275,8 @@ class Projection:
 
     def __init__(self, weight_of, bias_of=lambda: None):
         self.weight_of, self.bias_of = weight_of, bias_of
-        self._transposed, self._source = None, None
-        self._padded, self._padded_source = None, None
+        self._transposed = DerivedCopy(lambda weight: weight.detach().T.contiguous())
+        self._padded = DerivedCopy(lambda weight, bias: pad_rows(weight, bias, GPU_ROW_MULTIPLE))
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         weight, bias = self.weight_of(), self.bias_of()
@@ -267,13 +284,13 @@ class Projection:
             return torch.nn.functional.linear(hidden, weight, bias)  # (a quantised weight: its own kernel)
         if hidden.device.type != "cpu":
             # compiled code cannot check the copy against the weight: it uses the one prepare() made
-            padded = self._padded if torch.compiler.is_compiling() else self.prepare()
+            padded = self._padded.value if torch.compiler.is_compiling() else self.prepare()
             if padded is None:
                 return torch.nn.functional.linear(hidden, weight, bias)
             return torch.nn.functional.linear(hidden, *padded)[..., : weight.shape[0]]
         flat = hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype)
         if flat.shape[0] == 1 and weight.numel() * weight.element_size() <= CPU_TRANSPOSED_COPY_LIMIT:
-            out = flat @ self._transposed_weight(weight)
+            out = flat @ self._transposed(weight)
         else:
             out = (weight @ flat.T).T
         if bias is not None:
@@ -285,19 +302,9 @@ class Projection:
         when the weight was replaced or changed. Runs eagerly before rounds are compiled."""
         weight, bias = self.weight_of(), self.bias_of()
         if weight.device.type == "cpu" or not is_dense(weight) or weight.shape[0] % 8 == 0:
-            self._padded, self._padded_source = None, None
+            self._padded.clear()
             return None
-        source = (weight.data_ptr(), weight.dtype, weight.device, weight._version,
-                  None if bias is None else (bias.data_ptr(), bias._version))
-        if self._padded_source != source:
-            self._padded, self._padded_source = pad_rows(weight, bias, GPU_ROW_MULTIPLE), source
-        return self._padded
-
-    def _transposed_weight(self, weight: torch.Tensor) -> torch.Tensor:
-        source = (weight.data_ptr(), weight.dtype, weight.device, weight._version)
-        if self._source != source:
-            self._transposed, self._source = weight.detach().T.contiguous(), source
-        return self._transposed
+        return self._padded(weight, bias)
 
 
 def pad_rows(weight: torch.Tensor, bias: torch.Tensor | None, multiple: int) -> tuple:

@@ -25,9 +25,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 try:
-    from .medusa_decoding import Projection, attend_memory, dense, is_dense
+    from .medusa_decoding import DerivedCopy, Projection, attend_memory, dense, is_dense
 except ImportError:
-    from medusa_decoding import Projection, attend_memory, dense, is_dense
+    from medusa_decoding import DerivedCopy, Projection, attend_memory, dense, is_dense
 
 HEAD_KINDS = ("medusa", "path")
 
@@ -190,7 +190,7 @@ class DraftProjection:
         self.vocab_ids = vocab_ids
         self.int8 = int8
         self._weight, self._source = None, None
-        self._int8, self._int8_source = None, None
+        self._int8 = DerivedCopy(int8_rows)
         self._project = Projection(self.weight)
 
     def weight(self) -> torch.Tensor:
@@ -209,15 +209,8 @@ class DraftProjection:
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V_draft] (no soft-capping: it does not change the ranking)."""
         if self.int8:
-            return int8_matmul(states, *self._int8_weight())
+            return int8_matmul(states, *self._int8(self.weight()))
         return self._project(states)
-
-    def _int8_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
-        weight = self.weight()
-        source = (weight.data_ptr(), weight._version, weight.dtype)
-        if self._int8_source != source:
-            self._int8, self._int8_source = int8_rows(weight), source
-        return self._int8
 
     def token_ids(self, indices: torch.Tensor) -> torch.Tensor:
         if self.vocab_ids is None:

@@ -760,7 +760,9 @@ def load_clips(model, rows: list[dict], progress: bool, prompt_options: dict | N
 
 
 def draft_option(value: str) -> str:
-    if value in ("auto", "chain", "tree", "none") or (value.startswith("tree-") and value[5:].isdigit()):
+    from draft_policy import DRAFT_NAMES, sized_tree_nodes
+
+    if value in DRAFT_NAMES or sized_tree_nodes(value) is not None:
         return value
     raise argparse.ArgumentTypeError(f"{value!r}: use auto, chain, tree, tree-N or none")
 
