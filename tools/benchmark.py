@@ -31,13 +31,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.benchmark_report import (PLOT_NAME, _load_average, _pct, _ratio, environment_info, memory_info, merge_summaries,
-                              peak_rss_bytes, quantised_row, QUANTISED_SUMMARY_KEY, render_markdown, summary_row,
-                              update_summary, write_outputs)
+from tools.benchmark_report import (PLOT_NAME, _load_average, _pct, _ratio, environment_info, memory_info,
+                                    merge_summaries, peak_rss_bytes, quantised_row, QUANTISED_SUMMARY_KEY,
+                                    render_markdown, SUMMARY_KEY, summary_row, update_summary, write_outputs)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
 DEFAULT_MODEL = "heads/whisper-tiny.en"
 DEFAULT_MANIFEST = "work_data/eval_speech/manifest.jsonl"
@@ -615,7 +613,7 @@ def _run_batched(model, clips, batch_size, timer, counter, depth, progress) -> d
 
 
 def _local(path_text: str) -> Path | None:
-    """``path_text`` as given (relative to the working directory), else relative to this script."""
+    """``path_text`` as given (relative to the working directory), else relative to the repository root."""
     for candidate in (Path(path_text).expanduser(), REPO_ROOT / path_text):
         if candidate.exists():
             return candidate
@@ -919,14 +917,12 @@ def _main(args, argv=None) -> int:
                      "their features were truncated.")
     written = write_outputs(results, Path(args.out), plot=not args.no_plot)
     command = "python -m tools.benchmark " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    if args.summary:
-        row = summary_row(results, command)
-        row["results"] = os.path.relpath(written["json"], Path(args.summary).resolve().parent)
-        update_summary(Path(args.summary), row)
-    if args.quantised_summary:
-        row = quantised_row(results, command)
-        row["results"] = os.path.relpath(written["json"], Path(args.quantised_summary).resolve().parent)
-        update_summary(Path(args.quantised_summary), row, QUANTISED_SUMMARY_KEY)
+    for summary, make_row, key in ((args.summary, summary_row, SUMMARY_KEY),
+                                   (args.quantised_summary, quantised_row, QUANTISED_SUMMARY_KEY)):
+        if summary:
+            row = make_row(results, command)
+            row["results"] = os.path.relpath(written["json"], Path(summary).resolve().parent)
+            update_summary(Path(summary), row, key)
     print(render_markdown(results), end="")
     print(f"\nWrote {written['json']} and {written['markdown']}; plot: {written.get('plot', 'disabled')}",
           file=sys.stderr)
