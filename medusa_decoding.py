@@ -287,7 +287,9 @@ class Projection:
             padded = self._padded.value if torch.compiler.is_compiling() else self.prepare()
             if padded is None:
                 return torch.nn.functional.linear(hidden, weight, bias)
-            return torch.nn.functional.linear(hidden, *padded)[..., : weight.shape[0]]
+            # contiguous: a strided slice makes index_fill's decomposition copy into a fresh tensor, which
+            # torch.compile's functional graph rejects
+            return torch.nn.functional.linear(hidden, *padded)[..., : weight.shape[0]].contiguous()
         flat = hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype)
         if flat.shape[0] == 1 and weight.numel() * weight.element_size() <= CPU_TRANSPOSED_COPY_LIMIT:
             out = flat @ self._transposed(weight)

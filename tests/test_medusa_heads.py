@@ -131,3 +131,17 @@ def test_padded_projection_rows_give_the_same_logits_in_the_first_columns():
     logits = torch.nn.functional.linear(hidden, padded_weight, padded_bias)[..., :51]
     assert torch.allclose(logits, torch.nn.functional.linear(hidden, weight, bias))
     assert pad_rows(weight, None, 64)[1] is None
+
+
+def test_padded_projection_returns_contiguous_logits_off_the_cpu():
+    """The logits a padded (GPU) projection returns are contiguous: suppression rules fill ids with
+    index_fill, whose decomposition copies a strided input into a fresh tensor, and a compiled round's
+    functional graph rejects that copy. The meta device takes the non-CPU path without a GPU."""
+    from medusa_decoding import Projection
+
+    weight = torch.empty(51865, 16, device="meta")
+    projection = Projection(lambda: weight)
+    assert projection.prepare()[0].shape == (51904, 16)
+    with torch.no_grad():
+        logits = projection(torch.empty(1, 17, 16, device="meta"))
+    assert logits.shape == (1, 17, 51865) and logits.is_contiguous()
