@@ -287,9 +287,11 @@ class Projection:
             padded = self._padded.value if torch.compiler.is_compiling() else self.prepare()
             if padded is None:
                 return torch.nn.functional.linear(hidden, weight, bias)
-            # contiguous: a strided slice makes index_fill's decomposition copy into a fresh tensor, which
-            # torch.compile's functional graph rejects
-            return torch.nn.functional.linear(hidden, *padded)[..., : weight.shape[0]].contiguous()
+            # a fresh tensor with its own strides: on the slice (whose strides are the padded row's, even where
+            # it counts as contiguous) index_fill's decomposition copies into an empty tensor, which a compiled
+            # round's functional graph rejects
+            logits = torch.nn.functional.linear(hidden, *padded)[..., : weight.shape[0]]
+            return logits.clone(memory_format=torch.contiguous_format)
         flat = hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype)
         if flat.shape[0] == 1 and weight.numel() * weight.element_size() <= CPU_TRANSPOSED_COPY_LIMIT:
             out = flat @ self._transposed(weight)
@@ -345,10 +347,45 @@ def dense(weight: torch.Tensor) -> torch.Tensor:
 
 
 class Backbone:
-    """The part every family adapter has in common. Subclasses provide ``base`` (the loaded model),
-    ``generation_config``, ``output_projection``, ``prefill``, ``decode``, ``logits`` and ``format_output``."""
+    """The part every family adapter has in common, and what each family declares. Subclasses provide
+    ``base`` (the loaded model), ``generation_config``, ``output_projection``, ``prefill``, ``decode``, ``logits``
+    and ``format_output``; the class attributes and class methods below say what differs between families
+    before any base is loaded (loading, detection, defaults, which generate options the loop takes as is)."""
 
+    family: str = ""
+    required_inputs: tuple = ()  # generate inputs a call must give (the first one may be passed positionally)
+    max_audio_seconds: float = 30.0  # audio one call takes
+    default_max_new_tokens: int = 224  # new tokens per window by default (transcription, benchmark, model card)
+    window_seconds: float = 30.0  # audio per window in the transcription command
+    timestamped: bool = False  # generate(return_timestamps=True, return_segments=True) gives the base's segments
+    asr_pipeline: bool = False  # transformers' "automatic-speech-recognition" pipeline runs this family's artifacts
+    processor_remote_code: bool = False  # the base's processor is remote code
+    # generate options this family's decoding leaves out, with the values that change nothing (read-only)
+    greedy_as_is: dict = {}
+    # read from the base's own generation config by the adapter: a call that changes them goes to the base
+    base_config_settings: tuple = ()
     default_eos_token_ids: tuple = ()
+
+    @classmethod
+    def is_model_type(cls, model_type: str) -> bool:
+        """Whether a base whose config says ``model_type`` is of this family."""
+        return model_type == cls.family
+
+    @classmethod
+    def is_model(cls, base) -> bool:
+        """Whether the loaded model ``base`` is of this family."""
+        return cls.is_model_type(getattr(base.config, "model_type", ""))
+
+    @classmethod
+    def load_base(cls, source: str, load_kwargs: dict):
+        """The base model from a folder or Hub id (``from_pretrained`` keyword arguments ``load_kwargs``)."""
+        raise NotImplementedError
+
+    @classmethod
+    def sampling_option(cls, kwargs: dict) -> tuple[str, str] | None:
+        """(option, why) when a call's option makes this family's generate sample although its generation
+        mode says greedy; None when it does not."""
+        return None
 
     def prepare_rounds(self) -> None:
         """Eager set-up before rounds are captured or compiled (the output projection's padded copy)."""
