@@ -123,6 +123,27 @@ def test_language_and_task_reach_every_input_and_bad_ones_give_clear_errors(tiny
     assert not (tmp_path / "out").exists()
 
 
+def test_a_whole_run_writes_its_results_and_summary_row_and_exits_cleanly(tiny_medusa, tmp_path, capsys):
+    """The command end to end, as the committed benchmarks run it: results, the summary row naming the command
+    and the results file, the tables on stdout, exit status 0."""
+    import numpy as np
+    import soundfile as sf
+
+    _, root = tiny_medusa
+    sf.write(tmp_path / "a.wav", np.random.default_rng(0).normal(0, 0.1, 8000).astype(np.float32), 16000)
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "audio": "a.wav", "text": "hello"}) + "\n")
+    summary = tmp_path / "summary.json"
+    argv = ["--audio", str(manifest), "--model", str(root / "heads"), "--repeats", "1", "--warmup", "0",
+            "--max-new-tokens", "8", "--draft", "chain", "--quiet", "--no-plot", "--out", str(tmp_path / "out"),
+            "--summary", str(summary)]
+    assert benchmark.main(argv) == 0
+    assert "exact match" in capsys.readouterr().out
+    rows = json.loads(summary.read_text())
+    assert len(rows) == 1 and rows[0]["command"].startswith("python -m tools.benchmark --audio")
+    assert (summary.parent / rows[0]["results"]).resolve() == (tmp_path / "out" / "results.json").resolve()
+
+
 def test_timestamped_benchmark_compares_timestamped_decoders(tmp_path):
     """--timestamps: every decoder returns timestamps; Medusa decodes them (no fallback) and equals the base."""
     from modeling_medusa import MedusaForASR
