@@ -22,7 +22,28 @@ class MERaLiON2Backbone(Backbone):
     family = "meralion2"
     required_inputs = ("input_ids", "input_features", "feature_attention_mask")
     max_audio_seconds = 300.0
+    default_max_new_tokens = 1536  # a window may hold up to 300 s of speech
+    window_seconds = 30.0  # it takes up to 300 s in one prompt, but its model card advises at most 30 s for ASR
+    processor_remote_code = True
+    # its decoder applies no token suppression or forced ids
+    greedy_as_is = {"suppress_tokens": ([],), "begin_suppress_tokens": ([],), "forced_decoder_ids": ([],)}
+    base_config_settings = ("eos_token_id", "pad_token_id", "max_length")
     default_eos_token_ids = (1, 107)  # <eos>, <end_of_turn> (only when the base's generation config has none)
+
+    @classmethod
+    def is_model_type(cls, model_type: str) -> bool:
+        return model_type.startswith("meralion")
+
+    @classmethod
+    def is_model(cls, base) -> bool:
+        return hasattr(base, "text_decoder") and hasattr(base, "speech_encoder")
+
+    @classmethod
+    def load_base(cls, source: str, load_kwargs: dict):
+        from transformers import AutoModelForSpeechSeq2Seq
+
+        load_kwargs = {"attn_implementation": "eager", **load_kwargs}  # sdpa would drop Gemma2's attention soft-cap
+        return AutoModelForSpeechSeq2Seq.from_pretrained(source, trust_remote_code=True, **load_kwargs)
 
     def __init__(self, base):
         self.base = base

@@ -41,9 +41,36 @@ class WhisperBackbone(Backbone):
     family = "whisper"
     required_inputs = ("input_features",)
     max_audio_seconds = 30.0
+    default_max_new_tokens = 224  # OpenAI's sample length, half the 448 decoder positions: a fast-spoken 30 s window
+    window_seconds = 30.0  # what Whisper's long-form generate makes its windows of
+    timestamped = True
+    asr_pipeline = True
+    # fallback thresholds on log-probabilities and no-speech probability need scores; its compression-ratio
+    # threshold reads only the text, so windows take it, and its token-level timestamps read the cross-attentions,
+    # which a window gives from one teacher-forced pass over the tokens it decoded
+    greedy_as_is = {"logprob_threshold": (), "no_speech_threshold": ()}
+    base_config_settings = ("eos_token_id", "pad_token_id", "max_length", "decoder_start_token_id", "suppress_tokens",
+                            "begin_suppress_tokens", "forced_decoder_ids", "no_timestamps_token_id")
     # bf16/fp16 attention: "sdpa" (SDPA's default kernel everywhere), "memory" (cross-attention through
     # attend_memory), "auto" (that, and self-attention as matmuls) or "matmul" (matmuls everywhere)
     half_attention = "memory"
+
+    @classmethod
+    def load_base(cls, source: str, load_kwargs: dict):
+        from transformers import WhisperForConditionalGeneration
+
+        return WhisperForConditionalGeneration.from_pretrained(source, **load_kwargs)
+
+    @classmethod
+    def sampling_option(cls, kwargs: dict) -> tuple[str, str] | None:
+        """Whisper's generate samples when its ``temperature`` argument (not the config's) is above 0. A sequence
+        of temperatures is its fallback: each window is decoded greedily first (by us) and retried at the next
+        temperature, by the base's own sampling, where its thresholds reject the result."""
+        temperature = kwargs.get("temperature")
+        first = temperature[0] if isinstance(temperature, (list, tuple)) and temperature else temperature
+        if first is None or first == 0:
+            return None
+        return "temperature", "Whisper samples when its first temperature is above 0"
 
     def __init__(self, base):
         self.base = base
@@ -476,7 +503,7 @@ class WhisperBackbone(Backbone):
 def _asks_only_token_timestamps(generation_config) -> bool:
     """Whether the outputs asked for beyond the ids are those of ``return_token_timestamps``: the base's generate
     then asks for attentions (a window gives the cross-attentions) and scores, which only its log-probability
-    threshold reads (a call with one is the base's own, see ``FAMILY_GREEDY_AS_IS``)."""
+    threshold reads (a call with one is the base's own, see ``greedy_as_is``)."""
     return bool(getattr(generation_config, "return_token_timestamps", False)
                 and not generation_config.output_hidden_states and not generation_config.output_logits)
 

@@ -44,16 +44,9 @@ CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.
               "medusa_heads.py", "draft_policy.py", "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py")
 # transformers.pipeline("automatic-speech-recognition", model=<artifact>, trust_remote_code=True) builds this class
 ASR_PIPELINE = {"impl": "asr_pipeline.MedusaSpeechRecognitionPipeline", "pt": ["AutoModel"], "tf": [], "type": "audio"}
-BACKBONES = {"whisper": WhisperBackbone, "meralion2": MERaLiON2Backbone}
+BACKBONES = {backbone.family: backbone for backbone in (WhisperBackbone, MERaLiON2Backbone)}
 BASE_LOAD_KWARGS = ("torch_dtype", "dtype", "device_map", "attn_implementation", "quantization_config",
                     "revision", "token", "cache_dir", "local_files_only", "low_cpu_mem_usage")
-# New tokens per window by default in the transcription command, the benchmark and the model card (generate()
-# itself defaults to the base's generation config, as the base's generate does). Whisper: OpenAI's sample length,
-# half its 448 decoder positions, room for a fast-spoken 30 s window; MERaLiON-2: its windows are 300 s long.
-DEFAULT_MAX_NEW_TOKENS = {"whisper": 224, "meralion2": 1536}
-# Seconds of audio per window in the transcription command. MERaLiON-2 takes up to 300 s in one prompt, but its
-# model card advises at most 30 s for ASR; Whisper's long-form generate makes its own 30 s windows.
-DEFAULT_WINDOW_SECONDS = {"whisper": 30.0, "meralion2": 30.0}
 CACHE_ENV = "MEDUSA_ASR_CACHE"
 CONVERSION_MARKER = "conversion.json"  # written last into a base folder converted by pipeline.real_whisper
 TRAIN_HINT = ("Train heads for this base with: python -m pipeline.collect --base BASE --audio AUDIO && "
@@ -174,7 +167,7 @@ class MedusaForASR(PreTrainedModel):
             self.config.auto_map = {"AutoConfig": "configuration_medusa.MedusaConfig",
                                     "AutoModel": "modeling_medusa.MedusaForASR"}
             self.config.architectures = ["MedusaForASR"]
-            if self.config.base_family == "whisper":
+            if BACKBONES[self.family].asr_pipeline:
                 self.config.custom_pipelines = {"automatic-speech-recognition": ASR_PIPELINE}
             self.config.save_pretrained(tmp)
             heads = {k: v.detach().contiguous().cpu() for k, v in self.medusa_heads.state_dict().items()}
@@ -205,7 +198,9 @@ class MedusaForASR(PreTrainedModel):
 
     @property
     def default_max_new_tokens(self) -> int:
-        return DEFAULT_MAX_NEW_TOKENS[self.family]
+        """New tokens per window by default in the transcription command, the benchmark and the model card
+        (``generate`` itself defaults to the base's generation config, as the base's generate does)."""
+        return BACKBONES[self.family].default_max_new_tokens
 
     @property
     def max_audio_seconds(self) -> float:
@@ -213,12 +208,13 @@ class MedusaForASR(PreTrainedModel):
 
     @property
     def default_window_seconds(self) -> float:
-        return DEFAULT_WINDOW_SECONDS[self.family]
+        """Seconds of audio per window in the transcription command."""
+        return BACKBONES[self.family].window_seconds
 
     @property
     def timestamped(self) -> bool:
         """Whether generate(return_timestamps=True, return_segments=True) gives the base's own segments."""
-        return self.family == "whisper"
+        return BACKBONES[self.family].timestamped
 
     def segments(self, output: dict) -> list[list[tuple[float, float, str]]]:
         """Per row, (start seconds, end seconds, text) of each segment of a ``return_segments=True`` output."""
@@ -336,7 +332,7 @@ class MedusaForASR(PreTrainedModel):
         _check_max_new_tokens(max_new_tokens)
         reason = None if use_medusa else "disabled"
         reason = (reason or _activation_quantization(self.base)
-                  or _generation_fallback_reason(kwargs, self.base.generation_config, self.family)
+                  or _generation_fallback_reason(kwargs, self.base.generation_config, self.backbone)
                   or self.backbone.unsupported_reason(kwargs))
         if reason is not None:
             if reason != "disabled":
@@ -539,11 +535,10 @@ def cache_dir() -> Path:
 
 
 def detect_family(base) -> str:
-    if hasattr(base, "text_decoder") and hasattr(base, "speech_encoder"):
-        return "meralion2"
-    if getattr(base.config, "model_type", "") == "whisper":
-        return "whisper"
-    raise ValueError(f"Cannot tell the family of {type(base).__name__}; pass family='whisper' or 'meralion2'.")
+    for family, backbone in BACKBONES.items():
+        if backbone.is_model(base):
+            return family
+    raise ValueError(f"Cannot tell the family of {type(base).__name__}; pass family= one of {sorted(BACKBONES)}.")
 
 
 class BaseModelNotFound(OSError):
@@ -570,15 +565,7 @@ def load_base_model(name_or_path: str, family: str | None = None, **kwargs):
     family = family or _family_of(config, source)
     _decompress_compressed_tensors(config, source, load_kwargs)
     try:
-        if family == "meralion2":
-            from transformers import AutoModelForSpeechSeq2Seq
-
-            load_kwargs.setdefault("attn_implementation", "eager")  # sdpa would drop Gemma2's attention soft-cap
-            base = AutoModelForSpeechSeq2Seq.from_pretrained(source, trust_remote_code=True, **load_kwargs)
-        else:
-            from transformers import WhisperForConditionalGeneration
-
-            base = WhisperForConditionalGeneration.from_pretrained(source, **load_kwargs)
+        base = BACKBONES[family].load_base(source, load_kwargs)
     except OSError as err:
         raise BaseModelNotFound(str(source), f"{type(err).__name__}: {_first_line(err)}") from err
     if adapter:
@@ -622,7 +609,7 @@ def _load_processor(source, family, load_kwargs):
 
     keep = {k: v for k, v in load_kwargs.items() if k in ("revision", "token", "cache_dir", "local_files_only")}
     try:
-        return AutoProcessor.from_pretrained(source, trust_remote_code=family == "meralion2", **keep)
+        return AutoProcessor.from_pretrained(source, trust_remote_code=BACKBONES[family].processor_remote_code, **keep)
     except (OSError, ValueError, TypeError, KeyError) as err:
         warnings.warn(f"Loaded {source} without a processor ({type(err).__name__}: {_first_line(err)}); "
                       "prepare_audio_inputs and decode_text need one: pass processor= to from_pretrained.")
@@ -656,10 +643,9 @@ def _base_config(source, load_kwargs):
 
 def _family_of(config, source) -> str:
     model_type = getattr(config, "model_type", "")
-    if model_type == "whisper":
-        return "whisper"
-    if model_type.startswith("meralion"):
-        return "meralion2"
+    for family, backbone in BACKBONES.items():
+        if backbone.is_model_type(model_type):
+            return family
     raise ValueError(f"{source!r} is a {model_type!r} model; supported bases are MERaLiON-2 and Whisper.")
 
 
@@ -770,20 +756,6 @@ GREEDY_AS_IS = {
     "return_dict_in_generate": (False,), "output_scores": (False,), "output_logits": (False,),
     "output_attentions": (False,), "output_hidden_states": (False,),
 }
-# What each backbone leaves out (MERaLiON-2's decoder applies no token suppression or forced ids; Whisper's
-# fallback thresholds on log-probabilities and no-speech probability, which need scores; its compression-ratio
-# threshold reads only the text, so windows take it, and its token-level timestamps read the cross-attentions,
-# which a window gives from one teacher-forced pass over the tokens it decoded).
-FAMILY_GREEDY_AS_IS = {
-    "meralion2": {"suppress_tokens": ([],), "begin_suppress_tokens": ([],), "forced_decoder_ids": ([],)},
-    "whisper": {"logprob_threshold": (), "no_speech_threshold": ()},
-}
-# Read by the backbones from the base's own generation config: a call that changes them goes to the base.
-BASE_CONFIG_SETTINGS = {
-    "meralion2": ("eos_token_id", "pad_token_id", "max_length"),
-    "whisper": ("eos_token_id", "pad_token_id", "max_length", "decoder_start_token_id", "suppress_tokens",
-                "begin_suppress_tokens", "forced_decoder_ids", "no_timestamps_token_id"),
-}
 # generate() arguments that are objects or callbacks the Medusa loop cannot apply.
 CALL_ONLY_OPTIONS = ("generation_config", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn",
                      "assistant_model", "streamer", "negative_prompt_ids", "custom_generate")
@@ -801,10 +773,11 @@ def _activation_quantization(base) -> str | None:
     return None
 
 
-def _generation_fallback_reason(kwargs: dict, base_config, family: str) -> str | None:
+def _generation_fallback_reason(kwargs: dict, base_config, backbone) -> str | None:
     """The first setting that makes the base's generate decode other than by the plain greedy search the
     Medusa loop reproduces, named with where it came from; None when there is none. Settings are those of
-    the base's generation config updated with this call's, as the base's generate merges them."""
+    the base's generation config updated with this call's, as the base's generate merges them; the backbone
+    says which options its family's decoding leaves out and which it reads from the base's config."""
     for name in CALL_ONLY_OPTIONS:
         if kwargs.get(name) is not None:
             return f"the {name} argument"
@@ -824,14 +797,15 @@ def _generation_fallback_reason(kwargs: dict, base_config, family: str) -> str |
                                "force_words_ids", "dola_layers", "prompt_lookup_num_tokens", "assistant_early_exit")
                    if not _is_mode_default(getattr(merged, n, None))]
         return f"{MODE_NAMES.get(mode, mode.replace('_', ' '))} ({', '.join(named(n) for n in differs)})"
-    if family == "whisper" and not _whisper_starts_greedy(kwargs.get("temperature")):
-        return f"sampling ({named('temperature')}: Whisper samples when its first temperature is above 0)"
-    as_is = {**GREEDY_AS_IS, **FAMILY_GREEDY_AS_IS.get(family, {})}
+    if (sampling := backbone.sampling_option(kwargs)) is not None:
+        option, why = sampling
+        return f"sampling ({named(option)}: {why})"
+    as_is = {**GREEDY_AS_IS, **backbone.greedy_as_is}
     for name, neutral in as_is.items():
         value = kwargs[name] if name in kwargs else getattr(merged, name, None)
         if not (value is None or (not torch.is_tensor(value) and value in neutral)):
             return named(name)
-    for name in BASE_CONFIG_SETTINGS.get(family, ()):
+    for name in backbone.base_config_settings:
         if name in kwargs and kwargs[name] != getattr(base_config, name, None):
             return f"{named(name)} (the decoder applies the base's own {name})"
     return None
@@ -839,14 +813,6 @@ def _generation_fallback_reason(kwargs: dict, base_config, family: str) -> str |
 
 def _is_mode_default(value) -> bool:
     return value is None or value is False or (type(value) in (int, float) and value in (0, 1))
-
-
-def _whisper_starts_greedy(temperature) -> bool:
-    """Whisper's generate samples when its ``temperature`` argument (not the config's) is above 0. A sequence
-    of temperatures is its fallback: each window is decoded greedily first (by us) and retried at the next
-    temperature, by the base's own sampling, where its thresholds reject the result."""
-    first = temperature[0] if isinstance(temperature, (list, tuple)) and temperature else temperature
-    return first is None or first == 0
 
 
 def _short_repr(value, limit: int = 60) -> str:

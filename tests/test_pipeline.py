@@ -488,17 +488,18 @@ def test_pipeline_outputs_are_world_readable_like_any_download(clips, tmp_path):
 
 
 def test_model_card_uses_the_family_default_max_new_tokens():
-    """One default per family (modeling_medusa.DEFAULT_MAX_NEW_TOKENS): the card's snippet asks the model for it,
-    as the transcription command does."""
+    """One default per family (its backbone's ``default_max_new_tokens``): the card's snippet asks the model for
+    it, as the transcription command does."""
     import types
 
-    from modeling_medusa import DEFAULT_MAX_NEW_TOKENS, MedusaForASR
+    from modeling_medusa import BACKBONES, MedusaForASR
 
     card = render_model_card(MedusaConfig(base_model_name_or_path="org/base", base_family="whisper",
                                           hidden_size=8, vocab_size=10))
     assert "model.generate(**inputs, max_new_tokens=model.default_max_new_tokens" in card
-    for family, tokens in DEFAULT_MAX_NEW_TOKENS.items():
-        assert MedusaForASR.default_max_new_tokens.fget(types.SimpleNamespace(family=family)) == tokens
+    declared = {family: MedusaForASR.default_max_new_tokens.fget(types.SimpleNamespace(family=family))
+                for family in BACKBONES}
+    assert declared == {"whisper": 224, "meralion2": 1536}
 
 
 def test_export_never_replaces_a_foreign_or_committed_folder_unless_forced(shards, tmp_path, capsys):
