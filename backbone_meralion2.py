@@ -14,9 +14,13 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from .medusa_decoding import Backbone, DecodeState, Projection, StaticKVCache, attention_mask, SuppressionRules
+    from .backbone import Backbone, Projection
+    from .kv_cache import DecodeState, StaticKVCache, attention_mask
+    from .logits_rules import SuppressionRules
 except ImportError:
-    from medusa_decoding import Backbone, DecodeState, Projection, StaticKVCache, attention_mask, SuppressionRules
+    from backbone import Backbone, Projection
+    from kv_cache import DecodeState, StaticKVCache, attention_mask
+    from logits_rules import SuppressionRules
 
 class MERaLiON2Backbone(Backbone):
     family = "meralion2"

@@ -12,11 +12,15 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from .medusa_decoding import (Backbone, ChainedRules, ChunkPath, DecodeState, LogitsRules, Projection,
-                                  StaticKVCache, WindowPlan, attend_memory, attention_mask, SuppressionRules)
+    from .backbone import Backbone, Projection, attend_memory
+    from .kv_cache import DecodeState, StaticKVCache, attention_mask
+    from .logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules
+    from .medusa_decoding import WindowPlan
 except ImportError:
-    from medusa_decoding import (Backbone, ChainedRules, ChunkPath, DecodeState, LogitsRules, Projection,
-                                 StaticKVCache, WindowPlan, attend_memory, attention_mask, SuppressionRules)
+    from backbone import Backbone, Projection, attend_memory
+    from kv_cache import DecodeState, StaticKVCache, attention_mask
+    from logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules
+    from medusa_decoding import WindowPlan
 
 
 SPEECH_FRAME_MARGIN = 16  # encoder frames (0.32 s) the drafter reads past the end of the speech

@@ -19,10 +19,14 @@ import time
 import torch
 
 try:
-    from .medusa_decoding import CachePool, DraftTree, MedusaStats, build_tree_from_accuracy, expected_tokens_per_round
+    from .draft_trees import DraftTree, build_tree_from_accuracy, expected_tokens_per_round
+    from .kv_cache import CachePool
+    from .medusa_decoding import MedusaStats
     from .medusa_fast import CapturedCalls
 except ImportError:
-    from medusa_decoding import CachePool, DraftTree, MedusaStats, build_tree_from_accuracy, expected_tokens_per_round
+    from draft_trees import DraftTree, build_tree_from_accuracy, expected_tokens_per_round
+    from kv_cache import CachePool
+    from medusa_decoding import MedusaStats
     from medusa_fast import CapturedCalls
 
 AUTO_TREE_SIZES = (8, 32, 64)  # draft nodes of the extra trees tried when only head accuracy is known

@@ -14,9 +14,13 @@ import warnings
 import torch
 
 try:
-    from .medusa_decoding import DecodeState, DraftTree, RoundResult, verify_round
+    from .draft_trees import DraftTree
+    from .kv_cache import DecodeState
+    from .medusa_decoding import RoundResult, verify_round
 except ImportError:
-    from medusa_decoding import DecodeState, DraftTree, RoundResult, verify_round
+    from draft_trees import DraftTree
+    from kv_cache import DecodeState
+    from medusa_decoding import RoundResult, verify_round
 
 
 def capture_cuda_graph(fn, warmups: int = 1, reset=None) -> torch.cuda.CUDAGraph:

@@ -25,9 +25,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 try:
-    from .medusa_decoding import DerivedCopy, Projection, attend_memory, dense, is_dense
+    from .backbone import DerivedCopy, Projection, attend_memory, dense, is_dense
 except ImportError:
-    from medusa_decoding import DerivedCopy, Projection, attend_memory, dense, is_dense
+    from backbone import DerivedCopy, Projection, attend_memory, dense, is_dense
 
 HEAD_KINDS = ("medusa", "path")
 

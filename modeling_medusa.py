@@ -24,7 +24,8 @@ try:
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
     from .draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
-    from .medusa_decoding import DraftTree, EagerRounds, MedusaStats, WindowPlan, run_rounds
+    from .draft_trees import DraftTree
+    from .medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds
     from .medusa_fast import CapturedRounds, capture_cuda_graph
     from .medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
                                build_heads, int8_drafting_copy, int8_drafting_supported)
@@ -33,7 +34,8 @@ except ImportError:
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
     from draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
-    from medusa_decoding import DraftTree, EagerRounds, MedusaStats, WindowPlan, run_rounds
+    from draft_trees import DraftTree
+    from medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds
     from medusa_fast import CapturedRounds, capture_cuda_graph
     from medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
                               build_heads, int8_drafting_copy, int8_drafting_supported)
@@ -41,7 +43,8 @@ except ImportError:
 HEADS_FILE = "medusa_heads.safetensors"
 DRAFT_VOCAB_KEY = "draft_vocab"  # int64 [V_draft]: the token ids the heads project onto (optional)
 CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.py", "medusa_fast.py",
-              "medusa_heads.py", "draft_policy.py", "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py")
+              "medusa_heads.py", "draft_policy.py", "draft_trees.py", "kv_cache.py", "logits_rules.py", "backbone.py",
+              "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py")
 # transformers.pipeline("automatic-speech-recognition", model=<artifact>, trust_remote_code=True) builds this class
 ASR_PIPELINE = {"impl": "asr_pipeline.MedusaSpeechRecognitionPipeline", "pt": ["AutoModel"], "tf": [], "type": "audio"}
 BACKBONES = {backbone.family: backbone for backbone in (WhisperBackbone, MERaLiON2Backbone)}

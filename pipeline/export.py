@@ -146,9 +146,9 @@ def choose_tree(mode: str, head_accuracy: dict, num_nodes: int, num_heads: int):
     if not topk:
         print("[export] no measured top-k accuracy (metrics.json missing?): using a chain")
         return None
-    # The tree builder lives with the decoding code (medusa_decoding.py, the artifact's own module).
+    # The tree builder lives with the decoding code (draft_trees.py, the artifact's own module).
     import_medusa()  # puts the repository root on sys.path
-    from medusa_decoding import build_tree_from_accuracy
+    from draft_trees import build_tree_from_accuracy
 
     tree = build_tree_from_accuracy([list(map(float, row)) for row in topk[:num_heads]], num_nodes)
     if all(set(path) == {0} for path in tree) and len(tree) <= num_heads:

@@ -321,7 +321,7 @@ def evaluate(model, data: Collected, utts, num_heads: int, vocab_index, amp: boo
 def candidate_trees(topk_accuracy, num_heads: int) -> list:
     """The chain and trees of ``CANDIDATE_TREE_SIZES`` nodes built from the measured accuracy."""
     import_medusa()
-    from medusa_decoding import DraftTree, build_tree_from_accuracy
+    from draft_trees import DraftTree, build_tree_from_accuracy
 
     trees = [DraftTree.chain(num_heads)]
     trees += [DraftTree.from_paths(build_tree_from_accuracy(topk_accuracy, n)) for n in CANDIDATE_TREE_SIZES]

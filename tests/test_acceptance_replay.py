@@ -15,7 +15,7 @@ pytestmark = requires_transformers5
 @pytest.mark.parametrize("kind", ["medusa", "path", "oracle"])
 def test_replayed_tokens_per_round_equal_generate(kind, tmp_path_factory):
     from configuration_medusa import MedusaConfig
-    from medusa_decoding import DraftTree
+    from draft_trees import DraftTree
     from modeling_medusa import MedusaForASR
     from pipeline.acceptance import Recording, tokens_per_round
 

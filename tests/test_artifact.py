@@ -13,7 +13,7 @@ from conftest import ROOT, requires_transformers5, transformers_below_452
 from tiny_models import build_tiny_whisper, random_features
 
 CODE_FILES = ["configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.py", "medusa_fast.py",
-              "medusa_heads.py", "draft_policy.py",
+              "medusa_heads.py", "draft_policy.py", "draft_trees.py", "kv_cache.py", "logits_rules.py", "backbone.py",
               "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py"]
 
 
@@ -383,7 +383,7 @@ def test_auto_draft_weighs_tree_sizes_by_measured_cost(artifact):
     """auto considers plain greedy, the chain, the config's tree and trees of other sizes, and picks the
     most expected tokens per second of verify time (costs injected here, timed on the device in use)."""
     from draft_policy import AUTO_TREE_SIZES
-    from medusa_decoding import expected_tokens_per_round
+    from draft_trees import expected_tokens_per_round
     from modeling_medusa import MedusaForASR
 
     model = MedusaForASR.from_pretrained(str(artifact))

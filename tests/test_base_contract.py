@@ -128,7 +128,7 @@ def test_gemma2_decoder_forward_matches_the_library():
     from transformers import Gemma2Config, Gemma2ForCausalLM, GenerationConfig
 
     from backbone_meralion2 import MERaLiON2Backbone
-    from medusa_decoding import DecodeState, StaticKVCache
+    from kv_cache import DecodeState, StaticKVCache
 
     torch.manual_seed(0)
     config = Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -4,7 +4,8 @@ import pytest
 
 from configuration_medusa import MedusaConfig
 from draft_policy import PRIOR_ROUNDS, DraftPolicy
-from medusa_decoding import DraftTree, MedusaStats
+from draft_trees import DraftTree
+from medusa_decoding import MedusaStats
 
 CHAIN = [[0], [0, 0]]
 TREE = [[0], [1], [0, 0]]

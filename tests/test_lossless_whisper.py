@@ -316,7 +316,7 @@ def test_cpu_drafts_come_from_an_int8_copy_of_the_current_heads(tmp_path_factory
     """On a CPU the drafter multiplies int8 copies of the heads (test_path_heads_equal_the_base_greedy shows
     the ids stay the base's); a copy made before the heads changed is never used after."""
     from configuration_medusa import MedusaConfig
-    from medusa_decoding import DraftTree
+    from draft_trees import DraftTree
     from medusa_heads import Int8Linear, int8_drafting_supported
     from modeling_medusa import MedusaForASR
 

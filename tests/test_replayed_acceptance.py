@@ -14,7 +14,8 @@ pytestmark = requires_transformers5
 @pytest.mark.parametrize("top1, expect", [(1.0, "all"), (0.0, "none")])
 def test_replayed_drafts_follow_the_decode(top1, expect, tmp_path):
     from tools.benchmark_gpu import ReplayDrafter, rank_profile
-    from medusa_decoding import DraftTree, MedusaStats, run_rounds
+    from draft_trees import DraftTree
+    from medusa_decoding import MedusaStats, run_rounds
     from medusa_fast import CapturedRounds
     from medusa_heads import MedusaDrafter
     from modeling_medusa import MedusaForASR

@@ -60,7 +60,8 @@ def test_rules_equal_the_base_processor_at_every_tree_node(max_initial, from_log
     of random drafts: each node's logits equal the base processor's on that node's whole sequence, and the
     history carried over a random accepted path equals the one read off that path."""
     from backbone_whisper import TimestampRules
-    from medusa_decoding import ChunkPath, DraftTree
+    from draft_trees import DraftTree
+    from logits_rules import ChunkPath
 
     rng, gen = random.Random(7), torch.Generator().manual_seed(7)
     for case in range(40):
@@ -96,7 +97,8 @@ def test_first_token_rules_equal_the_base_processor():
     """Before anything is generated (the prefill's token): only timestamps, up to max_initial_timestamp_index;
     timestamps in the prompt (previous windows' text) do not count."""
     from backbone_whisper import TimestampRules
-    from medusa_decoding import ChunkPath, DraftTree
+    from draft_trees import DraftTree
+    from logits_rules import ChunkPath
 
     gen = torch.Generator().manual_seed(3)
     for max_initial in (None, 0, 5):

@@ -30,7 +30,9 @@ import torch.nn as nn
 from tools import benchmark_gpu_report as report_gpu
 from backbone_meralion2 import MERaLiON2Backbone
 from draft_policy import cuda_ms
-from medusa_decoding import CachePool, DraftTree, MedusaStats, build_tree_from_accuracy, run_rounds
+from draft_trees import DraftTree, build_tree_from_accuracy
+from kv_cache import CachePool
+from medusa_decoding import MedusaStats, run_rounds
 from medusa_fast import CapturedCalls, CapturedRounds, capture_cuda_graph
 from medusa_heads import MedusaDrafter
 

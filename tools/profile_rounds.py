@@ -25,7 +25,8 @@ import torch
 
 import medusa_heads
 from draft_policy import cuda_ms
-from medusa_decoding import DraftTree, accept, build_tree_from_accuracy
+from draft_trees import DraftTree, build_tree_from_accuracy
+from medusa_decoding import accept
 from medusa_fast import CapturedRounds, capture_cuda_graph
 
 SHAPES = {  # d_model, decoder layers, heads, ffn, vocab (the converted real models)

@@ -1,0 +1,115 @@
+"""The base generate's logits processors as vectorised rules over a verify chunk, so the argmax at every
+draft-tree node is the base's own choice (token suppression, min_new_tokens; Whisper's timestamp rules
+live in its backbone)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+try:
+    from .draft_trees import TreeTensors
+except ImportError:
+    from draft_trees import TreeTensors
+
+
+# --------------------------------------------------------------------------- logits rules
+
+
+@dataclass
+class ChunkPath:
+    """What a logits rule may read about the tokens before each chunk node: the chunk itself (root = the last
+    emitted token, then drafts), the tree it forms, and the per-row history the rules keep in the state."""
+
+    tokens: torch.Tensor  # [B, N]
+    tree: "TreeTensors"
+    history: dict  # name -> [B] tensors (see LogitsRules.start)
+    num_generated: torch.Tensor  # [B, N] tokens generated before the one each node predicts
+
+    @property
+    def parent_tokens(self) -> torch.Tensor:
+        return self.tokens[:, self.tree.parents]
+
+    def path_tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens from the root to each node [B, N, depth+1], and which of them are generated tokens of this
+        call on that node's path [B, N, depth+1] (the root is not one when nothing was generated yet)."""
+        steps = torch.arange(self.tree.path_nodes.shape[1], device=self.tokens.device)
+        on_path = steps[None, :] <= self.tree.depths[:, None]  # [N, D+1]
+        root_generated = self.num_generated - self.tree.depths[None, :]  # [B, N]: generated up to the root
+        generated = on_path[None] & (root_generated[..., None] + steps >= 1)
+        return self.tokens[:, self.tree.path_nodes], generated
+
+
+class LogitsRules:
+    """The base generate's logits processors as one vectorised function over a verify chunk:
+    ``rules(logits [B, T, V], num_generated [B, T], path) -> logits``. Rules that look back at the emitted
+    tokens keep a small per-row history in ``DecodeState.history`` (fixed shapes, on the device, no host
+    sync), made by ``start`` and carried over the accepted path by ``advance``. ``key`` names everything
+    the rules depend on: a kept fixed-shape round is reused only for equal keys."""
+
+    key: tuple = ()
+
+    def __call__(self, logits: torch.Tensor, num_generated: torch.Tensor, path: ChunkPath | None = None):
+        return logits
+
+    def start(self, batch: int, device) -> dict:
+        return {}
+
+    def advance(self, path: ChunkPath, best: torch.Tensor) -> dict:
+        """The history after the round that accepted the path to ``best`` [B]."""
+        return path.history
+
+
+class ChainedRules(LogitsRules):
+    """Rules applied in order, as the base applies its list of processors."""
+
+    def __init__(self, *rules: LogitsRules):
+        self.rules = rules
+        self.key = tuple(rule.key for rule in rules)
+
+    def __call__(self, logits, num_generated, path=None):
+        for rule in self.rules:
+            logits = rule(logits, num_generated, path)
+        return logits
+
+    def start(self, batch, device) -> dict:
+        return {name: value for rule in self.rules for name, value in rule.start(batch, device).items()}
+
+    def advance(self, path, best) -> dict:
+        return {name: value for rule in self.rules for name, value in rule.advance(path, best).items()}
+
+
+class SuppressionRules(LogitsRules):
+    """The base generate's token-blocking processors: ``always`` ids are never chosen, ``at_begin`` ids not
+    as the first token, EOS not before ``min_new_tokens`` (``num_generated[b, t]`` counts the tokens generated
+    before the one chunk row t predicts). Blocked ids are written in place (a few ids, not a
+    pass over the vocabulary)."""
+
+    def __init__(self, vocab: int, device, eos_token_ids, min_new_tokens=None, always=None, at_begin=None):
+        self.suppress = _token_ids(always, vocab, device)
+        self.begin = _token_ids(at_begin, vocab, device)
+        self.eos = _token_ids(eos_token_ids, vocab, device)
+        self.min_new_tokens = min_new_tokens
+        self.key = ("suppress", *(tuple(t.tolist()) for t in (self.suppress, self.begin, self.eos)), min_new_tokens)
+
+    def __call__(self, logits, num_generated, path=None):
+        blocked = float("-inf")
+        if self.suppress.numel():
+            logits = logits.index_fill(-1, self.suppress, blocked)
+        if self.begin.numel():
+            logits = _block_where(logits, self.begin, num_generated == 0)
+        if self.min_new_tokens and self.eos.numel():
+            logits = _block_where(logits, self.eos, num_generated < self.min_new_tokens)
+        return logits
+
+
+def _block_where(logits: torch.Tensor, ids: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """-inf for ``ids`` at the positions ``where`` [...] holds."""
+    return logits.scatter(-1, ids.expand(*logits.shape[:-1], -1),
+                          torch.where(where[..., None], float("-inf"), logits[..., ids]))
+
+
+def _token_ids(token_ids, vocab: int, device) -> torch.Tensor:
+    ids = sorted({int(t) for t in (token_ids or []) if 0 <= int(t) < vocab})
+    return torch.tensor(ids, dtype=torch.long, device=device)
