@@ -123,6 +123,29 @@ def test_language_and_task_reach_every_input_and_bad_ones_give_clear_errors(tiny
     assert not (tmp_path / "out").exists()
 
 
+def test_a_finished_run_exits_0_and_adds_its_summary_rows(tiny_medusa, tmp_path, capsys):
+    """The whole command on a manifest of real files: results written, both summary lists get this run's row
+    (pointing at its results.json), exit status 0."""
+    import numpy as np
+    import soundfile as sf
+
+    _, root = tiny_medusa
+    sf.write(tmp_path / "a.wav", 0.1 * np.random.default_rng(0).standard_normal(16000).astype(np.float32), 16000)
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "audio": "a.wav", "text": "hello"}) + "\n")
+    out, summary, quantised = tmp_path / "out", tmp_path / "summary.json", tmp_path / "quantised.json"
+    assert benchmark.main(["--audio", str(manifest), "--model", str(root / "heads"), "--out", str(out), "--repeats", "1",
+                           "--warmup", "0", "--max-new-tokens", "8", "--threads", "1", "--no-plot", "--quiet",
+                           "--summary", str(summary), "--quantised-summary", str(quantised)]) == 0
+    assert "# Medusa vs baseline" in capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    assert results["summary"]["exact_match_rate"] == 1.0 and results["settings"]["clips"] == 1
+    for path in (summary, quantised):
+        [row] = json.loads(path.read_text())
+        assert row["clips"] == 1 and row["command"].startswith("python -m tools.benchmark --audio")
+    assert json.loads(summary.read_text())[0]["results"] == "out/results.json"
+
+
 def test_timestamped_benchmark_compares_timestamped_decoders(tmp_path):
     """--timestamps: every decoder returns timestamps; Medusa decodes them (no fallback) and equals the base."""
     from modeling_medusa import MedusaForASR

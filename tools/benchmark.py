@@ -917,12 +917,12 @@ def _main(args, argv=None) -> int:
                      "their features were truncated.")
     written = write_outputs(results, Path(args.out), plot=not args.no_plot)
     command = "python -m tools.benchmark " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    for summary, make_row, key in ((args.summary, summary_row, SUMMARY_KEY),
-                                   (args.quantised_summary, quantised_row, QUANTISED_SUMMARY_KEY)):
-        if summary:
+    for summary_path, make_row, key in ((args.summary, summary_row, SUMMARY_KEY),
+                                        (args.quantised_summary, quantised_row, QUANTISED_SUMMARY_KEY)):
+        if summary_path:
             row = make_row(results, command)
-            row["results"] = os.path.relpath(written["json"], Path(summary).resolve().parent)
-            update_summary(Path(summary), row, key)
+            row["results"] = os.path.relpath(written["json"], Path(summary_path).resolve().parent)
+            update_summary(Path(summary_path), row, key)
     print(render_markdown(results), end="")
     print(f"\nWrote {written['json']} and {written['markdown']}; plot: {written.get('plot', 'disabled')}",
           file=sys.stderr)
