@@ -7,7 +7,7 @@ import pytest
 from conftest import requires_transformers5
 from tiny_models import build_tiny_whisper, random_features
 
-from tools import benchmark
+from tools import benchmark, benchmark_inputs
 
 pytestmark = requires_transformers5
 
@@ -108,7 +108,8 @@ def test_language_and_task_reach_every_input_and_bad_ones_give_clear_errors(tiny
     for i in range(2):
         sf.write(tmp_path / f"a{i}.wav", np.zeros(8000, np.float32), 16000)
         rows.append({"id": f"a{i}", "audio": str(tmp_path / f"a{i}.wav")})
-    clips = benchmark.load_clips(model, rows, progress=False, prompt_options={"language": "fr", "task": "translate"})
+    clips = benchmark_inputs.load_clips(model, rows, progress=False,
+                                        prompt_options={"language": "fr", "task": "translate"})
     assert clips[0].inputs["language"] == "fr" and clips[1].inputs["task"] == "translate"
     model.options = None
     batched, _ = benchmark._stack_inputs(clips, model)  # batch features rebuilt from audio keep the options
@@ -167,6 +168,7 @@ def test_gpu_summary_rows_come_from_the_results_files(tmp_path):
     """benchmark_gpu_report.write_summary turns each shape's results file into the issue's summary rows:
     verify rows with their ratio to that shape's floor, decode rows without failed ones, each run's command."""
     from tools import benchmark_gpu_report as report
+    from tools.files import write_json_atomic
 
     ours = {"method": "ours", "draft": "tree-32", "profile": "seed_76_47_35_27", "batch": 1, "new_tokens": 32,
             "call_tok_per_s": 600.0, "loop_tok_per_s": 900.0, "outside_rounds_ms": 17.0, "tokens_per_round": 3.1,
@@ -176,7 +178,7 @@ def test_gpu_summary_rows_come_from_the_results_files(tmp_path):
                "commands": {"verify": "python -m tools.benchmark_gpu --sections verify"},
                "verify": [{"tokens": 5, "hf_eager_ms": 30.0, "fused_compiled_graph_ms": 3.0}],
                "lengths": [ours, {"method": "hf_static", "batch": 1, "error": "OutOfMemoryError"}]}
-    report.write_json_atomic(tmp_path / "results-meralion2-3b.json", results)
+    write_json_atomic(tmp_path / "results-meralion2-3b.json", results)
     summary = report.write_summary(tmp_path)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert summary["floor_ms"] == {"meralion2-3b": 2.0}
