@@ -20,20 +20,19 @@ the utterances already stored in finished shards, so an interrupted run simply r
 from __future__ import annotations
 
 import argparse
-import contextlib
 import glob
 import json
 import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+from tools.files import save_safetensors_atomic, write_json_atomic
+from tools.runtime import model_device, resolve_device, resolve_dtype, to_model
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_RATE = 16000
@@ -41,78 +40,6 @@ SHARD_PATTERN = re.compile(r"^shard_(\d{5,})\.safetensors$")
 SHARD_FORMAT_VERSION = "1"
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".au",
                     ".m4a", ".aac", ".mp4")
-
-
-# --------------------------------------------------------------------------- atomic file writes
-def _atomic_write(path: str, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` on a temp file next to ``path``, then rename it over ``path``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        apply_umask(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def apply_umask(path) -> None:
-    """Give ``path`` (a folder: and everything in it) the permissions open() and mkdir() give under the
-    current umask, readable by others like any download: mkstemp, mkdtemp and safetensors' save_file
-    make 0600/0700. (Nothing the pipeline writes is meant to be executable.)"""
-    umask = os.umask(0)
-    os.umask(umask)
-    if not os.path.isdir(path):
-        os.chmod(path, 0o666 & ~umask)
-        return
-    for root, _, files in os.walk(path):
-        os.chmod(root, 0o777 & ~umask)
-        for name in files:
-            if not os.path.islink(os.path.join(root, name)):
-                os.chmod(os.path.join(root, name), 0o666 & ~umask)
-
-
-@contextlib.contextmanager
-def staged_folder(out: Path, suffix: str = "partial"):
-    """A fresh sibling folder to write into; it replaces ``out`` only when the block ends without an error
-    (an interrupted run leaves ``out`` as it was, and the staging folder is redone next time)."""
-    staged = out.parent / f".{out.name}.{suffix}"
-    shutil.rmtree(staged, ignore_errors=True)
-    staged.mkdir(parents=True)
-    yield staged
-    apply_umask(staged)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(staged, out)
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-
-    _atomic_write(path, write)
-
-
-def atomic_write_json(path: str, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
-
-
-def atomic_save_safetensors(path: str, tensors: dict, metadata: dict | None = None) -> None:
-    from safetensors.torch import save_file
-
-    _atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
-
-
-def atomic_torch_save(path: str, obj) -> None:
-    import torch
-
-    _atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 # --------------------------------------------------------------------------- command line
@@ -207,43 +134,10 @@ def write_shard(path: str, rows: list, meta: dict) -> None:
     metadata = {k: str(v) for k, v in meta.items()}
     metadata["utterance_ids"] = json.dumps(ids)
     metadata["format_version"] = SHARD_FORMAT_VERSION
-    atomic_save_safetensors(path, tensors, metadata=metadata)
+    save_safetensors_atomic(path, tensors, metadata=metadata)
 
 
 # --------------------------------------------------------------------------- audio
-def _local_load_audio(path: str) -> np.ndarray:
-    import soundfile as sf
-
-    audio, sr = sf.read(path, dtype="float32", always_2d=True)
-    return resample_mono(audio, sr)
-
-
-def resample_mono(audio, sr: int) -> np.ndarray:
-    """Any [T] or [T, C] array at ``sr`` -> float32 mono at 16 kHz."""
-    audio = np.asarray(audio, dtype=np.float32)
-    if audio.ndim == 2:
-        audio = audio.mean(axis=1)
-    if sr != SAMPLE_RATE:
-        import soxr
-
-        audio = soxr.resample(audio, sr, SAMPLE_RATE)
-    return np.ascontiguousarray(audio, dtype=np.float32)
-
-
-def get_audio_loader() -> Callable[[str], np.ndarray]:
-    """The project's ``tools.audio_io.load_audio`` if it exists, else a soundfile + soxr helper."""
-    if os.path.exists(os.path.join(REPO_ROOT, "tools", "audio_io.py")):
-        if REPO_ROOT not in sys.path:
-            sys.path.insert(0, REPO_ROOT)
-        try:
-            from tools.audio_io import load_audio  # type: ignore
-
-            return load_audio
-        except ImportError:
-            pass
-    return _local_load_audio
-
-
 @dataclass
 class Utterance:
     id: str
@@ -321,11 +215,13 @@ def _from_folder(folder: str, load_audio) -> tuple[list[Utterance], dict]:
 
 
 def _decode_hf_audio(value) -> np.ndarray:
+    from tools.audio_io import resample_mono
+
     if isinstance(value, dict) and "array" in value:
-        return resample_mono(value["array"], int(value["sampling_rate"]))
+        return resample_mono(np.asarray(value["array"], dtype=np.float32), int(value["sampling_rate"]))
     if hasattr(value, "get_all_samples"):  # datasets >= 4 (torchcodec AudioDecoder)
         s = value.get_all_samples()
-        return resample_mono(np.asarray(s.data).T, int(s.sample_rate))
+        return resample_mono(np.asarray(s.data, dtype=np.float32).T, int(s.sample_rate))
     raise TypeError(f"cannot decode audio value of type {type(value).__name__}")
 
 
@@ -360,7 +256,8 @@ def _from_hf_dataset(name: str, split: str, audio_column: str, id_column: str):
 def resolve_audio_source(spec: str, split: str = "train", audio_column: str = "audio",
                          id_column: str = "id") -> tuple[list[Utterance], dict]:
     """A folder (uses its manifest.jsonl if it has one), a .jsonl manifest, or an HF dataset."""
-    load_audio = get_audio_loader()
+    from tools.audio_io import load_audio
+
     if os.path.isdir(spec):
         manifest = os.path.join(spec, "manifest.jsonl")
         if os.path.isfile(manifest):
@@ -392,45 +289,12 @@ def base_folder(base: str) -> str:
     return resolve_whisper(base)
 
 
-def default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def parse_dtype(name: str | None, device: str):
-    import torch
-
-    if name in (None, "auto"):
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-    if name not in table:
-        raise SystemExit(f"unknown --dtype {name!r}; choose one of {sorted(table)} or auto")
-    return table[name]
-
-
-def _to_model(inputs: dict, model) -> dict:
-    """Tensors to the model's device; floating ones also to its dtype (when it has one)."""
-    import torch
-
-    device, dtype = _model_device(model), getattr(model, "dtype", None)
-    moved = {}
-    for k, v in inputs.items():
-        if isinstance(v, torch.Tensor):
-            v = v.to(device, dtype) if (dtype is not None and v.is_floating_point()) else v.to(device)
-        moved[k] = v
-    return moved
-
-
-def _model_device(model):
-    device = getattr(model, "device", None)
-    if device is not None:
-        return device
+    """``--dtype`` of a pipeline command (``tools.runtime.resolve_dtype``); an unknown name is a user error."""
     try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return "cpu"
+        return resolve_dtype(name, device)
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
 
 
 # --------------------------------------------------------------------------- main
@@ -505,7 +369,7 @@ def main(argv=None, model=None) -> dict:
     print(f"[collect] {len(utterances)} utterances from {source_info['kind']} {args.audio}; "
           f"{len(utterances) - len(todo)} already in {len(shards)} shard(s), {len(todo)} to do")
 
-    device = args.device or default_device()
+    device = args.device or resolve_device("auto")
     dtype = parse_dtype(args.dtype, device)
     if model is None and todo:
         medusa = import_medusa()
@@ -527,7 +391,7 @@ def main(argv=None, model=None) -> dict:
     shard_meta = {"base": args.base, "family": info.get("family", ""), "dtype": str(dtype).replace("torch.", ""),
                   "max_new_tokens": args.max_new_tokens, **prompt_options,
                   **({"speech": "true"} if args.speech else {})}
-    model_device = _model_device(model) if model is not None else device
+    device_used = model_device(model) if model is not None else device
     pending, failed = [], []
     n_clips = n_tokens = 0
     model_seconds = 0.0
@@ -557,7 +421,7 @@ def main(argv=None, model=None) -> dict:
                         tqdm.write(f"[collect] skipping {u.id}: {type(e).__name__}: {e}")
                 if ok:
                     t0 = time.perf_counter()
-                    inputs = _to_model(model.prepare_audio_inputs(arrays, **prompt_options), model)
+                    inputs = to_model(model.prepare_audio_inputs(arrays, **prompt_options), model)
                     outputs = model.collect_hidden_states(**inputs, max_new_tokens=args.max_new_tokens,
                                                           **({"with_speech": True} if args.speech else {}))
                     model_seconds += time.perf_counter() - t0
@@ -589,7 +453,7 @@ def main(argv=None, model=None) -> dict:
         "model_seconds": round(model_seconds, 3),
         "clips_per_s": round(n_clips / wall, 4) if wall > 0 and n_clips else 0.0,
         "tokens_per_s": round(n_tokens / wall, 2) if wall > 0 and n_tokens else 0.0,
-        "device": str(model_device), "dtype": shard_meta["dtype"], "batch_size": args.batch_size,
+        "device": str(device_used), "dtype": shard_meta["dtype"], "batch_size": args.batch_size,
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     info.update(totals)
@@ -598,7 +462,7 @@ def main(argv=None, model=None) -> dict:
     if n_clips:
         info["throughput"] = {k: run[k] for k in ("clips_per_s", "tokens_per_s", "device", "dtype", "batch_size")}
     info.setdefault("runs", []).append(run)
-    atomic_write_json(info_path, info)
+    write_json_atomic(info_path, info)
     print(f"[collect] this run: {n_clips} clips, {n_tokens} tokens in {wall:.1f} s "
           f"({run['clips_per_s']:.2f} clips/s, {run['tokens_per_s']:.1f} tokens/s); "
           f"total {totals['n_utterances']} utterances, {totals['n_tokens']} tokens in {len(shards)} shards"

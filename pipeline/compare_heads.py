@@ -15,7 +15,8 @@ import argparse
 import os
 import sys
 
-from pipeline.collect import atomic_write_json, atomic_write_text, run_cli
+from pipeline.collect import run_cli
+from tools.files import write_atomic, write_json_atomic
 
 # name -> pipeline.train options; "medusa" is the recipe the committed heads were trained with
 VARIANTS = {
@@ -98,9 +99,9 @@ def main(argv=None) -> dict:
             print(f"[compare] {name} failed: {err}", file=sys.stderr)
             continue
         rows.append(comparison_row(name, metrics))
-        atomic_write_json(os.path.join(args.out, "comparison.json"), {"command": "python -m pipeline.compare_heads " + " ".join(sys.argv[1:] if argv is None else argv), "rows": rows})
+        write_json_atomic(os.path.join(args.out, "comparison.json"), {"command": "python -m pipeline.compare_heads " + " ".join(sys.argv[1:] if argv is None else argv), "rows": rows})
     eval_names = [os.path.basename(os.path.normpath(d)) for d in args.eval_data]
-    atomic_write_text(os.path.join(args.out, "comparison.md"), render(rows, eval_names))
+    write_atomic(os.path.join(args.out, "comparison.md"), render(rows, eval_names))
     print(render(rows, eval_names))
     return {"rows": rows}
 

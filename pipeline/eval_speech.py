@@ -18,7 +18,6 @@ import argparse
 import csv
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -27,6 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from tools.audio_io import resample_mono
+from tools.files import write_atomic, write_atomic_with
 
 SAMPLE_RATE = 16000
 EXPECTED_UTTERANCES = 24  # 5 LibriVox + 5 cards + 14 sonnet lines
@@ -110,30 +112,11 @@ def _decode_wav(data: bytes) -> tuple[np.ndarray, int]:
     return audio.mean(axis=1), sr
 
 
-def to_16k_mono(audio: np.ndarray, sr: int) -> np.ndarray:
-    audio = np.asarray(audio, dtype=np.float32)
-    if audio.ndim == 2:
-        audio = audio.mean(axis=1)
-    if sr != SAMPLE_RATE:
-        import soxr
-
-        audio = soxr.resample(audio, sr, SAMPLE_RATE, quality="HQ").astype(np.float32)
-    return audio
-
-
 def write_wav_atomic(path: Path, audio: np.ndarray, sr: int = SAMPLE_RATE) -> None:
     import soundfile as sf
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    sf.write(tmp, np.clip(audio, -1.0, 1.0), sr, subtype="PCM_16", format="WAV")
-    os.replace(tmp, path)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic_with(path, lambda temp_name: sf.write(temp_name, np.clip(audio, -1.0, 1.0), sr, subtype="PCM_16",
+                                                       format="WAV"))
 
 
 # ----------------------------------------------------------------------------- sources
@@ -224,12 +207,12 @@ def build(out: Path, show_progress: bool = True) -> list[dict]:
 
             duration = sf.info(path).frames / SAMPLE_RATE
         else:
-            audio = to_16k_mono(*item.load())
+            audio = resample_mono(*item.load(), SAMPLE_RATE)
             write_wav_atomic(path, audio)
             duration = len(audio) / SAMPLE_RATE
         rows.append({"id": item.id, "audio": rel, "text": item.text, "duration": round(duration, 3),
                      "source": item.source, "licence": LICENCES[item.source]})
-    write_text_atomic(out / "manifest.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    write_atomic(out / "manifest.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     return rows
 
 
@@ -252,13 +235,13 @@ def add_librispeech(out: Path, folder: Path, rows: list[dict]) -> list[dict]:
             if row_id in known:
                 continue
             audio, sr = sf.read(folder / f"{utterance}.flac", dtype="float32")
-            audio = to_16k_mono(audio, sr)
+            audio = resample_mono(audio, sr, SAMPLE_RATE)
             rel = f"wavs/{row_id}.wav"
             write_wav_atomic(out / rel, audio)
             added.append({"id": row_id, "audio": rel, "text": text.lower(), "duration": round(len(audio) / SAMPLE_RATE, 3),
                           "source": LIBRISPEECH_SOURCE, "licence": LICENCES[LIBRISPEECH_SOURCE]})
     rows = rows + added
-    write_text_atomic(out / "manifest.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    write_atomic(out / "manifest.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     return rows
 
 
@@ -289,7 +272,8 @@ def score(manifest: Path, model_name: str, threads: int = 2) -> dict:
     by_source: dict[str, tuple[list[str], list[str]]] = {}
     for row in rows:
         audio, sr = sf.read(manifest.parent / row["audio"], dtype="float32")
-        features = processor(to_16k_mono(audio, sr), sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        audio = resample_mono(audio, sr, SAMPLE_RATE)
+        features = processor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
         with torch.no_grad():
             ids = model.generate(features, **kwargs)
         hypothesis = processor.batch_decode(ids, skip_special_tokens=True)[0].strip()

@@ -23,9 +23,9 @@ import subprocess
 import sys
 import tempfile
 
-from pipeline.collect import (_summarise_entries, apply_umask, atomic_write_text, base_folder, import_medusa,
-                              parse_dtype, run_cli)
+from pipeline.collect import _summarise_entries, base_folder, import_medusa, parse_dtype, run_cli
 from pipeline.model_card import BENCHMARK_FIELDS, render_model_card
+from tools.files import apply_umask, write_atomic
 
 HEAD_KEY = re.compile(r"^blocks\.(\d+)\.layers\.(\d+)\.weight$")
 TRAINING_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "seed", "val_fraction", "min_tokens", "dtype",
@@ -344,8 +344,8 @@ def main(argv=None, model=None) -> str:
                     raise RuntimeError(f"saved heads differ from {args.heads} at {k}")
         else:
             print("[export] WARNING: save_pretrained wrote no medusa_heads.safetensors")
-        atomic_write_text(os.path.join(staged, "README.md"),
-                          render_model_card(cfg, repo_id=args.repo_id, license=args.license))
+        write_atomic(os.path.join(staged, "README.md"),
+                     render_model_card(cfg, repo_id=args.repo_id, license=args.license))
         apply_umask(staged)
         install_folder(staged, out)
     except BaseException:

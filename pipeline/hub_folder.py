@@ -17,7 +17,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from pipeline.collect import run_cli, staged_folder
+from pipeline.collect import run_cli
+from tools.files import staged_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACT_FILES = ("config.json", "medusa_heads.safetensors", "README.md")  # each artifact has these

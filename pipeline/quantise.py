@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.collect import run_cli, staged_folder
+from pipeline.collect import run_cli
+from tools.files import staged_folder
 
 RECIPE = {"scheme": "W4A16", "targets": "Linear", "ignore": ["proj_out"]}
 INFO_NAME = "quantise_info.json"

@@ -410,7 +410,7 @@ def _make_tmp_dir(parent: Path, prefix: str) -> Path:
 def _replace_dir(src: Path, dst: Path) -> None:
     """Atomically move a finished folder into place, readable like any download (mkdtemp and safetensors make
     0700/0600); if another process won the race keep theirs."""
-    from pipeline.collect import apply_umask
+    from tools.files import apply_umask
 
     apply_umask(src)
     try:

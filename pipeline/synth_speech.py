@@ -46,6 +46,7 @@ import numpy as np
 
 from pipeline import augment as aug
 from pipeline import texts as tx
+from tools.files import write_atomic, write_json_atomic
 
 SAMPLE_RATE = 16000
 MIN_SECONDS, MAX_SECONDS = 3.0, 20.0
@@ -228,13 +229,9 @@ def resolve_voices(spec: str, synth: Synthesizer) -> list[tuple[str, float]]:
 def read_16k_mono(path: Path) -> np.ndarray:
     import soundfile as sf
 
-    audio, sr = sf.read(path, dtype="float32", always_2d=True)
-    audio = audio.mean(axis=1)
-    if sr != SAMPLE_RATE:
-        import soxr
+    from tools.audio_io import resample_mono
 
-        audio = soxr.resample(audio, sr, SAMPLE_RATE, quality="HQ").astype(np.float32)
-    return audio
+    return resample_mono(*sf.read(path, dtype="float32", always_2d=True), SAMPLE_RATE)
 
 
 def write_pcm16(audio: np.ndarray, dst: Path) -> None:
@@ -328,11 +325,7 @@ def append_row(out: Path, shard: str, row: dict, lock: threading.Lock) -> None:
 
 def write_manifest(out: Path, rows: dict[str, dict]) -> int:
     kept = [rows[k] for k in sorted(rows) if "rejected" not in rows[k]]
-    tmp = out / f".manifest.jsonl.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in kept:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, out / "manifest.jsonl")
+    write_atomic(out / "manifest.jsonl", "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in kept))
     return len(kept)
 
 
@@ -348,13 +341,7 @@ def check_plan(out: Path, plan: dict, resume_ok: bool) -> None:
         if changed and not resume_ok:
             raise SynthError(f"{out} was made with different settings ({', '.join(changed)}); use another --out "
                              f"or --force-plan")
-    write_json_atomic(path, plan)
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json_atomic(path, plan, ensure_ascii=False)
 
 
 # ============================================================================= throughput (synth_info.json)
@@ -406,7 +393,7 @@ def record_run(out: Path, run: dict, plan: dict) -> None:
                             for s in plan["text_sources"]]
     info["voices"] = plan["voice_info"]
     info["runs"].append(run)
-    write_json_atomic(path, info)
+    write_json_atomic(path, info, ensure_ascii=False)
 
 
 # ============================================================================= flite bundle

@@ -36,19 +36,10 @@ import sys
 import time
 from dataclasses import dataclass
 
-from pipeline.collect import (
-    atomic_save_safetensors,
-    atomic_torch_save,
-    atomic_write_json,
-    base_folder,
-    default_device,
-    import_medusa,
-    list_shards,
-    load_shard,
-    load_shard_speech,
-    parse_dtype,
-    run_cli,
-)
+from pipeline.collect import (base_folder, import_medusa, list_shards, load_shard, load_shard_speech, parse_dtype,
+                              run_cli)
+from tools.files import save_safetensors_atomic, torch_save_atomic, write_json_atomic
+from tools.runtime import resolve_device
 
 TOPK = 10
 IGNORE = -100
@@ -488,7 +479,7 @@ class Trainer:
         print(f"[train] resumed from {self.paths['last.pt']} at step {self.step}/{self.total_steps}")
 
     def save_last(self):
-        atomic_torch_save(self.paths["last.pt"], {
+        torch_save_atomic(self.paths["last.pt"], {
             "heads": heads_state(self.model), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "step": self.step, "best": self.best,
             "history": self.history, "settings": self.settings})
@@ -523,14 +514,14 @@ class Trainer:
                    + " / ".join(f"{a:.3f}" for a in result["head_accuracy"]["top1"]))
         if self.best is None or result["val_loss"] < self.best["val_loss"]:
             self.best = record
-            atomic_save_safetensors(self.paths["best.safetensors"], heads_state(self.model),
+            save_safetensors_atomic(self.paths["best.safetensors"], heads_state(self.model),
                                     metadata={"step": str(self.step), "val_loss": repr(result["val_loss"]),
                                               "base": self.args.base, **heads_metadata(self.model)})
         self.write_metrics(summary, finished=False)
 
     def write_metrics(self, summary: dict, finished: bool, extra: dict | None = None):
         if self.best is not None:
-            atomic_write_json(self.paths["metrics.json"],
+            write_json_atomic(self.paths["metrics.json"],
                               {**summary, **self.best, **(extra or {}), "finished": finished, "history": self.history})
 
     def run(self, summary: dict):
@@ -599,7 +590,7 @@ def main(argv=None, model=None) -> dict:
         torch.set_num_threads(args.threads)
     if args.speech_attention and args.head_kind != "path":
         raise SystemExit("--speech-attention needs --head-kind path")
-    device = args.device or default_device()
+    device = args.device or resolve_device("auto")
     dtype = parse_dtype(args.dtype, device)
     amp = args.amp == "bf16" or (args.amp == "auto" and str(device).startswith("cuda"))
     os.makedirs(args.out, exist_ok=True)

@@ -14,9 +14,10 @@ import json
 import os
 import sys
 
-from pipeline.collect import atomic_write_text, run_cli
+from pipeline.collect import run_cli
 from pipeline.export import compact_benchmark
 from pipeline.model_card import render_model_card
+from tools.files import write_atomic, write_json_atomic
 
 
 def update_benchmarks(artifact: str, results: list[str]) -> list[str]:
@@ -31,8 +32,8 @@ def update_benchmarks(artifact: str, results: list[str]) -> list[str]:
         label, row = compact_benchmark(path)
         config.setdefault("benchmark", {})[label] = row
         labels.append(label)
-    atomic_write_text(config_path, json.dumps(config, indent=2, sort_keys=True) + "\n")
-    atomic_write_text(os.path.join(artifact, "README.md"), render_model_card(config))
+    write_json_atomic(config_path, config, sort_keys=True)
+    write_atomic(os.path.join(artifact, "README.md"), render_model_card(config))
     return labels
 
 

@@ -1,4 +1,4 @@
-"""Tests for audio_io: decoding every supported format, resampling, windowing, writers."""
+"""Tests for audio_io: decoding every supported format, resampling, windowing, rendering transcripts."""
 
 from __future__ import annotations
 
@@ -336,31 +336,6 @@ def test_render_txt_and_json():
     assert audio_io.render_transcript("json", "", [], {"text": "é"}) == '{\n  "text": "é"\n}\n'
     with pytest.raises(ValueError):
         audio_io.render_transcript("doc", "", [], {})
-
-
-# --------------------------------------------------------------------------- atomic writes
-
-
-def test_write_atomic_replaces_and_leaves_no_temp_files(tmp_path):
-    target = tmp_path / "out" / "a.txt"
-    audio_io.write_atomic(target, "one\n")
-    audio_io.write_atomic(target, "two\n")
-    assert target.read_text() == "two\n"
-    assert sorted(p.name for p in target.parent.iterdir()) == ["a.txt"]
-
-
-def test_write_atomic_keeps_old_file_when_replace_fails(tmp_path, monkeypatch):
-    target = tmp_path / "a.txt"
-    target.write_text("old\n")
-
-    def broken_replace(src, dst):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(audio_io.os, "replace", broken_replace)
-    with pytest.raises(OSError, match="disk full"):
-        audio_io.write_atomic(target, "new\n")
-    assert target.read_text() == "old\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]
 
 
 # --------------------------------------------------------------------------- finding inputs

@@ -7,7 +7,7 @@ import pytest
 from conftest import requires_transformers5
 from tiny_models import build_tiny_whisper, random_features
 
-from tools import benchmark
+from tools import benchmark, benchmark_inputs
 
 pytestmark = requires_transformers5
 
@@ -108,7 +108,8 @@ def test_language_and_task_reach_every_input_and_bad_ones_give_clear_errors(tiny
     for i in range(2):
         sf.write(tmp_path / f"a{i}.wav", np.zeros(8000, np.float32), 16000)
         rows.append({"id": f"a{i}", "audio": str(tmp_path / f"a{i}.wav")})
-    clips = benchmark.load_clips(model, rows, progress=False, prompt_options={"language": "fr", "task": "translate"})
+    clips = benchmark_inputs.load_clips(model, rows, progress=False,
+                                        prompt_options={"language": "fr", "task": "translate"})
     assert clips[0].inputs["language"] == "fr" and clips[1].inputs["task"] == "translate"
     model.options = None
     batched, _ = benchmark._stack_inputs(clips, model)  # batch features rebuilt from audio keep the options
@@ -123,25 +124,27 @@ def test_language_and_task_reach_every_input_and_bad_ones_give_clear_errors(tiny
     assert not (tmp_path / "out").exists()
 
 
-def test_a_whole_run_writes_its_results_and_summary_row_and_exits_cleanly(tiny_medusa, tmp_path, capsys):
-    """The command end to end, as the committed benchmarks run it: results, the summary row naming the command
-    and the results file, the tables on stdout, exit status 0."""
+def test_a_finished_run_exits_0_and_adds_its_summary_rows(tiny_medusa, tmp_path, capsys):
+    """The whole command on a manifest of real files: results written, both summary lists get this run's row
+    (pointing at its results.json), exit status 0."""
     import numpy as np
     import soundfile as sf
 
     _, root = tiny_medusa
-    sf.write(tmp_path / "a.wav", np.random.default_rng(0).normal(0, 0.1, 8000).astype(np.float32), 16000)
+    sf.write(tmp_path / "a.wav", 0.1 * np.random.default_rng(0).standard_normal(16000).astype(np.float32), 16000)
     manifest = tmp_path / "manifest.jsonl"
     manifest.write_text(json.dumps({"id": "a", "audio": "a.wav", "text": "hello"}) + "\n")
-    summary = tmp_path / "summary.json"
-    argv = ["--audio", str(manifest), "--model", str(root / "heads"), "--repeats", "1", "--warmup", "0",
-            "--max-new-tokens", "8", "--draft", "chain", "--quiet", "--no-plot", "--out", str(tmp_path / "out"),
-            "--summary", str(summary)]
-    assert benchmark.main(argv) == 0
-    assert "exact match" in capsys.readouterr().out
-    rows = json.loads(summary.read_text())
-    assert len(rows) == 1 and rows[0]["command"].startswith("python -m tools.benchmark --audio")
-    assert (summary.parent / rows[0]["results"]).resolve() == (tmp_path / "out" / "results.json").resolve()
+    out, summary, quantised = tmp_path / "out", tmp_path / "summary.json", tmp_path / "quantised.json"
+    assert benchmark.main(["--audio", str(manifest), "--model", str(root / "heads"), "--out", str(out), "--repeats", "1",
+                           "--warmup", "0", "--max-new-tokens", "8", "--threads", "1", "--no-plot", "--quiet",
+                           "--summary", str(summary), "--quantised-summary", str(quantised)]) == 0
+    assert "# Medusa vs baseline" in capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    assert results["summary"]["exact_match_rate"] == 1.0 and results["settings"]["clips"] == 1
+    for path in (summary, quantised):
+        [row] = json.loads(path.read_text())
+        assert row["clips"] == 1 and row["command"].startswith("python -m tools.benchmark --audio")
+    assert json.loads(summary.read_text())[0]["results"] == "out/results.json"
 
 
 def test_timestamped_benchmark_compares_timestamped_decoders(tmp_path):
@@ -165,6 +168,7 @@ def test_gpu_summary_rows_come_from_the_results_files(tmp_path):
     """benchmark_gpu_report.write_summary turns each shape's results file into the issue's summary rows:
     verify rows with their ratio to that shape's floor, decode rows without failed ones, each run's command."""
     from tools import benchmark_gpu_report as report
+    from tools.files import write_json_atomic
 
     ours = {"method": "ours", "draft": "tree-32", "profile": "seed_76_47_35_27", "batch": 1, "new_tokens": 32,
             "call_tok_per_s": 600.0, "loop_tok_per_s": 900.0, "outside_rounds_ms": 17.0, "tokens_per_round": 3.1,
@@ -174,7 +178,7 @@ def test_gpu_summary_rows_come_from_the_results_files(tmp_path):
                "commands": {"verify": "python -m tools.benchmark_gpu --sections verify"},
                "verify": [{"tokens": 5, "hf_eager_ms": 30.0, "fused_compiled_graph_ms": 3.0}],
                "lengths": [ours, {"method": "hf_static", "batch": 1, "error": "OutOfMemoryError"}]}
-    report.write_json_atomic(tmp_path / "results-meralion2-3b.json", results)
+    write_json_atomic(tmp_path / "results-meralion2-3b.json", results)
     summary = report.write_summary(tmp_path)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert summary["floor_ms"] == {"meralion2-3b": 2.0}

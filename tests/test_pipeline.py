@@ -30,6 +30,7 @@ from configuration_medusa import MedusaConfig  # noqa: E402
 from modeling_medusa import MedusaForASR  # noqa: E402
 from pipeline import collect, export, train, update_card  # noqa: E402
 from pipeline.model_card import render_model_card  # noqa: E402
+from tools import audio_io  # noqa: E402
 
 V, H, EOS = 40, 32, 39
 try:
@@ -668,7 +669,7 @@ def _run_pipeline_end_to_end(base: str, tmp_path, n_clips: int, max_new_tokens: 
                  for t, h in table.values()]
     assert all(agree)
     # the recorded tokens are the base's own greedy transcript (its generate, not our decode loop)
-    clips = [collect.get_audio_loader()(os.path.join(audio, f"clip_{i:03d}.wav")) for i in range(2)]
+    clips = [audio_io.load_audio(os.path.join(audio, f"clip_{i:03d}.wav")) for i in range(2)]
     inputs = model.prepare_audio_inputs(clips)
     plain = model.generate(**inputs, max_new_tokens=max_new_tokens, use_medusa=False)
     for i, row in enumerate(plain.tolist()):

@@ -415,7 +415,7 @@ def test_output_write_is_atomic(tmp_path, capsys, monkeypatch):
     def broken_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(transcribe.audio_io.os, "replace", broken_replace)
+    monkeypatch.setattr(transcribe.files.os, "replace", broken_replace)
     code, _, _, err = run([audio, "--output", out_dir], capsys=capsys)
     assert code == 1 and "cannot write output" in err
     assert list(out_dir.iterdir()) == []  # neither a partial output nor a temp file; a rerun redoes it

@@ -6,7 +6,7 @@ Everything here is model-agnostic:
 * decoding WAV/FLAC/MP3/OGG/Opus/AIFF with soundfile (libsndfile) and M4A/AAC/MP4/WebM/MKV/MOV/AVI with PyAV,
   down-mixing to mono and resampling to 16 kHz with soxr;
 * splitting long audio into windows, cut at a quiet point near each boundary;
-* rendering transcripts as txt/json/srt/vtt and writing them atomically.
+* rendering transcripts as txt/json/srt/vtt (``tools.files`` writes them atomically).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -519,27 +518,3 @@ def render_transcript(fmt: str, text: str, segments: list[Segment], record: dict
     if fmt == "vtt":
         return render_vtt(segments)
     raise ValueError(f"unknown output format {fmt!r}; choose one of {OUTPUT_FORMATS}")
-
-
-def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
-
-    Readers see either the old file or the complete new one, never a partial write; the temporary
-    file is removed if anything fails. The file gets the usual umask permissions (mkstemp's 0600
-    would make results unreadable to others).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temp_name, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise

@@ -14,13 +14,15 @@ the base's: WER is reported for each decoder, speed as seconds per clip. Writes 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from tools import benchmark
+from tools import runtime
+from tools.benchmark_inputs import DEFAULT_MODEL, load_model, read_manifest, resolve_artifact
+from tools.benchmark_report import corpus_wer
+from tools.files import write_json_atomic
 
 CT2_COMPUTE_TYPES = ("float32", "int8")
 
@@ -42,7 +44,7 @@ def ctranslate2_decoder(hub_id: str, compute_type: str, threads: int):
 
 def transformers_decoder(model, use_medusa: bool):
     def transcribe(samples) -> str:
-        inputs = benchmark._to_model(model.prepare_audio_inputs([samples]), model)
+        inputs = runtime.to_model(model.prepare_audio_inputs([samples]), model)
         sequences = model.generate(**inputs, max_new_tokens=model.default_max_new_tokens, use_medusa=use_medusa)
         return model.decode_text(sequences, inputs)[0].strip()
 
@@ -71,7 +73,7 @@ def summarise(measured: dict, clips: list) -> dict:
     ours = sum(measured["ours"]["seconds"])
     return {name: {"seconds_total": round(sum(m["seconds"]), 4),
                    "ms_per_clip_median": round(1000 * statistics.median(m["seconds"]), 2),
-                   "wer": benchmark._corpus_wer(references, m["texts"]),
+                   "wer": corpus_wer(references, m["texts"]),
                    "ours_speedup": round(sum(m["seconds"]) / ours, 3)}
             for name, m in measured.items()}
 
@@ -79,20 +81,20 @@ def summarise(measured: dict, clips: list) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.benchmark_ctranslate2", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=benchmark.DEFAULT_MODEL, help="artifact folder with heads")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="artifact folder with heads")
     p.add_argument("--audio", required=True, help="manifest.jsonl of clips (audio, text)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     import torch
 
-    model, base, declared = benchmark.load_model(benchmark.resolve_artifact(args.model), "cpu", torch.float32)
+    model, base, declared = load_model(resolve_artifact(args.model), "cpu", torch.float32)
     if model.family != "whisper":
         raise SystemExit("tools.benchmark_ctranslate2 compares Whisper artifacts only")
     from tools import audio_io
 
     clips = [{"id": row["id"], "text": row["text"], "samples": audio_io.load_audio(row["audio"])}
-             for row in benchmark.read_manifest(args.audio)]
+             for row in read_manifest(args.audio)]
     threads = torch.get_num_threads()
     decoders = {f"ctranslate2_{kind}": ctranslate2_decoder(declared, kind, threads) for kind in CT2_COMPUTE_TYPES}
     decoders.update(hf_generate=transformers_decoder(model, use_medusa=False), ours=transformers_decoder(model, True))
@@ -107,9 +109,7 @@ def main(argv=None) -> int:
               "summary": summarise(measured, clips),
               "per_clip": [{"id": clip["id"], **{name: {"ms": round(1000 * m["seconds"][i], 2), "text": m["texts"][i]}
                                                   for name, m in measured.items()}} for i, clip in enumerate(clips)]}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json_atomic(Path(args.out) / "results.json", result, indent=1)
     for name, row in result["summary"].items():
         print(f"{name:22s} {row['seconds_total']:8.2f} s total  {row['ms_per_clip_median']:8.1f} ms/clip median  "
               f"WER {row['wer']:.4f}  x ours {row['ours_speedup']:.2f}")

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from tools import benchmark_gpu_report as report_gpu
+from tools.files import write_atomic, write_json_atomic
 from backbone_meralion2 import MERaLiON2Backbone
 from draft_policy import cuda_ms
 from draft_trees import DraftTree, build_tree_from_accuracy
@@ -594,7 +595,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     if args.check_reuse_only:
         result = check_graph_reuse(device)
-        (out / "reuse_check.json").write_text(json.dumps(result, indent=2))
+        write_atomic(out / "reuse_check.json", json.dumps(result, indent=2))
         print("all exact:", result["all_exact"])
         return
     model = build_model(device, torch.bfloat16, args.shape, args.text_layers)
@@ -620,7 +621,7 @@ def main(argv=None):
         def write(rows):
             print(rows[-1], flush=True)
             result[name] = list(rows)
-            report_gpu.write_json_atomic(path, result)  # a run cut short keeps every finished row
+            write_json_atomic(path, result)  # a run cut short keeps every finished row
         return write
 
     result["speech_encoder_graph_ms"] = speech_encoder_ms(model, backbone)
@@ -644,9 +645,9 @@ def main(argv=None):
                         for b in ints(args.batches)}
             bench.start_section(section("batching"))
             batching_table(bench, profiles[SEED_PROFILE], by_batch, args.batch_new_tokens, compile_batches)
-    report_gpu.write_json_atomic(path, result)
+    write_json_atomic(path, result)
     table = report_gpu.render_markdown(result)
-    path.with_suffix(".md").write_text(table)
+    write_atomic(path.with_suffix(".md"), table)
     print(table)
     report_gpu.write_summary(out)
 

@@ -12,7 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from tools.audio_io import write_atomic
+from tools.files import write_atomic, write_json_atomic
 
 VERIFY_METHODS = {"hf_eager_ms": "hf_eager", "ours_eager_ms": "ours_eager", "ours_graph_ms": "ours_graph",
                   "fused_graph_ms": "ours_fused_graph", "fused_compiled_graph_ms": "ours_fused_compiled_graph"}
@@ -23,10 +23,6 @@ DECODE_FIELDS = ("shape", "profile", "batch", "method", "draft", "rounds_mode", 
 
 def read_results(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
-
-
-def write_json_atomic(path: Path, data):
-    write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def decode_rows(result: dict) -> list[dict]:
@@ -177,7 +173,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     out = Path(args.out)
     for path in sorted(out.glob("results-*.json")):
-        path.with_suffix(".md").write_text(render_markdown(read_results(path)))
+        write_atomic(path.with_suffix(".md"), render_markdown(read_results(path)))
     write_summary(out, shlex.join(["python", *sys.argv]))
 
 

@@ -1,124 +1,268 @@
-"""The reporting half of ``benchmark.py``: the environment and memory a run records, its Markdown tables and
-plot, and the summary list across runs (``benchmarks/real_speech/summary.json``)."""
+"""The reporting half of ``tools.benchmark``: from the measured groups (one clip, or one batch, timed with every
+decoder) to the per-clip records and the summaries of results.json, the notes on a run, its Markdown tables and
+plot, and the summary list across runs (``benchmarks/real_speech/summary.json``).
+"""
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import os
-import platform
-import subprocess
-import sys
+import statistics
 from pathlib import Path
 
-from tools.audio_io import write_atomic
+from tools.files import write_atomic, write_json_atomic
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PLOT_NAME = "speedup_vs_length.png"
 
 
-def _ratio(numerator, denominator):
+def ratio(numerator, denominator):
     return numerator / denominator if numerator is not None and denominator else None
 
 
-# --------------------------------------------------------------------------- environment & memory
+def median(values):
+    return statistics.median(values) if values else None
 
 
-def memory_info(cuda_peak: dict | None, device, rss_after_load: int | None) -> dict:
-    if cuda_peak is not None:
-        import torch
-
-        return {
-            "method": "torch.cuda.max_memory_allocated, reset before every timed generate; max over the clips "
-                      "(batch size 1; the batched section's peaks are in batched.cuda_peak_bytes)",
-            "baseline_peak_bytes": cuda_peak["baseline"],
-            "medusa_peak_bytes": cuda_peak["medusa"],
-            "allocated_after_benchmark_bytes": torch.cuda.memory_allocated(device),
-        }
-    info = {
-        "method": "resource.getrusage(RUSAGE_SELF).ru_maxrss: peak resident set size of the whole process "
-                  "(model loading and both decoders; CPU memory cannot be split per decoder)",
-        "peak_rss_after_load_bytes": rss_after_load,
-        "peak_rss_bytes": peak_rss_bytes(),
-    }
-    try:
-        import psutil
-
-        info["rss_now_bytes"] = psutil.Process().memory_info().rss
-        info["rss_now_method"] = "psutil.Process().memory_info().rss"
-    except ImportError:
-        pass
-    return info
+# --------------------------------------------------------------------------- word error rates
 
 
-def peak_rss_bytes() -> int | None:
-    try:
-        import resource
-    except ImportError:  # not on this platform
+def clip_wer(reference: str | None, hypothesis: str | None) -> float | None:
+    """One clip's WER (normalised text); None without a reference, a hypothesis or any reference words."""
+    if reference is None or hypothesis is None:
         return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # bytes on macOS, KiB on Linux
+    from pipeline.text_normalizer import normalize, wer
+
+    if not normalize(reference).split():
+        return None
+    return float(wer([reference], [hypothesis]))
 
 
-def environment_info(device, dtype, threads) -> dict:
-    import torch
-    import transformers
+def corpus_wer(references: list, hypotheses: list) -> float | None:
+    """WER over every clip that has a reference with words and a hypothesis."""
+    from pipeline.text_normalizer import normalize, wer
 
-    device = str(device)
-    if device.startswith("cuda"):
-        name = torch.cuda.get_device_name(torch.device(device))
-    else:
-        name = _cpu_name()
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = None
+    pairs = [(r, h) for r, h in zip(references, hypotheses) if r is not None and h is not None]
+    pairs = [(r, h) for r, h in pairs if normalize(r).split()]
+    if not pairs:
+        return None
+    return float(wer([r for r, _ in pairs], [h for _, h in pairs]))
+
+
+# --------------------------------------------------------------------------- summaries of the measured groups
+
+
+def summarise(groups: list[dict], references: list, clips_count: int, rows_count: int) -> dict:
+    """The summary of a section (batch size 1, or batched): totals, speed-ups, acceptance, exactness, WER."""
+    base_ms, medusa_ms = _latency_total(groups, "baseline"), _latency_total(groups, "medusa")
+    speedups = [g["speedup"] for g in groups if g["speedup"] is not None]
+    tokens = {name: sum(g[name]["tokens"] for g in groups) for name in ("baseline", "medusa")}
+    tokens_excl = {name: sum(g[name]["tokens_excl_eos"] for g in groups) for name in ("baseline", "medusa")}
+    mean_acc, rate = _accepted_per_round([g["medusa"]["stats"] for g in groups])
+    exact_rows = [e for g in groups for e in g["exact_rows"]]
     return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": device,
-        "device_name": name,
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": affinity,
-        "torch_threads": threads,
-        "torch_interop_threads": torch.get_num_interop_threads(),
-        "load_average_at_start": _load_average(),
-        "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda if device.startswith("cuda") else None,
-        "transformers_version": transformers.__version__,
-        "python_version": platform.python_version(),
-        "platform": platform.platform(),
-        "dtype": str(dtype).replace("torch.", ""),
-        "git": _git_info(),
+        "clips": clips_count,
+        "rows": rows_count,
+        "baseline_latency_ms_total": base_ms,
+        "medusa_latency_ms_total": medusa_ms,
+        "speedup_sum_latency": ratio(base_ms, medusa_ms),
+        "speedup_median": median(speedups),
+        "speedup_min": min(speedups) if speedups else None,
+        "speedup_max": max(speedups) if speedups else None,
+        "speedup_geomean": math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else None,
+        "baseline_tokens": tokens["baseline"],
+        "medusa_tokens": tokens["medusa"],
+        "baseline_tokens_excl_eos": tokens_excl["baseline"],
+        "medusa_tokens_excl_eos": tokens_excl["medusa"],
+        "baseline_tokens_per_s": ratio(tokens["baseline"], base_ms / 1000.0),
+        "medusa_tokens_per_s": ratio(tokens["medusa"], medusa_ms / 1000.0),
+        "baseline_tokens_per_s_excl_eos": ratio(tokens_excl["baseline"], base_ms / 1000.0),
+        "medusa_tokens_per_s_excl_eos": ratio(tokens_excl["medusa"], medusa_ms / 1000.0),
+        "mean_accepted_per_round": mean_acc,
+        "acceptance_rate": rate,
+        "exact_match_rate": ratio(sum(exact_rows), len(exact_rows)),
+        "exact_matches": sum(exact_rows),
+        "baseline_wer": corpus_wer(references, _texts(groups, "baseline")),
+        "medusa_wer": corpus_wer(references, _texts(groups, "medusa")),
+        "references": sum(r is not None for r in references),
+        "timing_spread_median": _spread(groups),
+        "medusa_fallbacks": sum(g["medusa"]["fell_back_to_base"] for g in groups),
+        "nondeterministic_groups": sum(not (g["baseline"]["repeats_identical"] and g["medusa"]["repeats_identical"])
+                                       for g in groups),
+        **_own_greedy_summary(groups),
+        **_divergence_summary(groups),
     }
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
+def _latency_total(groups: list[dict], name: str) -> float:
+    return sum(g[name]["latency_ms_median"] for g in groups)
 
 
-def _load_average():
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
+def _texts(groups: list[dict], name: str) -> list:
+    """One decoder's text per row over all groups (None per row where it had no tokenizer)."""
+    texts = []
+    for g in groups:
+        texts += g[name]["texts"] if g[name]["texts"] is not None else [None] * len(g["exact_rows"])
+    return texts
 
 
-def _git_info() -> dict | None:
-    def git(*args):
-        return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
+def _accepted_per_round(stats_list) -> tuple[float | None, float | None]:
+    """(tokens the rounds emitted / rows served per round, accepted drafts / drafted tokens)."""
+    accepted = sum(s["accepted_tokens"] or 0 for s in stats_list)
+    drafted = sum(s["drafted_tokens"] or 0 for s in stats_list)
+    emitted = sum(s["emitted_tokens"] or 0 for s in stats_list)
+    row_rounds = sum(s["row_rounds"] or 0 for s in stats_list)
+    return ratio(emitted, row_rounds), ratio(accepted, drafted)
 
-    try:
-        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
-    except (OSError, subprocess.SubprocessError):
-        return None
+
+def _phase_total(groups: list[dict], name: str, phase: str) -> float | None:
+    values = [(g[name].get("phases_ms_median") or {}).get(phase) for g in groups]
+    return sum(values) if values and all(v is not None for v in values) else None
+
+
+def _divergence_summary(groups: list[dict]) -> dict:
+    """Half precision: how many rows left the base's output, and how many of those at a base near-tie."""
+    found = [d for g in groups for d in (g.get("bf16_divergences") or [])]
+    return {"divergent_rows": len(found), "divergent_rows_at_base_near_ties": sum(d["base_near_tie"] for d in found)}
+
+
+def _own_greedy_summary(groups: list[dict]) -> dict:
+    """Ours with the draft against our own loop without drafts: end to end, the rounds alone, and the
+    cost of one round relative to a plain one."""
+    greedy_ms, medusa_ms = _latency_total(groups, "greedy"), _latency_total(groups, "medusa")
+    greedy_rounds = _phase_total(groups, "greedy", "rounds_ms")
+    medusa_rounds = _phase_total(groups, "medusa", "rounds_ms")
+    greedy_passes = sum(g["greedy"]["stats"]["row_rounds"] for g in groups)
+    medusa_passes = sum(g["medusa"]["stats"]["row_rounds"] for g in groups)
+    ran = sorted({g["medusa"]["stats"]["draft_ran"] for g in groups})
+    per_round = lambda ms, n: ratio(ms, n) if ms is not None else None  # noqa: E731
+    return {
+        "greedy_latency_ms_total": greedy_ms,
+        "greedy_tokens_per_s": ratio(sum(g["greedy"]["tokens"] for g in groups), greedy_ms / 1000.0),
+        "greedy_rounds_ms_total": greedy_rounds,
+        "medusa_rounds_ms_total": medusa_rounds,
+        "greedy_prefill_ms_total": _phase_total(groups, "greedy", "prefill_ms"),
+        "medusa_prefill_ms_total": _phase_total(groups, "medusa", "prefill_ms"),
+        "e2e_speedup_vs_own_greedy": ratio(greedy_ms, medusa_ms),
+        "decode_speedup_vs_own_greedy": ratio(greedy_rounds, medusa_rounds) if medusa_rounds is not None else None,
+        "round_cost_vs_plain": ratio(per_round(medusa_rounds, medusa_passes), per_round(greedy_rounds, greedy_passes)),
+        "draft_ran": ran[0] if len(ran) == 1 else "per clip: " + ", ".join(ran),
+    }
+
+
+def _spread(groups: list[dict]) -> float | None:
+    """Median over groups and decoders of (max - min) / median latency: 0 = perfectly repeatable."""
+    spreads = [(g[n]["latency_ms_max"] - g[n]["latency_ms_min"]) / g[n]["latency_ms_median"]
+               for g in groups for n in ("baseline", "medusa") if g[n]["latency_ms_median"]]
+    return median(spreads)
+
+
+def add_totals(summary: dict, clips: list, feature_ms: list) -> None:
+    """Feature-extraction time, audio duration and real-time factors."""
+    feature_ms = [f for f in feature_ms if f is not None]
+    summary["feature_ms_total"] = sum(feature_ms) if feature_ms else None
+    summary["feature_ms_median"] = median(feature_ms)
+    durations = [c.duration_s for c in clips if c.duration_s is not None]
+    summary["audio_seconds_total"] = sum(durations) if durations else None
+    complete = bool(durations) and len(durations) == len(clips)
+    for name in ("baseline", "medusa"):
+        summary[f"{name}_rtf"] = (summary[f"{name}_latency_ms_total"] / 1000.0 / summary["audio_seconds_total"]
+                                  if complete else None)
+
+
+CLIP_METHOD_KEYS = ("latency_ms_median", "latency_ms_min", "latency_ms_max", "latency_ms_all", "process_cpu_ms_median",
+                    "process_cpu_ms_all", "tokens", "tokens_excl_eos", "tokens_per_s", "tokens_per_s_excl_eos",
+                    "repeats_identical")
+
+
+def _clip_method(record: dict, with_stats: bool = False) -> dict:
+    """One decoder's part of a clip's record (its only row's text and WER)."""
+    out = {k: record[k] for k in CLIP_METHOD_KEYS}
+    out["text"] = record["texts"][0] if record["texts"] is not None else None
+    out["wer"] = record["wer"][0]
+    if with_stats:
+        out.update(stats=record["stats"], phases_ms_median=record["phases_ms_median"],
+                   fell_back_to_base=record["fell_back_to_base"],
+                   stats_new_tokens_match=record["stats_new_tokens_match"])
+    return out
+
+
+def clip_record(clip, group: dict, max_audio) -> dict:
+    """A clip's entry in results.json (batch size 1): each decoder's figures and how ours compares."""
+    base, greedy, med = group["baseline"], group["greedy"], group["medusa"]
+    rounds = lambda rec: rec["phases_ms_median"].get("rounds_ms")  # noqa: E731
+    return {
+        "id": clip.id,
+        "duration_s": clip.duration_s,
+        "truncated_to_model_window": bool(clip.duration_s and max_audio and clip.duration_s > max_audio),
+        "reference": clip.reference,
+        "feature_ms": clip.feature_ms,
+        "tokens": base["tokens"],
+        "tokens_excl_eos": base["tokens_excl_eos"],
+        "baseline": _clip_method(base),
+        "greedy": _clip_method(greedy, with_stats=True),
+        "medusa": _clip_method(med, with_stats=True),
+        "draft_ran": med["stats"]["draft_ran"],
+        "speedup": group["speedup"],
+        "e2e_speedup_vs_own_greedy": ratio(greedy["latency_ms_median"], med["latency_ms_median"]),
+        "decode_speedup_vs_own_greedy": ratio(rounds(greedy), rounds(med)) if rounds(med) else None,
+        "mean_accepted_per_round": med["stats"]["mean_accepted_per_round"],
+        "acceptance_rate": med["stats"]["acceptance_rate"],
+        "exact_match": group["exact_match"],
+        "bf16_divergences": group["bf16_divergences"],
+    }
+
+
+def batch_record(index: int, chunk: list, group: dict, feature_ms: float | None) -> dict:
+    """A batch's entry in results.json (the batched section)."""
+    return {
+        "index": index, "ids": [c.id for c in chunk], "rows": len(chunk), "feature_ms": feature_ms,
+        "tokens": group["baseline"]["tokens"], "tokens_excl_eos": group["baseline"]["tokens_excl_eos"],
+        "baseline": {k: v for k, v in group["baseline"].items() if k != "token_counts_per_row"},
+        "medusa": {k: v for k, v in group["medusa"].items() if k != "token_counts_per_row"},
+        "speedup": group["speedup"], "exact_rows": group["exact_rows"], "exact_match": group["exact_match"],
+        "mean_accepted_per_round": group["medusa"]["stats"]["mean_accepted_per_round"],
+    }
+
+
+# --------------------------------------------------------------------------- notes on a run
+
+
+def add_notes(results: dict, threads: int, max_audio_seconds: float | None) -> None:
+    """What a reader of the tables should know: the definitions, inexact clips, noisy timings, truncation."""
+    notes = results.setdefault("notes", [])
+    notes.append("tokens/s = new tokens (incl. the EOS) / median generate latency; excl. EOS figures drop it.")
+    notes.append("accepted/round = tokens emitted per verify pass (accepted drafts + the base's own token); "
+                 "drafted tokens accepted = accepted drafts / drafted (draft depth per row per pass).")
+    summary, environment = results["summary"], results["environment"]
+    if summary["exact_match_rate"] is not None and summary["exact_match_rate"] < 1.0:
+        notes.append(f"Medusa output differed from the baseline on {summary['rows'] - summary['exact_matches']} "
+                     "clip(s): see exact_match in results.json.")
+    if _timings_noisy(summary, environment):
+        notes.append(_noise_note(summary, environment, threads))
+    if any(c["truncated_to_model_window"] for c in results["clips"]):
+        notes.append(f"Some clips are longer than the model's {max_audio_seconds:.0f} s window; "
+                     "their features were truncated.")
+
+
+def _on_cuda(environment: dict) -> bool:
+    return str(environment["device"]).startswith("cuda")
+
+
+def _timings_noisy(summary: dict, environment: dict) -> bool:
+    spread, load = summary.get("timing_spread_median"), environment.get("load_average_at_start")
+    # 1-minute load average before this run started decoding, against the CPUs it may use.
+    busy = bool(load) and load[0] > (environment.get("cpus_usable") or environment.get("cpu_count") or 1) * 0.5
+    return (spread is not None and spread > 0.2) or (busy and not _on_cuda(environment))
+
+
+def _noise_note(summary: dict, environment: dict, threads: int) -> str:
+    suggest_one_thread = threads > 1 and not _on_cuda(environment)
+    return (f"Timings are noisy (median spread {percent(summary.get('timing_spread_median'))} between repeats; "
+            f"load average {environment.get('load_average_at_start')} -> {environment.get('load_average_at_end')} "
+            f"on {environment.get('cpus_usable')} CPUs): other processes shared the CPU. Rerun on an idle machine"
+            + (", or with --threads 1," if suggest_one_thread else "")
+            + " with more --repeats before trusting the speed-ups.")
 
 
 # --------------------------------------------------------------------------- rendering
@@ -132,7 +276,7 @@ def _fmt(value, spec=".1f", suffix=""):
     return f"{value:{spec}}{suffix}"
 
 
-def _pct(value):
+def percent(value):
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
@@ -216,12 +360,12 @@ def _summary_table(s: dict, memory: dict | None) -> list[str]:
          f"{_fmt(s['baseline_tokens_per_s_excl_eos'])} / {_fmt(s['medusa_tokens_per_s_excl_eos'])}"),
         ("tokens (incl. / excl. EOS)", f"{s['baseline_tokens']} / {s['baseline_tokens_excl_eos']}"),
         ("mean accepted tokens per round", _fmt(s["mean_accepted_per_round"], ".3f")),
-        ("drafted tokens accepted", _pct(s["acceptance_rate"])),
+        ("drafted tokens accepted", percent(s["acceptance_rate"])),
         ("exact match (Medusa == baseline token ids)",
-         f"{_pct(s['exact_match_rate'])} ({s['exact_matches']}/{s['rows']})"),
+         f"{percent(s['exact_match_rate'])} ({s['exact_matches']}/{s['rows']})"),
         ("rows that left the base's output / at a base near-tie (half precision)",
          f"{s.get('divergent_rows', 0)} / {s.get('divergent_rows_at_base_near_ties', 0)}"),
-        ("WER baseline / medusa (normalised)", f"{_pct(s['baseline_wer'])} / {_pct(s['medusa_wer'])}"),
+        ("WER baseline / medusa (normalised)", f"{percent(s['baseline_wer'])} / {percent(s['medusa_wer'])}"),
     ]
     if s.get("feature_ms_total") is not None:
         rows.append(("feature extraction total / median per item (ms, not in latencies)",
@@ -229,7 +373,7 @@ def _summary_table(s: dict, memory: dict | None) -> list[str]:
     if s.get("baseline_rtf") is not None:
         rows.append(("real-time factor: baseline / medusa", f"{_fmt(s['baseline_rtf'], '.3f')} / {_fmt(s['medusa_rtf'], '.3f')}"))
     if s.get("timing_spread_median") is not None:
-        rows.append(("timing spread: median (max-min)/median over repeats", _pct(s["timing_spread_median"])))
+        rows.append(("timing spread: median (max-min)/median over repeats", percent(s["timing_spread_median"])))
     if s.get("medusa_fallbacks"):
         rows.append(("Medusa fell back to base generate", s["medusa_fallbacks"]))
     if s.get("nondeterministic_groups"):
@@ -293,7 +437,7 @@ def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> dict:
             results.setdefault("notes", []).append(f"{PLOT_NAME} not written: {skipped}.")
         written["plot"] = str(out_dir / PLOT_NAME) if skipped is None else f"skipped ({skipped})"
     markdown = render_markdown(results)
-    write_atomic(out_dir / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    write_json_atomic(out_dir / "results.json", results, ensure_ascii=False)
     write_atomic(out_dir / "results.md", markdown)
     written.update(json=str(out_dir / "results.json"), markdown=str(out_dir / "results.md"))
     return written
@@ -326,7 +470,7 @@ def summary_row(results: dict, command: str) -> dict:
         "decode_speedup_vs_own_greedy": summary["decode_speedup_vs_own_greedy"],
         "e2e_speedup_vs_own_greedy": summary["e2e_speedup_vs_own_greedy"],
         "round_cost_vs_plain": summary["round_cost_vs_plain"],
-        "decode_share_of_call": _ratio(summary["greedy_rounds_ms_total"], summary["greedy_latency_ms_total"]),
+        "decode_share_of_call": ratio(summary["greedy_rounds_ms_total"], summary["greedy_latency_ms_total"]),
         "wer_hf": summary["baseline_wer"], "wer_ours": summary["medusa_wer"],
         "timing_spread_median": summary.get("timing_spread_median"),
         "load_average": [env.get("load_average_at_start"), env.get("load_average_at_end")],
@@ -375,4 +519,4 @@ def update_summary(path: Path, row: dict, key: tuple = SUMMARY_KEY) -> None:
     rows = [r for r in rows if tuple(r.get(k) for k in key) != tuple(row.get(k) for k in key)]
     rows.append(row)
     rows.sort(key=lambda r: tuple(str(r.get(k)) for k in key))
-    write_atomic(path, json.dumps(rows, indent=1) + "\n")
+    write_json_atomic(path, rows, indent=1)

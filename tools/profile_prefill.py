@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from tools.files import write_json_atomic
 from tools.profile_rounds import SHAPES, build_model, timed
 
 
@@ -76,12 +77,10 @@ def main(argv=None) -> int:
                 print(json.dumps(row), flush=True)
                 rows.append(row)
                 model.release_caches()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d"),
             "command": "python -m tools.profile_prefill " + " ".join(sys.argv[1:] if argv is None else argv)}
-    (out / "prefill_cost.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+    write_json_atomic(Path(args.out) / "prefill_cost.json", {**meta, "rows": rows}, indent=1)
     return 0
 
 

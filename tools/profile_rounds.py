@@ -28,6 +28,7 @@ from draft_policy import cuda_ms
 from draft_trees import DraftTree, build_tree_from_accuracy
 from medusa_decoding import accept
 from medusa_fast import CapturedRounds, capture_cuda_graph
+from tools.files import write_json_atomic
 
 SHAPES = {  # d_model, decoder layers, heads, ffn, vocab (the converted real models)
     "tiny.en": (384, 4, 6, 1536, 51864),
@@ -181,12 +182,10 @@ def write_rows(args, device, argv, rows: list, modes) -> None:
         for mode in modes:
             if plain and f"round_ms_{mode}" in row and f"round_ms_{mode}" in plain:
                 row[f"vs_plain_{mode}"] = round(row[f"round_ms_{mode}"] / plain[f"round_ms_{mode}"], 3)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
             "torch": torch.__version__, "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d"),
             "command": "python -m tools.profile_rounds " + " ".join(sys.argv[1:] if argv is None else argv)}
-    (out / "round_cost.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+    write_json_atomic(Path(args.out) / "round_cost.json", {**meta, "rows": rows}, indent=1)
 
 
 def main(argv=None) -> int:

@@ -24,13 +24,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from tools import audio_io
+from tools import audio_io, files, runtime
 from tools.audio_io import AudioError, AudioSource, Segment, SpeechOnly, Window, Word
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -81,13 +80,8 @@ def synthesize_speech(text: str, target: Path) -> None:
             f"no bundled demo clip ({BUNDLED_CLIP}) and flite is not installed to make one; "
             "install flite (apt-get install flite) or pass an audio file"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    temp_name = str(target.parent / f".clip.{uuid.uuid4().hex}.wav")  # flite creates it: umask permissions
-    try:
-        subprocess.run([flite, "-t", text, "-o", temp_name], check=True, capture_output=True)
-        os.replace(temp_name, target)
-    finally:
-        Path(temp_name).unlink(missing_ok=True)
+    files.write_atomic_with(target, lambda temp_name: subprocess.run([flite, "-t", text, "-o", temp_name],
+                                                                     check=True, capture_output=True))
 
 
 # --------------------------------------------------------------------------- command line
@@ -130,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true",
                         help="with --output: transcribe again even where the output is up to date")
     parser.add_argument("--max-new-tokens", type=_positive_int, default=None,
-                        help="per window (default: by model family, modeling_medusa.DEFAULT_MAX_NEW_TOKENS)")
+                        help="per window (default: by model family, its backbone's default_max_new_tokens)")
     parser.add_argument("--vad", action="store_true",
                         help="transcribe only the speech that voice-activity detection finds (needs silero-vad); "
                         "a file without speech gives an empty transcript")
@@ -154,54 +148,20 @@ def _positive_int(value: str) -> int:
     return number
 
 
-def resolve_device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {name} was asked for but CUDA is not available")
-    if name != "cpu" and not name.startswith("cuda"):
-        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
-    return name
-
-
-def resolve_dtype(name: str, device: str):
-    import torch
-
-    if name == "auto":
-        if not device.startswith("cuda"):
-            return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return getattr(torch, name)
-
-
 def load_model(model_path: str, device: str, dtype, base: str | None = None):
     """Load ``MedusaForASR`` (imported lazily so ``--help`` and tests need no model code); ``base`` replaces
-    the base model the heads name."""
+    the base model the heads name. The base to load (``--base``, else the one the heads name) is a local copy
+    where it is a Whisper tiny.en/base named by Hub id (``tools.runtime.offline_base``)."""
     if _looks_like_local_path(model_path) and not Path(model_path).expanduser().is_dir():
         raise FileNotFoundError(f"no such folder {model_path}; pass --model with a Hub repo id or a folder with heads")
-    from modeling_medusa import BaseModelNotFound, MedusaForASR
+    from modeling_medusa import BaseModelNotFound
 
+    declared, family = runtime.declared_base(model_path)
     try:
-        return MedusaForASR.from_pretrained(model_path, torch_dtype=dtype, device_map=device,
-                                            base_model_name_or_path=_local_base(model_path, base))
+        return runtime.load_medusa(model_path, dtype, runtime.offline_base(base or declared, family) or base,
+                                   device_map=device)
     except BaseModelNotFound as error:
         raise OSError(error.message("pass --base with a local folder or Hub id of the base model")) from error
-
-
-def _local_base(model_path: str, base: str | None) -> str | None:
-    """The base to load (``--base``, else the one the heads name): a Whisper tiny.en/base named by Hub id comes
-    from the copy converted from its PyPI wheel (``pipeline.real_whisper``, converted on first use)."""
-    config_file = Path(model_path).expanduser() / "config.json"
-    try:
-        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-    except ValueError:
-        config = {}  # from_pretrained says what is wrong with it
-    from pipeline.real_whisper import offline_base
-
-    name = base or config.get("base_model_name_or_path", "")
-    return offline_base(name, config.get("base_family", "")) or base
 
 
 def output_folder_problem(folder: Path) -> str | None:
@@ -329,7 +289,7 @@ class Transcriber:
 
     def prepare(self, windows: list[np.ndarray], **options) -> dict:
         inputs = self.model.prepare_audio_inputs(windows, **self.prompt_options, **options)
-        return _to_model_device(inputs, self.model)
+        return runtime.to_model(inputs, self.model)
 
     def generate(self, inputs: dict, use_medusa: bool | None = None, max_new_tokens: int | None = None, **options):
         use_medusa = self.use_medusa if use_medusa is None else use_medusa
@@ -342,7 +302,7 @@ class Transcriber:
             **inputs, max_new_tokens=max_new_tokens or self.max_new_tokens, use_medusa=use_medusa, return_stats=True,
             **extra, **self.decode_options, **options,
         )
-        _synchronize(self.model)
+        runtime.synchronize(self.model)
         return sequences, stats
 
     def transcribe(self, windows: list[np.ndarray]) -> list[str]:
@@ -369,28 +329,6 @@ class Transcriber:
         return [[Segment(start, end, text, tuple(Word(*word) for word in segment_words))
                  for (start, end, text), segment_words in zip(row, row_words) if text]
                 for row, row_words in zip(self.model.segments(output), words)]
-
-
-def _to_model_device(inputs: dict, model) -> dict:
-    """Move tensors to the model's device and floating ones to its dtype, when it says them."""
-    device, dtype = getattr(model, "device", None), getattr(model, "dtype", None)
-    moved = {}
-    for name, value in inputs.items():
-        if hasattr(value, "to") and hasattr(value, "is_floating_point"):
-            if device is not None:
-                value = value.to(device)
-            if dtype is not None and value.is_floating_point():
-                value = value.to(dtype)
-        moved[name] = value
-    return moved
-
-
-def _synchronize(model) -> None:
-    device = getattr(model, "device", None)
-    if device is not None and str(device).startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize(device)
 
 
 # --------------------------------------------------------------------------- batch transcription
@@ -678,7 +616,7 @@ class TranscriptionRun:
     def emit(self, source: AudioSource, rendered: str) -> None:
         output = self.output_path(source)
         if output is not None:
-            audio_io.write_atomic(output, rendered)
+            files.write_atomic(output, rendered)
             return
         from tqdm import tqdm
 
@@ -809,8 +747,8 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
     model_name = args.model or default_model_path()
     started = time.perf_counter()
     try:
-        device = resolve_device(args.device)
-        model = model_loader(model_name, device, resolve_dtype(args.dtype, device), base=args.base)
+        device = runtime.resolve_device(args.device)
+        model = model_loader(model_name, device, runtime.resolve_dtype(args.dtype, device), base=args.base)
     except (FileNotFoundError, ValueError, OSError, ImportError) as error:
         log(f"error: cannot load model {model_name!r}: {' '.join(str(error).split())}")
         return EXIT_USER_ERROR

