@@ -309,16 +309,10 @@ def test_long_segments_become_cues_within_subtitle_limits(segment, tmp_path):
     assert all(a[2] <= b[1] + 1e-3 for a, b in zip(cues, cues[1:]))
 
 
-def test_speech_only_maps_times_back_to_the_file():
-    samples = np.arange(10 * SR, dtype=np.float32)
-    regions = [(1 * SR, 3 * SR), (6 * SR, 9 * SR)]
-    speech = audio_io.SpeechOnly.of(samples, regions)
-    assert len(speech.samples) == 5 * SR and speech.samples[2 * SR] == 6 * SR
-    assert speech.original(Segment(0.5, 2.0, "x")) == Segment(1.5, 3.0, "x")  # an end on the seam stays before it
-    assert speech.original(Segment(2.0, 4.5, "y")) == Segment(6.0, 8.5, "y")
-    assert speech.original_seconds(9.0) == 9.0  # past the end: the last region's end
-    words = (Word("a", 1.5, 2.0), Word("b", 2.0, 2.5))  # one word on each side of the seam
-    assert speech.original(Segment(1.5, 2.5, "a b", words)).words == (Word("a", 2.5, 3.0), Word("b", 6.0, 6.5))
+def test_a_windows_segment_moves_to_the_files_times_with_its_words():
+    words = (Word("a", 0.5, 1.0), Word("b", 1.0, 2.0))
+    assert Segment(0.5, 2.0, "a b", words).shifted(25.0) == Segment(25.5, 27.0, "a b",
+                                                                    (Word("a", 25.5, 26.0), Word("b", 26.0, 27.0)))
 
 
 def test_windows_in_regions_cover_the_speech_only():

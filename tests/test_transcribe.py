@@ -175,6 +175,43 @@ def test_windows_of_several_files_are_batched(tmp_path, capsys):
     assert out.count("==> ") == 4
 
 
+class FakeTimedModel(FakeModel):
+    """A model that times its own segments (as Whisper does): one segment per input, over all its samples."""
+
+    timestamped = True
+
+    def generate(self, input_features, lengths, return_timestamps=False, return_segments=False, **options):
+        assert return_timestamps and return_segments
+        sequences, stats = super().generate(input_features, lengths, **options)
+        return {"sequences": sequences, "segments": [[{"samples": int(n)}] for n in lengths]}, stats
+
+    def segments(self, output):
+        return [[(0.0, s["samples"] / SR, f"{s['samples']} samples") for s in row] for row in output["segments"]]
+
+
+def test_vad_windows_are_cut_at_the_speech_pauses_decoded_together_and_timed_in_the_file(tmp_path, capsys,
+                                                                                        monkeypatch):
+    """--vad on a model that times its own segments: the speech regions (asked to fit a window) packed into
+    windows of at most 30 s, each decoded on its own, batched, and its segments moved to the file's times."""
+    asked = []
+
+    def regions(samples, max_seconds=None):
+        asked.append(max_seconds)
+        return [(1 * SR, 20 * SR), (25 * SR, 50 * SR), (52 * SR, 70 * SR)]
+
+    monkeypatch.setattr(transcribe.audio_io, "speech_regions", regions)
+    audio = write_wav(tmp_path / "talk.wav", seconds=80.0)
+    code, model, out, err = run([audio, "--vad", "--format", "json", "--batch-size", "4"], FakeTimedModel(), capsys)
+    assert code == 0 and asked == [30.0], err
+    assert model.batches == [[19 * SR, 25 * SR, 18 * SR]]  # (1-20 s and 25-50 s would make a 49 s window)
+    record = json.loads(out)
+    assert [(s["start"], s["end"], s["text"]) for s in record["segments"]] == [
+        (1.0, 20.0, f"{19 * SR} samples"), (25.0, 50.0, f"{25 * SR} samples"), (52.0, 70.0, f"{18 * SR} samples")]
+    monkeypatch.setattr(transcribe.audio_io, "speech_regions", lambda samples, max_seconds=None: [])
+    code, model, out, _ = run([audio, "--vad", "--format", "json"], FakeTimedModel(), capsys)
+    assert code == 0 and model.batches == [] and json.loads(out)["segments"] == []
+
+
 def assert_subtitle_limits(srt_text: str, vtt_path: Path, duration: float) -> list:
     """Parsed with the srt and webvtt-py packages: numbered cues in order, inside the audio, at most 7 s,
     2 lines and 42 characters a line; SRT and VTT the same cues."""

@@ -345,12 +345,16 @@ def windows_in_regions(samples: np.ndarray, regions: list[tuple[int, int]], max_
 
 # faster-whisper's vad_filter defaults: speech padded by 0.4 s, pauses under 2 s kept inside a region.
 VAD_PAD_MS, VAD_MIN_SILENCE_MS = 400, 2000
+VAD_SPLIT_MARGIN_SECONDS = 0.5  # a region split to fit a window stays this far under it
+VAD_FRAME, VAD_PAUSE_FRAMES = 512, 5  # Silero's frame (32 ms at 16 kHz); a pause is judged over 160 ms
 _VAD_MODEL = []
 
 
-def speech_regions(samples: np.ndarray, sample_rate: int = TARGET_SAMPLE_RATE) -> list[tuple[int, int]]:
+def speech_regions(samples: np.ndarray, sample_rate: int = TARGET_SAMPLE_RATE,
+                   max_seconds: float | None = None) -> list[tuple[int, int]]:
     """Sample ranges ``[start, end)`` that hold speech, found by Silero VAD (the optional silero-vad package,
-    whose model ships in its wheel)."""
+    whose model ships in its wheel). With ``max_seconds``, a longer region is split where Silero is least sure
+    of speech (``split_at_pauses``), so that each part fits ``max_seconds``."""
     try:
         import torch
         from silero_vad import get_speech_timestamps, load_silero_vad
@@ -358,41 +362,32 @@ def speech_regions(samples: np.ndarray, sample_rate: int = TARGET_SAMPLE_RATE) -
         raise ImportError("voice-activity detection (--vad) needs silero-vad: pip install silero-vad") from error
     if not _VAD_MODEL:
         _VAD_MODEL.append(load_silero_vad())
-    found = get_speech_timestamps(torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32)), _VAD_MODEL[0],
-                                  sampling_rate=sample_rate, speech_pad_ms=VAD_PAD_MS,
+    audio = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
+    found = get_speech_timestamps(audio, _VAD_MODEL[0], sampling_rate=sample_rate, speech_pad_ms=VAD_PAD_MS,
                                   min_silence_duration_ms=VAD_MIN_SILENCE_MS)
-    return [(int(r["start"]), int(r["end"])) for r in found]
+    regions = [(int(r["start"]), int(r["end"])) for r in found]
+    limit = None if max_seconds is None else int((max_seconds - VAD_SPLIT_MARGIN_SECONDS) * sample_rate)
+    if limit is None or all(end - start <= limit for start, end in regions):
+        return regions
+    with torch.no_grad():
+        probabilities = _VAD_MODEL[0].audio_forward(audio, sample_rate)[0].numpy()  # one per VAD_FRAME samples
+    return [part for region in regions for part in split_at_pauses(region, probabilities, limit)]
 
 
-@dataclass(frozen=True)
-class SpeechOnly:
-    """The speech regions of a file joined into one clip, and the way back to the file's own times."""
-
-    samples: np.ndarray
-    regions: tuple[tuple[int, int], ...]
-    sample_rate: int = TARGET_SAMPLE_RATE
-
-    @classmethod
-    def of(cls, samples: np.ndarray, regions, sample_rate: int = TARGET_SAMPLE_RATE) -> "SpeechOnly":
-        joined = np.concatenate([samples[a:b] for a, b in regions]) if regions else samples[:0]
-        return cls(joined, tuple(regions), sample_rate)
-
-    def original_seconds(self, seconds: float, is_end: bool = False) -> float:
-        """A time in the joined clip as a time in the file; an end on a seam stays in the region before it."""
-        offset, position = 0, seconds * self.sample_rate
-        for index, (start, end) in enumerate(self.regions):
-            length = end - start
-            last = index == len(self.regions) - 1
-            if position < offset + length or (is_end and position <= offset + length) or last:
-                return (start + min(max(position - offset, 0), length)) / self.sample_rate
-            offset += length
-        return seconds
-
-    def original(self, segment: "Segment") -> "Segment":
-        words = tuple(Word(w.word, self.original_seconds(w.start), self.original_seconds(w.end, is_end=True))
-                      for w in segment.words)
-        return Segment(self.original_seconds(segment.start), self.original_seconds(segment.end, is_end=True),
-                       segment.text, words)
+def split_at_pauses(region: tuple[int, int], probabilities: np.ndarray, limit: int) -> list[tuple[int, int]]:
+    """``region`` cut into parts of at most ``limit`` samples, each cut in the second half of the allowed span
+    at the frame whose speech probability (averaged over ``VAD_PAUSE_FRAMES``) is lowest: the pause between
+    two sentences, or at least between two words, even under continuous noise or music, where no point is
+    quiet by energy and Silero's own thresholds may see no silence at all."""
+    start, end = region
+    parts = []
+    while end - start > limit:
+        first, last = (start + limit // 2) // VAD_FRAME, (start + limit) // VAD_FRAME  # candidate frames
+        smoothed = np.convolve(probabilities, np.ones(VAD_PAUSE_FRAMES) / VAD_PAUSE_FRAMES, mode="same")
+        cut = (first + int(np.argmin(smoothed[first:last]))) * VAD_FRAME + VAD_FRAME // 2
+        parts.append((start, cut))
+        start = cut
+    return parts + [(start, end)]
 
 
 # --------------------------------------------------------------------------- rendering
@@ -411,6 +406,11 @@ class Segment:
     end: float
     text: str
     words: tuple[Word, ...] = ()  # with word timestamps (Whisper)
+
+    def shifted(self, seconds: float) -> "Segment":
+        """The segment ``seconds`` later (a window's segment in the file's own times)."""
+        words = tuple(Word(w.word, w.start + seconds, w.end + seconds) for w in self.words)
+        return Segment(self.start + seconds, self.end + seconds, self.text, words)
 
 
 def format_timestamp(seconds: float, decimal_marker: str = ",") -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from tools import audio_io, files, runtime
-from tools.audio_io import AudioError, AudioSource, Segment, SpeechOnly, Window, Word
+from tools.audio_io import AudioError, AudioSource, Segment, Window, Word
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "heads/whisper-tiny.en"  # relative to this script
@@ -126,8 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=_positive_int, default=None,
                         help="per window (default: by model family, its backbone's default_max_new_tokens)")
     parser.add_argument("--vad", action="store_true",
-                        help="transcribe only the speech that voice-activity detection finds (needs silero-vad); "
-                        "a file without speech gives an empty transcript")
+                        help="transcribe only the speech that voice-activity detection (Silero; needs silero-vad) "
+                        "finds, cut into windows at its pauses, each decoded on its own (Whisper: instead of its "
+                        "long-form windows, which can loop and lose speech under continuous noise or music); a "
+                        "file without speech gives an empty transcript")
     parser.add_argument("--temperature-fallback", action=argparse.BooleanOptionalAction, default=None,
                         help="Whisper (on by default): retry a window whose greedy text repeats itself (compression "
                         "ratio > 1.35) at temperatures 0.2 ... 1.0, sampled by the base model from a fixed seed, as "
@@ -396,10 +398,9 @@ class FileJob:
     source: AudioSource
     duration: float
     windows: list[Window]
-    texts: list  # per window its text, or (whole-file jobs) the file's segments
+    texts: list  # per window its text, or (models that time their own segments) its segments
     remaining: int
     failed: bool = False
-    speech: SpeechOnly | None = None  # --vad on a whole-file job: how the joined speech maps back to the file
 
 
 @dataclass
@@ -502,7 +503,7 @@ class TranscriptionRun:
             self.file_bar.update(1)
             return
         try:
-            regions = audio_io.speech_regions(samples) if self.args.vad else None
+            regions = audio_io.speech_regions(samples, max_seconds=self.max_seconds) if self.args.vad else None
         except Exception as error:  # noqa: BLE001 - one file's VAD failure must not end the run
             self.fail_file(f"{source.path}: voice-activity detection failed ({_one_line(error)})")
             return
@@ -528,17 +529,19 @@ class TranscriptionRun:
                 self.queue.append(WindowTask(job, index, piece))
 
     def enqueue_file(self, source: AudioSource, samples: np.ndarray, regions=None) -> None:
-        """The whole file as one task (with ``regions``: its speech joined); the model makes the segments."""
-        speech = SpeechOnly.of(samples, regions) if regions is not None else None
-        audio = speech.samples if speech is not None else samples
-        job = FileJob(source, audio_io.duration_seconds(samples), [Window(0, len(samples))], [None], 1, speech=speech)
-        self.window_bar.total += 1
+        """A model that times its own segments: the whole file as one task (Whisper's own long-form windows), or
+        with ``regions`` (``--vad``) the speech cut into windows at its pauses, each decoded on its own (short-form,
+        batched with other windows): under continuous noise or music, where long-form can loop and lose speech."""
+        windows = ([Window(0, len(samples))] if regions is None
+                   else audio_io.windows_in_regions(samples, regions, self.max_seconds))
+        job = FileJob(source, audio_io.duration_seconds(samples), windows, [None] * len(windows), len(windows))
+        self.window_bar.total += len(windows)
         self.window_bar.refresh()
-        if not len(audio):  # --vad found no speech: nothing to say
-            self.window_done(job, 0, [])
-            return
-        kind = "long" if len(audio) > self.max_seconds * audio_io.TARGET_SAMPLE_RATE else "short"
-        self.queue.append(WindowTask(job, 0, audio, kind))
+        if not windows:  # --vad found no speech: nothing to say
+            self.finish_file(job)
+        for index, window in enumerate(windows):
+            long = window.num_samples > self.max_seconds * audio_io.TARGET_SAMPLE_RATE
+            self.queue.append(WindowTask(job, index, samples[window.start : window.end], "long" if long else "short"))
 
     def fail_file(self, message: str, job: FileJob | None = None) -> None:
         if job is not None:
@@ -580,7 +583,8 @@ class TranscriptionRun:
 
     def finish_file(self, job: FileJob) -> None:
         if self.whole_files:
-            segments = [job.speech.original(s) if job.speech else s for s in job.texts[0]]
+            segments = [s.shifted(w.start_seconds) for w, window_segments in zip(job.windows, job.texts)
+                        for s in window_segments]
         else:
             segments = [Segment(w.start_seconds, w.end_seconds, t) for w, t in zip(job.windows, job.texts)]
         text = " ".join(s.text for s in segments if s.text)
