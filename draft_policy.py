@@ -110,6 +110,13 @@ class DraftPolicy:
             options += [DraftTree.from_paths(build_tree_from_accuracy(accuracy, n)) for n in AUTO_TREE_SIZES]
         return list(dict.fromkeys(options))  # unique, in order
 
+    def cache_slack(self, candidates: list[DraftTree]) -> int:
+        """Cache slots a call reserves past its own tokens: twice the largest tree it or ``auto`` may draft. Every
+        call of this artifact then asks the same capacity of the fixed-shape cache pool whatever its draft, so plain
+        greedy and drafted calls share one cache and keep each other's captured (compiled) rounds; sized by the call
+        alone, a drafted call's larger cache replaced a greedy call's, whose rounds were then compiled again."""
+        return 2 * max(t.num_nodes for t in [*candidates, *self.candidates("auto")])
+
     def predicted_tokens(self, tree: DraftTree) -> float:
         """Tokens per round the artifact's own measurement (or head accuracy) predicts for ``tree``."""
         if tree.num_nodes == 1:

@@ -370,7 +370,7 @@ class MedusaForASR(PreTrainedModel):
         if fixed_shape and self.round_cache.check_weights(self.parameters()) and on_cuda:
             self.backbone.fuse_projections()
         candidates = self.draft_policy.candidates(draft)
-        slack = 2 * max(t.num_nodes for t in candidates)
+        slack = self.draft_policy.cache_slack(candidates)
         pool = self.round_cache.pool if fixed_shape else None
         capture = self.round_cache.calls if captured and on_cuda else None
         state, max_new, prompt = self.backbone.prefill(plan.inputs, plan.max_new_tokens, slack, plan.rules,

@@ -53,3 +53,13 @@ def test_tree_n_is_the_artifacts_tree_of_n_nodes_or_one_built_from_head_accuracy
     p.config.head_accuracy = None
     with pytest.raises(ValueError, match="no tree of 4 nodes"):
         p.resolve("tree-4")
+
+
+def test_every_draft_reserves_the_same_cache_slack():
+    """Plain greedy, a chain and auto ask the fixed-shape cache pool for the same capacity (twice the largest tree
+    auto may pick), so their captured rounds share one cache instead of a drafted call's replacing a greedy one's;
+    a larger explicit tree reserves more."""
+    p = policy()
+    slacks = {draft: p.cache_slack(p.candidates(draft)) for draft in ("none", "chain", "auto", "tree")}
+    assert set(slacks.values()) == {2 * 4}
+    assert p.cache_slack([DraftTree.from_paths([[0], [1], [2], [3], [4], [0, 0]])]) == 2 * 7
