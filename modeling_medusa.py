@@ -19,22 +19,30 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+# Every code file the artifact runs is imported here, not only through other files: transformers < 4.52 copies
+# into its module cache just the files that modeling_medusa.py itself imports from a local folder.
 try:
+    from .backbone import Backbone
     from .backbone_meralion2 import MERaLiON2Backbone
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
     from .draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
     from .draft_trees import DraftTree
+    from .kv_cache import DecodeState
+    from .logits_rules import LogitsRules
     from .medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds
     from .medusa_fast import CapturedRounds, capture_cuda_graph
     from .medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
                                build_heads, int8_drafting_copy, int8_drafting_supported)
 except ImportError:
+    from backbone import Backbone
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
     from draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
     from draft_trees import DraftTree
+    from kv_cache import DecodeState
+    from logits_rules import LogitsRules
     from medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds
     from medusa_fast import CapturedRounds, capture_cuda_graph
     from medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
@@ -47,7 +55,7 @@ CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.
               "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py")
 # transformers.pipeline("automatic-speech-recognition", model=<artifact>, trust_remote_code=True) builds this class
 ASR_PIPELINE = {"impl": "asr_pipeline.MedusaSpeechRecognitionPipeline", "pt": ["AutoModel"], "tf": [], "type": "audio"}
-BACKBONES = {backbone.family: backbone for backbone in (WhisperBackbone, MERaLiON2Backbone)}
+BACKBONES: dict[str, type[Backbone]] = {backbone.family: backbone for backbone in (WhisperBackbone, MERaLiON2Backbone)}
 BASE_LOAD_KWARGS = ("torch_dtype", "dtype", "device_map", "attn_implementation", "quantization_config",
                     "revision", "token", "cache_dir", "local_files_only", "low_cpu_mem_usage")
 CACHE_ENV = "MEDUSA_ASR_CACHE"
@@ -294,7 +302,7 @@ class MedusaForASR(PreTrainedModel):
         """``"chain"``, ``"tree"``/``"auto"`` (the artifact's tree), ``"none"`` or explicit paths."""
         return self.draft_policy.resolve(draft)
 
-    def _verify_seconds(self, tree: DraftTree, state, captured: bool, repeats: int = 5) -> float:
+    def _verify_seconds(self, tree: DraftTree, state: DecodeState, captured: bool, repeats: int = 5) -> float:
         """Median seconds of one round's work for ``tree`` on the prefilled ``state`` (drafting, the decoder
         pass, the output projection); it writes past the valid cache slots only, so the state is unchanged."""
         tt = tree.tensors(state.lengths.device)
@@ -424,7 +432,8 @@ class MedusaForASR(PreTrainedModel):
         key = (state.lengths.device.type, str(self.dtype), state.next_token.shape[0], captured)
         return self.draft_policy.choose(candidates, key, lambda tree: self._verify_seconds(tree, state, captured))
 
-    def _rounds(self, state, tree: DraftTree, process, compile: bool, captured: bool, fixed_shape: bool):
+    def _rounds(self, state: DecodeState, tree: DraftTree, process: LogitsRules, compile: bool, captured: bool,
+                fixed_shape: bool):
         drafter = self.make_drafter(tree, state.lengths.device)
         if not fixed_shape:
             return EagerRounds(self.backbone, drafter, process, state, tree, int(state.lengths.max()))

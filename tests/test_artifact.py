@@ -17,6 +17,16 @@ CODE_FILES = ["configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.
               "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py"]
 
 
+def test_modeling_file_imports_every_code_file_itself():
+    """transformers < 4.52 copies into its module cache only the files the modeling file itself imports (from a
+    local folder): each code file it runs must be imported there, not only through another code file."""
+    import re
+
+    text = (ROOT / "modeling_medusa.py").read_text()
+    imported = {f"{name}.py" for name in re.findall(r"^\s*from \.(\w+) import", text, flags=re.M)}
+    assert imported == set(CODE_FILES) - {"modeling_medusa.py", "asr_pipeline.py"}  # (the pipeline loads its own)
+
+
 def edited_copy(artifact: Path, folder: Path, **config_changes) -> Path:
     """A copy of the artifact with some config.json fields changed."""
     shutil.copytree(artifact, folder)
