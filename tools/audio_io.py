@@ -371,20 +371,21 @@ def speech_regions(samples: np.ndarray, sample_rate: int = TARGET_SAMPLE_RATE,
         return regions
     with torch.no_grad():
         probabilities = _VAD_MODEL[0].audio_forward(audio, sample_rate)[0].numpy()  # one per VAD_FRAME samples
-    return [part for region in regions for part in split_at_pauses(region, probabilities, limit)]
+    pause_scores = np.convolve(probabilities, np.ones(VAD_PAUSE_FRAMES) / VAD_PAUSE_FRAMES, mode="same")
+    return [part for region in regions for part in split_at_pauses(region, pause_scores, limit)]
 
 
-def split_at_pauses(region: tuple[int, int], probabilities: np.ndarray, limit: int) -> list[tuple[int, int]]:
+def split_at_pauses(region: tuple[int, int], pause_scores: np.ndarray, limit: int) -> list[tuple[int, int]]:
     """``region`` cut into parts of at most ``limit`` samples, each cut in the second half of the allowed span
-    at the frame whose speech probability (averaged over ``VAD_PAUSE_FRAMES``) is lowest: the pause between
-    two sentences, or at least between two words, even under continuous noise or music, where no point is
-    quiet by energy and Silero's own thresholds may see no silence at all."""
+    at the frame of lowest ``pause_scores`` (Silero's speech probability per frame, averaged over
+    ``VAD_PAUSE_FRAMES``): the pause between two sentences, or at least between two words, even under
+    continuous noise or music, where no point is quiet by energy and Silero's own thresholds may see no
+    silence at all."""
     start, end = region
     parts = []
     while end - start > limit:
         first, last = (start + limit // 2) // VAD_FRAME, (start + limit) // VAD_FRAME  # candidate frames
-        smoothed = np.convolve(probabilities, np.ones(VAD_PAUSE_FRAMES) / VAD_PAUSE_FRAMES, mode="same")
-        cut = (first + int(np.argmin(smoothed[first:last]))) * VAD_FRAME + VAD_FRAME // 2
+        cut = (first + int(np.argmin(pause_scores[first:last]))) * VAD_FRAME + VAD_FRAME // 2
         parts.append((start, cut))
         start = cut
     return parts + [(start, end)]

