@@ -137,17 +137,24 @@ def int8_drafting_supported(device) -> bool:
     return torch.device(device).type == "cpu" and hasattr(torch.ops.aten, "_weight_int8pack_mm")
 
 
+INT8_COLUMN_MULTIPLE = 16  # torch 2.13's CPU kernel crashes (AVX-512, bf16, several rows) on other widths
+
+
 def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, K] float -> int8 [N, K] and one bfloat16 scale per row (symmetric, round to nearest)."""
+    """[N, K] float -> int8 [N, K'] and one bfloat16 scale per row (symmetric, round to nearest); K' is K
+    rounded up to ``INT8_COLUMN_MULTIPLE`` with zero columns."""
     weight = weight.detach().float()
     scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
-    return torch.round(weight / scales[:, None]).to(torch.int8), scales.to(torch.bfloat16)
+    rows = torch.round(weight / scales[:, None]).to(torch.int8)
+    return F.pad(rows, (0, -weight.shape[1] % INT8_COLUMN_MULTIPLE)), scales.to(torch.bfloat16)
 
 
 def int8_matmul(x: torch.Tensor, rows: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """[..., K] @ int8 rows [N, K].T with per-row scales -> [..., N] in ``x``'s dtype (bfloat16 activations:
+    """[..., K] @ int8 rows [N, K'].T with per-row scales -> [..., N] in ``x``'s dtype (bfloat16 activations:
     torch's CPU kernel for them reads the int8 weight once, several times faster than a float32 GEMV here)."""
     flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+    if flat.shape[1] != rows.shape[1]:  # (zero columns padded by int8_rows)
+        flat = F.pad(flat, (0, rows.shape[1] - flat.shape[1]))
     out = torch.ops.aten._weight_int8pack_mm(flat, rows, scales)
     return out.to(x.dtype).reshape(*x.shape[:-1], rows.shape[0])
 

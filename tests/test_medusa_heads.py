@@ -147,3 +147,19 @@ def test_padded_projection_returns_contiguous_logits_off_the_cpu():
         for rows in (1, 17):
             logits = projection(torch.empty(1, rows, 16, device="meta"))
             assert logits.shape == (1, rows, 51865) and logits.stride() == (rows * 51865, 51865, 1)
+
+
+def test_int8_matmul_takes_any_width_and_several_rows():
+    """torch's CPU int8 kernel needs a width that is a multiple of 16 for several bf16 rows (it crashed on an
+    AVX-512 AMD CPU otherwise): the rows are padded with zero columns, which change nothing."""
+    from medusa_heads import int8_drafting_supported, int8_matmul, int8_rows
+
+    if not int8_drafting_supported("cpu"):
+        pytest.skip("this torch has no CPU int8 weight-only kernel")
+    for width in (8, 24, 392):
+        weight, x = torch.randn(40, width), torch.randn(5, width)
+        rows, scales = int8_rows(weight)
+        assert rows.shape[1] % 16 == 0
+        dequantised = rows[:, :width].float() * scales.float()[:, None]
+        expected = x.to(torch.bfloat16).float() @ dequantised.T
+        assert torch.allclose(int8_matmul(x, rows, scales), expected, rtol=2e-2, atol=2e-2 * expected.abs().max())
