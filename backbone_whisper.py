@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from .backbone import Backbone, Projection, attend_memory
+    from .backbone import Backbone, Projection, attend_memory, linear
     from .kv_cache import DecodeState, StaticKVCache, attention_mask
     from .logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules
     from .medusa_decoding import WindowPlan
 except ImportError:
-    from backbone import Backbone, Projection, attend_memory
+    from backbone import Backbone, Projection, attend_memory, linear
     from kv_cache import DecodeState, StaticKVCache, attention_mask
     from logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules
     from medusa_decoding import WindowPlan
@@ -58,6 +58,7 @@ class WhisperBackbone(Backbone):
     # bf16/fp16 attention: "sdpa" (SDPA's default kernel everywhere), "memory" (cross-attention through
     # attend_memory), "auto" (that, and self-attention as matmuls) or "matmul" (matmuls everywhere)
     half_attention = "memory"
+    screens_argmax = True
 
     @classmethod
     def load_base(cls, source: str, load_kwargs: dict):
@@ -467,17 +468,17 @@ class WhisperBackbone(Backbone):
         for i, layer in enumerate(self.decoder.layers):
             x = layer.self_attn_layer_norm(hidden)
             attn = layer.self_attn
-            state.cache.write(i, slots, self._heads(attn.k_proj(x)), self._heads(attn.v_proj(x)))
+            state.cache.write(i, slots, self._heads(linear(attn.k_proj, x)), self._heads(linear(attn.v_proj, x)))
             keys, values = state.cache.layer(i, upto)
             hidden = hidden + self._attend(attn, x, keys, values, mask)
             x = layer.encoder_attn_layer_norm(hidden)
             hidden = hidden + self._attend(layer.encoder_attn, x, cross_k[i], cross_v[i], None)
             x = layer.final_layer_norm(hidden)
-            hidden = hidden + layer.fc2(layer.activation_fn(layer.fc1(x)))
+            hidden = hidden + linear(layer.fc2, layer.activation_fn(linear(layer.fc1, x)))
         return self.decoder.layer_norm(hidden)
 
     def _attend(self, attn, x, keys, values, mask):
-        query = self._heads(attn.q_proj(x) * self.scaling)
+        query = self._heads(linear(attn.q_proj, x) * self.scaling)
         mode = "matmul" if query.dtype == torch.float32 else self.half_attention
         if mode in ("auto", "memory"):
             mode = "memory" if mask is None else ("matmul" if mode == "auto" else "sdpa")
@@ -492,7 +493,7 @@ class WhisperBackbone(Backbone):
             out = attend_memory(query, keys, values, scale=1.0)
         else:  # SDPA accumulates in fp32, as the base's own attention does
             out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=1.0)
-        return attn.out_proj(out.transpose(1, 2).flatten(2))
+        return linear(attn.out_proj, out.transpose(1, 2).flatten(2))
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(*x.shape[:2], self.num_heads, self.head_dim).transpose(1, 2)

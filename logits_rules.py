@@ -49,6 +49,9 @@ class LogitsRules:
     the rules depend on: a kept fixed-shape round is reused only for equal keys."""
 
     key: tuple = ()
+    # whether the rules only block tokens (set them to -inf) and change no other logit: the base's argmax can then
+    # be found through a screen of the output projection (backbone.ScreenedArgmax)
+    masks_only: bool = False
 
     def __call__(self, logits: torch.Tensor, num_generated: torch.Tensor, path: ChunkPath | None = None):
         return logits
@@ -67,6 +70,7 @@ class ChainedRules(LogitsRules):
     def __init__(self, *rules: LogitsRules):
         self.rules = rules
         self.key = tuple(rule.key for rule in rules)
+        self.masks_only = all(rule.masks_only for rule in rules)
 
     def __call__(self, logits, num_generated, path=None):
         for rule in self.rules:
@@ -85,6 +89,8 @@ class SuppressionRules(LogitsRules):
     as the first token, EOS not before ``min_new_tokens`` (``num_generated[b, t]`` counts the tokens generated
     before the one chunk row t predicts). Blocked ids are written in place (a few ids, not a
     pass over the vocabulary)."""
+
+    masks_only = True
 
     def __init__(self, vocab: int, device, eos_token_ids, min_new_tokens=None, always=None, at_begin=None):
         self.suppress = _token_ids(always, vocab, device)

@@ -6,10 +6,10 @@ Nothing here knows about audio, Whisper or MERaLiON-2. A backbone adapter suppli
 * ``decode(state, tokens[B, T], depths[T], ancestors[T, T], upto) -> hidden[B, T, H]``: one forward of
   the text decoder over new tokens written into the cache at ``state.lengths + arange(T)``, attending
   to the first ``upto`` cache slots;
-* ``logits(hidden) -> [..., V]``: the base output projection (with any soft-capping);
-* ``process_logits(logits[B, T, V], num_generated[B, T], path) -> logits``: the base generate's
-  logits processors (token suppression, min_new_tokens, Whisper's timestamp rules) as ``LogitsRules``,
-  so argmax equals the base's choice at every node of the chunk.
+* ``predict(hidden, process_logits, num_generated[B, T], path) -> [B, T]``: the base's own next token after
+  each node, the argmax of its output projection (``logits(hidden)``, with any soft-capping) under
+  ``process_logits``, the base generate's logits processors (token suppression, min_new_tokens, Whisper's
+  timestamp rules) as ``LogitsRules``, so it equals the base's choice at every node of the chunk.
 
 A chain of K drafts is the tree with one node per depth, so one code path serves both (``draft_trees.py``).
 Drafting is the drafter's (``medusa_heads.py``): ``drafter(state) -> chunk[B, N]``, the root token and the draft
@@ -128,9 +128,8 @@ def verify_round(backbone, drafter, process_logits, state: DecodeState, tree: Dr
     ``drafter(state) -> chunk [B, N]`` (None: no drafts). Host-sync free."""
     chunk = drafter(state) if drafter is not None else state.next_token[:, None]
     hidden = backbone.decode(state, chunk, tt.depths, tt.ancestors, upto)
-    logits = backbone.logits(hidden)
     path = ChunkPath(chunk, tt, state.history, num_generated[:, None] + tt.depths[None, :])
-    predicted = process_logits(logits, path.num_generated, path).argmax(dim=-1)
+    predicted = backbone.predict(hidden, process_logits, path.num_generated, path)
     best, accepted = accept(chunk, predicted, tt)
     nodes = tt.path_nodes[best]
     if not tree.is_chain:

@@ -29,7 +29,7 @@ try:
     from .draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
     from .draft_trees import DraftTree
     from .kv_cache import DecodeState
-    from .logits_rules import LogitsRules
+    from .logits_rules import ChunkPath, LogitsRules
     from .medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds
     from .medusa_fast import CapturedRounds, capture_cuda_graph
     from .medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
@@ -42,7 +42,7 @@ except ImportError:
     from draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
     from draft_trees import DraftTree
     from kv_cache import DecodeState
-    from logits_rules import LogitsRules
+    from logits_rules import ChunkPath, LogitsRules
     from medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds
     from medusa_fast import CapturedRounds, capture_cuda_graph
     from medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
@@ -302,17 +302,20 @@ class MedusaForASR(PreTrainedModel):
         """``"chain"``, ``"tree"``/``"auto"`` (the artifact's tree), ``"none"`` or explicit paths."""
         return self.draft_policy.resolve(draft)
 
-    def _verify_seconds(self, tree: DraftTree, state: DecodeState, captured: bool, repeats: int = 5) -> float:
+    def _verify_seconds(self, tree: DraftTree, state: DecodeState, rules: LogitsRules, captured: bool,
+                        repeats: int = 5) -> float:
         """Median seconds of one round's work for ``tree`` on the prefilled ``state`` (drafting, the decoder
-        pass, the output projection); it writes past the valid cache slots only, so the state is unchanged."""
+        pass, the base's next tokens); it writes past the valid cache slots only, so the state is unchanged."""
         tt = tree.tensors(state.lengths.device)
         drafter = self.make_drafter(tree, state.lengths.device)
         upto = state.cache.capacity if captured else min(int(state.lengths.max()) + tree.num_nodes,
                                                          state.cache.capacity)
+        num_generated = torch.ones_like(state.lengths)[:, None] + tt.depths[None, :]
 
         def verify_pass():
             chunk = drafter(state) if drafter is not None else state.next_token[:, None]
-            self.backbone.logits(self.backbone.decode(state, chunk, tt.depths, tt.ancestors, upto)).argmax(-1)
+            hidden = self.backbone.decode(state, chunk, tt.depths, tt.ancestors, upto)
+            self.backbone.predict(hidden, rules, num_generated, ChunkPath(chunk, tt, state.history, num_generated))
 
         if captured:
             graph = capture_cuda_graph(verify_pass)
@@ -384,7 +387,7 @@ class MedusaForASR(PreTrainedModel):
         state, max_new, prompt = self.backbone.prefill(plan.inputs, plan.max_new_tokens, slack, plan.rules,
                                                        cache_pool=pool, capture=capture)
         timer.lap("prefill_seconds")
-        tree = self._choose_draft(candidates, state, captured and on_cuda)
+        tree = self._choose_draft(candidates, state, plan.rules, captured and on_cuda)
         window = MedusaStats(draft=tree.name)
         rounds = self._rounds(state, tree, plan.rules, compile, captured, fixed_shape)
         timer.lap("setup_seconds")  # choosing the draft (timed once per shape) and loading the rounds
@@ -426,11 +429,12 @@ class MedusaForASR(PreTrainedModel):
 
     generate_medusa = generate
 
-    def _choose_draft(self, candidates, state, captured: bool) -> DraftTree:
+    def _choose_draft(self, candidates, state, rules: LogitsRules, captured: bool) -> DraftTree:
         if len(candidates) == 1:
             return candidates[0]
         key = (state.lengths.device.type, str(self.dtype), state.next_token.shape[0], captured)
-        return self.draft_policy.choose(candidates, key, lambda tree: self._verify_seconds(tree, state, captured))
+        return self.draft_policy.choose(candidates, key, lambda tree: self._verify_seconds(tree, state, rules,
+                                                                                           captured))
 
     def _rounds(self, state: DecodeState, tree: DraftTree, process: LogitsRules, compile: bool, captured: bool,
                 fixed_shape: bool):

@@ -1,0 +1,92 @@
+"""The CPU's faster routes through the base's own weights give what the plain ones give: the base's next token
+through the screened output projection (a bf16 screen, the best candidates scored again in float32, a proof that
+no other token wins) and the blockwise argmax, proved or not; the decoder's linear layers for a few rows."""
+
+import pytest
+import torch
+
+from backbone import ScreenedArgmax, fast_argmax, linear
+from logits_rules import ChainedRules, LogitsRules, SuppressionRules
+
+
+def full_argmax(hidden, weight, bias, rules):
+    return rules(torch.nn.functional.linear(hidden, weight, bias)).argmax(-1)
+
+
+def test_fast_argmax_is_argmax_with_ties_blocked_rows_and_any_length():
+    torch.manual_seed(0)
+    for vocab in (3000, 4096, 51865):
+        scores = torch.randn(3, 5, vocab)
+        scores[0, 0, [7, vocab - 2]] = 100.0  # a tie: the first index wins
+        scores[0, 1] = float("-inf")  # every token blocked
+        scores[1, 2, vocab - 1] = 50.0  # the best token in the last, partial block
+        scores[2, 3, 1500:1600] = scores[2, 3].max()  # ties across a block boundary
+        assert torch.equal(fast_argmax(scores), scores.argmax(-1))
+
+
+class NoRules(LogitsRules):
+    masks_only = True
+
+
+def suppression(vocab, num_generated):
+    rules = SuppressionRules(vocab, "cpu", eos_token_ids=[vocab - 1], min_new_tokens=3, always=[0, 5, vocab - 3],
+                             at_begin=[1, 2])
+    return lambda logits: rules(logits, num_generated)
+
+
+@pytest.mark.parametrize("vocab,width,bias", [(100, 8, False), (4099, 64, True), (51865, 384, False)])
+def test_screened_argmax_equals_the_full_projection(vocab, width, bias):
+    torch.manual_seed(vocab)
+    weight = torch.randn(vocab, width) * 0.05
+    b = torch.randn(vocab) * 0.5 if bias else None
+    # near-duplicate rows make near-ties the screen cannot settle (projected in full), besides clear winners
+    weight[0] *= 10
+    weight[10:20] = weight[0] + 1e-4 * torch.randn(10, width)
+    screen = ScreenedArgmax(lambda: weight, lambda: b)
+    hidden = torch.randn(4, 6, width) * 8
+    hidden[0, :3] = weight[0] * 40 + torch.randn(3, width)  # rows whose best tokens are near-tied
+    num_generated = torch.tensor([0, 1, 2, 3, 4, 5]).expand(4, 6)
+    for rules in (NoRules(), suppression(vocab, num_generated)):
+        rules = (lambda logits: logits) if isinstance(rules, NoRules) else rules
+        with torch.no_grad():
+            assert torch.equal(screen(hidden, rules), full_argmax(hidden, weight, b, rules))
+    assert 0 < screen.projected_in_full < screen.rows  # both paths ran
+
+
+def test_screened_argmax_when_the_rules_leave_few_tokens_or_none():
+    torch.manual_seed(1)
+    vocab, width = 2000, 32
+    weight, hidden = torch.randn(vocab, width), torch.randn(2, 3, width)
+    screen = ScreenedArgmax(lambda: weight, lambda: None)
+    keep_three = lambda logits: torch.full_like(logits, float("-inf")).index_copy(  # noqa: E731
+        -1, torch.tensor([5, 900, 1999]), logits[..., [5, 900, 1999]])
+    block_all = lambda logits: torch.full_like(logits, float("-inf"))  # noqa: E731
+    with torch.no_grad():
+        for rules in (keep_three, block_all):
+            assert torch.equal(screen(hidden, rules), full_argmax(hidden, weight, None, rules))
+
+
+def test_only_rules_that_block_tokens_are_screened():
+    weight = torch.randn(50, 4)
+    rules = SuppressionRules(50, "cpu", eos_token_ids=[49])
+    assert rules.masks_only and ChainedRules(rules, rules).masks_only
+    assert not ChainedRules(rules, LogitsRules()).masks_only  # (a rule that may change logits)
+    hidden = torch.randn(1, 2, 4)
+    with torch.no_grad():
+        assert ScreenedArgmax.applies(hidden, weight, rules)
+        assert not ScreenedArgmax.applies(hidden, weight.to(torch.bfloat16), rules)
+        assert not ScreenedArgmax.applies(hidden, weight, LogitsRules())
+
+
+def test_linear_for_a_few_rows_equals_the_layer():
+    torch.manual_seed(2)
+    for out_features, in_features, bias in ((384, 384, True), (1536, 384, True), (384, 1536, False), (64, 8, False)):
+        layer = torch.nn.Linear(in_features, out_features, bias=bias)
+        for shape in ((1, 1), (1, 5), (2, 3), (1, 9)):  # (batch, chunk): one row, a chain, a batch, past the route
+            x = torch.randn(*shape, in_features)
+            with torch.no_grad():
+                got = linear(layer, x)
+            assert got.shape == (*shape, out_features)
+            assert torch.allclose(got, layer(x), rtol=1e-5, atol=1e-5)
+    with torch.enable_grad():  # training keeps the layer's own forward (and its gradient)
+        assert linear(layer, torch.randn(1, 2, 8)).requires_grad
