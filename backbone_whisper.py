@@ -24,6 +24,7 @@ except ImportError:
 
 
 SPEECH_FRAME_MARGIN = 16  # encoder frames (0.32 s) the drafter reads past the end of the speech
+LANGUAGE_SLOT = -1  # in a prompt template: where each row's language, detected from its speech, goes
 
 
 def speech_frames(features: torch.Tensor, margin: int = SPEECH_FRAME_MARGIN) -> int | None:
@@ -234,31 +235,29 @@ class WhisperBackbone(Backbone):
         return next((LANGUAGES.get(codes[i]) for i in prompt if i in codes), None)
 
     # ------------------------------------------------------------------ prompt & logits rules
-    def decoder_prompt(self, encoder_kv, batch: int, language=None, task=None) -> torch.Tensor:
-        """The decoder prompt the base's generate would build: start token, language (given, from the
-        legacy forced ids, or detected per row from ``encoder_kv``), task, and <|notimestamps|>."""
+    def prompt_template(self, language=None, task=None) -> list[int]:
+        """The decoder prompt the base's generate would build: start token, language (given, from the legacy
+        forced ids, or ``LANGUAGE_SLOT`` where each row's is detected from its speech), task, <|notimestamps|>."""
         gen = self.gen
         tokens, language, task, detect = self._prompt_start(language, task)
-        languages = [None] * batch
-        if language is not None:
-            languages = [self._language_id(language)] * batch
-        elif detect:
-            languages = self._detect_languages(encoder_kv, batch)
+        row = list(tokens)
+        if language is not None or detect:
+            row[1:2] = [self._language_id(language) if language is not None else LANGUAGE_SLOT]
         task_ids = set((getattr(gen, "task_to_id", None) or {}).values())
+        if task is not None:
+            row = [t for t in row if t not in task_ids] + [gen.task_to_id[task]]
+        elif language is not None and task_ids and not task_ids.intersection(row):
+            row.append(gen.task_to_id["transcribe"])
         no_timestamps = self._no_timestamps()
-        rows = []
-        for lang in languages:
-            row = list(tokens)
-            if lang is not None:
-                row[1:2] = [lang]
-            if task is not None:
-                row = [t for t in row if t not in task_ids] + [gen.task_to_id[task]]
-            elif language is not None and task_ids and not task_ids.intersection(row):
-                row.append(gen.task_to_id["transcribe"])
-            if no_timestamps and row[-1] != no_timestamps[0]:
-                row += no_timestamps
-            rows.append(row)
-        return torch.tensor(rows, device=self.base.device)
+        if no_timestamps and row[-1] != no_timestamps[0]:
+            row += no_timestamps
+        return row
+
+    def decoder_prompt(self, encoder_kv, batch: int, language=None, task=None) -> torch.Tensor:
+        """``prompt_template`` for ``batch`` rows, each row's language detected from ``encoder_kv`` where asked."""
+        template = self.prompt_template(language, task)
+        prompt = torch.tensor(template, device=self.base.device).expand(batch, -1)
+        return self._with_languages(prompt, encoder_kv) if LANGUAGE_SLOT in template else prompt
 
     def _prompt_start(self, language=None, task=None):
         """(first prompt tokens, language, task, whether the language must be detected from the speech)."""
@@ -291,13 +290,9 @@ class WhisperBackbone(Backbone):
             language = None
         return language, None if task == "transcribe" else task
 
-    @torch.no_grad()
     def max_new_tokens_limit(self, language=None, task=None) -> int:
-        """Its decoder positions minus the prompt, whose length is measured by building it (language
-        detection runs over one silent encoder frame)."""
-        silence = torch.zeros(1, 1, self.hidden_size, dtype=self.base.dtype, device=self.base.device)
-        prompt = self.decoder_prompt(self._cross_attention_kv(silence), 1, language, task)
-        return self.config.max_target_positions - prompt.shape[1]
+        """Its decoder positions minus the prompt's."""
+        return self.config.max_target_positions - len(self.prompt_template(language, task))
 
     def audio_inputs(self, processor, audios: list, instruction=None, language=None, task=None,
                      return_attention_mask: bool = False) -> dict:
@@ -335,13 +330,15 @@ class WhisperBackbone(Backbone):
             raise ValueError(f"Unknown Whisper language {language!r}; use a code such as 'en'.")
         return self.gen.lang_to_id[token]
 
-    def _detect_languages(self, encoder_kv, batch) -> list[int]:
-        """Each row's language like the base's detect_language: argmax over the language tokens."""
+    def _with_languages(self, prompt: torch.Tensor, encoder_kv) -> torch.Tensor:
+        """``prompt`` [B, T] with its ``LANGUAGE_SLOT`` filled, per row, like the base's detect_language: the argmax
+        over the language tokens after the start token. On the device, no host sync (a CUDA graph can hold it)."""
+        batch = prompt.shape[0]
         start = torch.full((batch, 1), self.gen.decoder_start_token_id, device=self.base.device)
         state = self._empty_state(encoder_kv, batch, capacity=1)
         logits = self.logits(self._forward(state, start))[:, -1]
         lang_ids = torch.tensor(sorted(self.gen.lang_to_id.values()), device=logits.device)
-        return lang_ids[logits[:, lang_ids].argmax(-1)].tolist()
+        return torch.where(prompt == LANGUAGE_SLOT, lang_ids[logits[:, lang_ids].argmax(-1)][:, None], prompt)
 
     def make_logits_processor(self, min_new_tokens: int | None):
         return SuppressionRules(
@@ -364,18 +361,21 @@ class WhisperBackbone(Backbone):
 
     def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits, cache_pool=None,
                 capture=None):
-        """Encoder (unless ``encoder_outputs`` are given) and decoder prompt: the one the base's generate builds,
-        or ``decoder_input_ids`` as given (left-padded rows marked by ``decoder_attention_mask``). ``capture``
-        (a ``CapturedCalls``) replays the encoder, the cross-attention projections and, where the prompt is
-        known before the speech is encoded (no language to detect), the prompt's decoder pass as CUDA graphs."""
-        language, task = inputs.get("language"), inputs.get("task")
-        one_graph = capture is not None and self._prompt_known_before_encoding(inputs)
+        """Encoder (unless ``encoder_outputs`` are given) and decoder prompt: the one the base's generate builds
+        (each row's language detected from its speech where none is given), or ``decoder_input_ids`` as given
+        (left-padded rows marked by ``decoder_attention_mask``). ``capture`` (a ``CapturedCalls``) replays the
+        encoder and the cross-attention projections as a CUDA graph and, for the base's own prompt, the language
+        detection and the prompt's decoder pass in the same graph."""
+        template = None if inputs.get("decoder_input_ids") is not None else \
+            self.prompt_template(inputs.get("language"), inputs.get("task"))
+        one_graph = capture is not None and template is not None and inputs.get("encoder_outputs") is None
         encoder_kv = None if one_graph else self._speech_kv(inputs, capture)
         batch = inputs["input_features"].shape[0] if one_graph else encoder_kv[0].shape[1]
-        prompt = inputs.get("decoder_input_ids")
-        if prompt is None:
-            prompt = self.decoder_prompt(encoder_kv, batch, language, task)  # (detects only with encoder_kv)
-        prompt = prompt.to(self.base.device)
+        if template is None:
+            prompt = inputs["decoder_input_ids"].to(self.base.device)
+        else:  # (its language slots are filled by the prompt's pass below)
+            prompt = torch.tensor(template, device=self.base.device).expand(batch, -1)
+        detect = template is not None and LANGUAGE_SLOT in template
         prompt_len = prompt.shape[1]
         max_new = self._max_new_tokens(max_new_tokens, prompt_len)
         state = self._empty_state(encoder_kv, batch, prompt_len + max_new + extra_slots, cache_pool)
@@ -383,33 +383,34 @@ class WhisperBackbone(Backbone):
         if self.base.device.type == "cpu" and inputs.get("input_features") is not None:
             state.speech_frames = speech_frames(inputs["input_features"])  # (a host read: CPU only)
         if one_graph:
-            hidden = self._captured_speech_and_prompt(state, inputs["input_features"], prompt, capture)
+            hidden, prompt = self._captured_speech_and_prompt(state, inputs["input_features"], prompt, detect, capture)
         else:
+            if detect:
+                prompt = self._with_languages(prompt, encoder_kv)
             hidden = self._forward(state, prompt)
         state.lengths = state.lengths + prompt_len
         self.start_decoding(state, hidden, prompt, process_logits)
         return state, max_new, prompt
 
-    def _prompt_known_before_encoding(self, inputs: dict) -> bool:
-        plain = all(inputs.get(name) is None for name in ("encoder_outputs", "decoder_input_ids"))
-        return plain and not self._prompt_start(inputs.get("language"), inputs.get("task"))[3]
-
-    def _captured_speech_and_prompt(self, state: DecodeState, features, prompt, capture) -> torch.Tensor:
+    def _captured_speech_and_prompt(self, state: DecodeState, features, prompt, detect: bool, capture) -> tuple:
         """One CUDA graph per (cache, batch, prompt): features -> cross-attention keys and values (into
-        ``state.extra``) -> the prompt's pass, which writes its keys and values into the pool's cache."""
+        ``state.extra``) -> each row's language (``detect``) -> the prompt's pass, which writes its keys and values
+        into the pool's cache. Returns the prompt's hidden states and the prompt."""
         cache = state.cache
 
         def speech_and_prompt(features, prompt, first_slot):
             keys, values = self._speech_kv_of(features)
+            if detect:
+                prompt = self._with_languages(prompt, (keys, values))
             prompt_state = DecodeState(cache, torch.zeros_like(first_slot), first_slot, hidden=None, next_token=None,
                                        extra={"cross_keys": keys, "cross_values": values})
-            return keys, values, self._forward(prompt_state, prompt)
+            return keys, values, self._forward(prompt_state, prompt), prompt
 
         features = features.to(self.base.device, self.base.dtype)
-        key = ("whisper-prefill", id(cache), tuple(features.shape), tuple(prompt.shape))
-        keys, values, hidden = capture(key, speech_and_prompt, features, prompt, state.first_slot, keep=cache)
+        key = ("whisper-prefill", id(cache), tuple(features.shape), tuple(prompt.shape), detect)
+        keys, values, hidden, prompt = capture(key, speech_and_prompt, features, prompt, state.first_slot, keep=cache)
         state.extra = {"cross_keys": keys, "cross_values": values}
-        return hidden
+        return hidden, prompt
 
     def _speech_kv(self, inputs: dict, capture=None):
         """Every decoder layer's cross-attention keys and values [layers, B, heads, L, D] for the speech."""

@@ -386,16 +386,22 @@ def test_drafts_reading_only_the_speech_frames_equal_the_base_greedy(tmp_path_fa
     assert drafted_cases > 0
 
 
-def direct_calls(key, fn, *inputs, keep=None):
-    """``CapturedCalls``' contract without CUDA: the function run on the inputs as given."""
-    return fn(*inputs)
+class DirectCalls:
+    """``CapturedCalls``' contract without CUDA: the function run on the inputs as given; the keys it was asked."""
+
+    def __init__(self):
+        self.keys = []
+
+    def __call__(self, key, fn, *inputs, keep=None):
+        self.keys.append(key)
+        return fn(*inputs)
 
 
 @pytest.mark.parametrize("multilingual", [False, True])
 def test_captured_prefill_decomposition_equals_the_eager_prefill(tmp_path, multilingual):
-    """On a GPU the prefill runs as captured calls (speech encoder + cross-attention K/V + the prompt's pass
-    as one graph where the prompt is known, i.e. no language to detect); the functions it captures give the
-    same state as the eager prefill: same first token, hidden state and prompt keys/values."""
+    """On a GPU the prefill runs as ONE captured call (speech encoder + cross-attention K/V + each row's language
+    where it is detected + the prompt's pass); the function it captures gives the same state as the eager
+    prefill: same prompt, first token, hidden state and prompt keys/values."""
     from modeling_medusa import MedusaForASR
 
     folder = build_tiny_whisper(tmp_path / "w", seed=5, multilingual=multilingual)
@@ -405,9 +411,9 @@ def test_captured_prefill_decomposition_equals_the_eager_prefill(tmp_path, multi
     process = backbone.make_logits_processor(None)
     eager, _, eager_prompt = backbone.prefill(inputs, 20, 8, process, cache_pool=model.round_cache.pool)
     eager_cache = [t.clone() for t in (eager.cache.keys, eager.cache.values)]
-    captured, _, prompt = backbone.prefill(inputs, 20, 8, process, cache_pool=model.round_cache.pool,
-                                           capture=direct_calls)
-    assert backbone._prompt_known_before_encoding(inputs) is (not multilingual)
+    calls = DirectCalls()
+    captured, _, prompt = backbone.prefill(inputs, 20, 8, process, cache_pool=model.round_cache.pool, capture=calls)
+    assert [(key[0], key[-1]) for key in calls.keys] == [("whisper-prefill", multilingual)]  # (detect or not)
     assert torch.equal(prompt, eager_prompt) and torch.equal(captured.lengths, eager.lengths)
     assert torch.equal(captured.next_token, eager.next_token) and torch.equal(captured.hidden, eager.hidden)
     n = int(captured.lengths.max())
