@@ -26,7 +26,7 @@ try:
     from .backbone_meralion2 import MERaLiON2Backbone
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
-    from .draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
+    from .draft_policy import DraftPolicy, RoundCache, evict_cpu_caches, graph_seconds, wall_seconds
     from .draft_trees import DraftTree
     from .kv_cache import DecodeState
     from .logits_rules import ChunkPath, LogitsRules
@@ -39,7 +39,7 @@ except ImportError:
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
-    from draft_policy import DraftPolicy, RoundCache, graph_seconds, median_after_warmup, wall_seconds
+    from draft_policy import DraftPolicy, RoundCache, evict_cpu_caches, graph_seconds, wall_seconds
     from draft_trees import DraftTree
     from kv_cache import DecodeState
     from logits_rules import ChunkPath, LogitsRules
@@ -302,10 +302,11 @@ class MedusaForASR(PreTrainedModel):
         """``"chain"``, ``"tree"``/``"auto"`` (the artifact's tree), ``"none"`` or explicit paths."""
         return self.draft_policy.resolve(draft)
 
-    def _verify_seconds(self, tree: DraftTree, state: DecodeState, rules: LogitsRules, captured: bool,
-                        repeats: int = 5) -> float:
-        """Median seconds of one round's work for ``tree`` on the prefilled ``state`` (drafting, the decoder
-        pass, the base's next tokens); it writes past the valid cache slots only, so the state is unchanged."""
+    def _verify_pass_timer(self, tree: DraftTree, state: DecodeState, rules: LogitsRules, captured: bool):
+        """A function that runs one round's work for ``tree`` on the prefilled ``state`` (drafting, the decoder
+        pass, the base's next tokens) and returns its seconds; it writes past the valid cache slots only, so the
+        state is unchanged. Captured: a CUDA graph's replay; on a CPU each pass starts from caches emptied of its
+        weights, as every round of the loop does."""
         tt = tree.tensors(state.lengths.device)
         drafter = self.make_drafter(tree, state.lengths.device)
         upto = state.cache.capacity if captured else min(int(state.lengths.max()) + tree.num_nodes,
@@ -319,10 +320,15 @@ class MedusaForASR(PreTrainedModel):
 
         if captured:
             graph = capture_cuda_graph(verify_pass)
-            seconds = median_after_warmup(lambda: graph_seconds(graph), repeats)
-            del graph
-            return seconds
-        return median_after_warmup(lambda: wall_seconds(verify_pass, state.lengths.device), repeats)
+            return lambda: graph_seconds(graph)
+        device = state.lengths.device
+
+        def timed_pass():
+            if device.type == "cpu":
+                evict_cpu_caches()
+            return wall_seconds(verify_pass, device)
+
+        return timed_pass
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -433,8 +439,8 @@ class MedusaForASR(PreTrainedModel):
         if len(candidates) == 1:
             return candidates[0]
         key = (state.lengths.device.type, str(self.dtype), state.next_token.shape[0], captured)
-        return self.draft_policy.choose(candidates, key, lambda tree: self._verify_seconds(tree, state, rules,
-                                                                                           captured))
+        return self.draft_policy.choose(candidates, key,
+                                        lambda tree: self._verify_pass_timer(tree, state, rules, captured))
 
     def _rounds(self, state: DecodeState, tree: DraftTree, process: LogitsRules, compile: bool, captured: bool,
                 fixed_shape: bool):

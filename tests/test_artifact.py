@@ -407,7 +407,7 @@ def test_auto_draft_weighs_tree_sizes_by_measured_cost(artifact):
     key = ("cpu", str(model.dtype), 1, False)
     for cost_per_node in (0.0, 1.0):  # free verification: the biggest tree wins; costly: plain greedy
         policy.verify_seconds = {}
-        chosen = policy.choose(candidates, key, lambda tree: 1.0 + cost_per_node * (tree.num_nodes - 1))
+        chosen = policy.choose(candidates, key, lambda tree: lambda: 1.0 + cost_per_node * (tree.num_nodes - 1))
         best = max(candidates, key=lambda t: (expected_tokens_per_round(t, accuracy) if t.num_nodes > 1 else 1.0)
                    / policy.verify_seconds[key, t])
         assert chosen == best

@@ -27,8 +27,28 @@ def test_candidates_are_plain_greedy_and_every_measured_tree_predicted_from_real
 def test_the_cheaper_per_token_draft_wins():
     p = policy()
     costs = {1: 1.0, 3: 1.5, 4: 2.2}
-    chosen = p.choose(p.candidates("auto"), ("cpu", "f32", 1, False), lambda tree: costs[tree.num_nodes])
+    chosen = p.choose(p.candidates("auto"), ("cpu", "f32", 1, False), lambda tree: lambda: costs[tree.num_nodes])
     assert chosen == DraftTree.from_paths(CHAIN)  # 2.0 / 1.5 beats 2.4 / 2.2 and 1 / 1
+
+
+def test_candidates_are_timed_in_turn_and_keep_the_median_of_their_timed_passes():
+    """One pass of each candidate per turn (drift falls on all alike), the first turn a warm-up; a slow moment
+    during one turn moves no candidate's median."""
+    from draft_policy import TIMED_PASSES
+
+    p, order, clock, costs = policy(), [], iter(range(10_000)), {1: 1.0, 3: 1.5, 4: 1.6}
+
+    def timer(tree):
+        def one_pass():
+            order.append(tree.num_nodes)
+            return 100.0 if next(clock) == 7 else costs[tree.num_nodes]  # (a hiccup while the chain is timed)
+        return one_pass
+
+    key = ("cpu", "f32", 1, False)
+    chosen = p.choose(p.candidates("auto"), key, timer)
+    assert order == [1, 3, 4] * (TIMED_PASSES + 1)
+    assert {tree.num_nodes: p.verify_seconds[key, tree] for tree in p.candidates("auto")} == costs
+    assert chosen == DraftTree.from_paths(TREE)  # 2.4 / 1.6 beats 2.0 / 1.5 and 1 / 1
 
 
 def test_observed_rounds_move_the_prediction_smoothly_and_other_trees_keep_theirs():
