@@ -257,7 +257,7 @@ class WhisperBackbone(Backbone):
         """``prompt_template`` for ``batch`` rows, each row's language detected from ``encoder_kv`` where asked."""
         template = self.prompt_template(language, task)
         prompt = torch.tensor(template, device=self.base.device).expand(batch, -1)
-        return self._with_languages(prompt, encoder_kv) if LANGUAGE_SLOT in template else prompt
+        return self._with_languages(prompt, encoder_kv, self.language_ids()) if LANGUAGE_SLOT in template else prompt
 
     def _prompt_start(self, language=None, task=None):
         """(first prompt tokens, language, task, whether the language must be detected from the speech)."""
@@ -330,15 +330,20 @@ class WhisperBackbone(Backbone):
             raise ValueError(f"Unknown Whisper language {language!r}; use a code such as 'en'.")
         return self.gen.lang_to_id[token]
 
-    def _with_languages(self, prompt: torch.Tensor, encoder_kv) -> torch.Tensor:
+    def language_ids(self) -> torch.Tensor:
+        """The language tokens' ids on the base's device (made outside any captured function: a CUDA graph cannot
+        hold the copy from the host)."""
+        return torch.tensor(sorted(self.gen.lang_to_id.values()), device=self.base.device)
+
+    def _with_languages(self, prompt: torch.Tensor, encoder_kv, language_ids: torch.Tensor) -> torch.Tensor:
         """``prompt`` [B, T] with its ``LANGUAGE_SLOT`` filled, per row, like the base's detect_language: the argmax
         over the language tokens after the start token. On the device, no host sync (a CUDA graph can hold it)."""
         batch = prompt.shape[0]
         start = torch.full((batch, 1), self.gen.decoder_start_token_id, device=self.base.device)
         state = self._empty_state(encoder_kv, batch, capacity=1)
         logits = self.logits(self._forward(state, start))[:, -1]
-        lang_ids = torch.tensor(sorted(self.gen.lang_to_id.values()), device=logits.device)
-        return torch.where(prompt == LANGUAGE_SLOT, lang_ids[logits[:, lang_ids].argmax(-1)][:, None], prompt)
+        detected = language_ids[logits[:, language_ids].argmax(-1)]
+        return torch.where(prompt == LANGUAGE_SLOT, detected[:, None], prompt)
 
     def make_logits_processor(self, min_new_tokens: int | None):
         return SuppressionRules(
@@ -386,7 +391,7 @@ class WhisperBackbone(Backbone):
             hidden, prompt = self._captured_speech_and_prompt(state, inputs["input_features"], prompt, detect, capture)
         else:
             if detect:
-                prompt = self._with_languages(prompt, encoder_kv)
+                prompt = self._with_languages(prompt, encoder_kv, self.language_ids())
             hidden = self._forward(state, prompt)
         state.lengths = state.lengths + prompt_len
         self.start_decoding(state, hidden, prompt, process_logits)
@@ -398,17 +403,20 @@ class WhisperBackbone(Backbone):
         into the pool's cache. Returns the prompt's hidden states and the prompt."""
         cache = state.cache
 
-        def speech_and_prompt(features, prompt, first_slot):
+        def speech_and_prompt(features, prompt, first_slot, language_ids):
             keys, values = self._speech_kv_of(features)
             if detect:
-                prompt = self._with_languages(prompt, (keys, values))
+                prompt = self._with_languages(prompt, (keys, values), language_ids)
             prompt_state = DecodeState(cache, torch.zeros_like(first_slot), first_slot, hidden=None, next_token=None,
                                        extra={"cross_keys": keys, "cross_values": values})
             return keys, values, self._forward(prompt_state, prompt), prompt
 
         features = features.to(self.base.device, self.base.dtype)
         key = ("whisper-prefill", id(cache), tuple(features.shape), tuple(prompt.shape), detect)
-        keys, values, hidden, prompt = capture(key, speech_and_prompt, features, prompt, state.first_slot, keep=cache)
+        # (the language ids are an input too: a tensor the graph only closed over would be freed after this call)
+        language_ids = self.language_ids() if detect else prompt.new_empty(0)
+        keys, values, hidden, prompt = capture(key, speech_and_prompt, features, prompt, state.first_slot, language_ids,
+                                               keep=cache)
         state.extra = {"cross_keys": keys, "cross_values": values}
         return hidden, prompt
 

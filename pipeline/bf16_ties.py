@@ -40,6 +40,8 @@ def check_bf16_row(expected: list[int], got: list[int], step_scores: list[torch.
         return None
     if index >= len(expected) or index >= len(got):
         return f"one output stops early at {index} without a differing token (lengths {len(expected)}/{len(got)})"
+    if index >= len(step_scores):
+        return f"diverges at new token {index}, past the {len(step_scores)} steps the base's scores cover (not checked)"
     scores = step_scores[index].float()
     best = float(scores.max())
     taken = float(scores[got[index]])

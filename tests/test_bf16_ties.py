@@ -34,3 +34,10 @@ def test_a_token_outside_the_near_tie_fails():
 
 def test_stopping_early_without_a_different_token_fails():
     assert "stops early" in check_bf16_row([3, 4], [3], [scores_with(1, 0)] * 2)
+
+
+def test_a_divergence_past_the_base_scores_is_reported_unchecked_not_passed():
+    """Where the base's scores do not reach the divergence (seen with Whisper's timestamped generate on the
+    H200: its rows and its scores do not line up), the row counts as left, not as a near-tie."""
+    problem = check_bf16_row([3, 4, 5], [3, 4, 6], [scores_with(1, 0)] * 2)
+    assert problem and "not checked" in problem

@@ -83,3 +83,20 @@ def test_every_draft_reserves_the_same_cache_slack():
     slacks = {draft: p.cache_slack(p.candidates(draft)) for draft in ("none", "chain", "auto", "tree")}
     assert set(slacks.values()) == {2 * 4}
     assert p.cache_slack([DraftTree.from_paths([[0], [1], [2], [3], [4], [0, 0]])]) == 2 * 7
+
+
+def test_auto_keeps_its_last_draft_unless_another_promises_clearly_more():
+    """A new draft needs new fixed-shape rounds (compiled, seconds): estimates that drift by a few per cent do
+    not flip the choice back and forth; a clear gain does."""
+    from draft_policy import SWITCH_MARGIN
+
+    p, key = policy(), ("cuda", "bf16", 1, True)
+    costs = {1: 1.0, 3: 1.5, 4: 1.6}
+    chain, tree = DraftTree.from_paths(CHAIN), DraftTree.from_paths(TREE)
+    assert p.choose(p.candidates("auto"), key, lambda t: lambda: costs[t.num_nodes]) == tree  # 1.5 against 1.33
+    p.observe(tree, MedusaStats(emitted_tokens=int(1.6 * PRIOR_ROUNDS), row_rounds=PRIOR_ROUNDS))  # 2.4 -> 2.0
+    assert p.expected_tokens(chain) / 1.5 > p.expected_tokens(tree) / 1.6  # the chain is now ahead, by little
+    assert p.choose(p.candidates("auto"), key, None) == tree
+    p.observe(tree, MedusaStats(emitted_tokens=10 * PRIOR_ROUNDS, row_rounds=10 * PRIOR_ROUNDS))  # 1 per round
+    assert p.expected_tokens(chain) / 1.5 > (1 + SWITCH_MARGIN) * p.expected_tokens(tree) / 1.6
+    assert p.choose(p.candidates("auto"), key, None) == chain
