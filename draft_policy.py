@@ -31,7 +31,8 @@ except ImportError:
     from medusa_fast import CapturedCalls
 
 AUTO_TREE_SIZES = (8, 32, 64)  # draft nodes of the extra trees tried when only head accuracy is known
-TIMED_PASSES = 7  # verify passes timed per candidate (after one warm-up), taken in turn across the candidates
+TIMED_PASSES = 9  # verify passes timed per candidate (after one warm-up), taken in turn across the candidates
+KEPT_AFTER_FIRST_TURN = 0.75  # candidates timed on after the warm-up turn: within this share of the best's rate
 # auto keeps the draft it last chose for the same shapes unless another promises this much more: a new draft needs
 # new fixed-shape rounds (captured and, with compile=True, compiled: 13 s inside one timed whisper-base call on
 # the H200, when auto's updated estimates tipped a clip from the 16-node tree to the chain and back)
@@ -145,20 +146,15 @@ class DraftPolicy:
     def choose(self, candidates: list[DraftTree], key: tuple, pass_timer) -> DraftTree:
         """The candidate with the most expected tokens per second of verify time. ``pass_timer(tree)`` makes a
         function that runs one verify pass of ``tree`` and returns its seconds; the candidates not yet timed
-        under ``key`` (device, dtype, batch size, captured or not) are timed in turn, one pass each per turn,
-        so that the machine's drift falls on all of them alike; each keeps the median of its timed passes."""
+        under ``key`` (device, dtype, batch size, captured or not) are timed in turn (``_time``), so that the
+        machine's drift falls on all of them alike. The draft last chosen for ``key`` stays unless another
+        promises ``SWITCH_MARGIN`` more."""
         candidates = [t for t in candidates if t.num_nodes == 1 or self.expected_tokens(t) > 1.0 + 1e-6]
         if len(candidates) == 1:
             return candidates[0]  # no draft is expected to add a token: nothing to time
         untimed = [tree for tree in candidates if (key, tree) not in self.verify_seconds]
         if untimed:
-            timers = {tree: pass_timer(tree) for tree in untimed}
-            seconds = {tree: [] for tree in untimed}
-            for turn in range(TIMED_PASSES + 1):
-                for tree, timer in timers.items():
-                    seconds[tree].append(timer())
-            for tree in untimed:
-                self.verify_seconds[key, tree] = statistics.median(seconds[tree][1:])  # (the first: a warm-up)
+            self._time(untimed, key, pass_timer)
 
         def rate(tree):
             return self.expected_tokens(tree) / self.verify_seconds[key, tree]
@@ -168,6 +164,23 @@ class DraftPolicy:
             best = last
         self.chosen[key] = best
         return best
+
+    def _time(self, trees: list[DraftTree], key: tuple, pass_timer) -> None:
+        """Time ``trees`` in turn, one pass each per turn: a warm-up turn (first uses build copies and caches),
+        then a turn that leaves out the trees promising less than ``KEPT_AFTER_FIRST_TURN`` of the best one's
+        tokens per second (a 32- or 64-node tree on a CPU), whose slow passes would only cost time; the rest go on
+        for ``TIMED_PASSES`` timed turns in all, and keep the median."""
+        timers = {tree: pass_timer(tree) for tree in trees}
+        for timer in timers.values():
+            timer()
+        seconds = {tree: [timer()] for tree, timer in timers.items()}
+        best = max(self.expected_tokens(tree) / seconds[tree][0] for tree in trees)
+        kept = [tree for tree in trees if self.expected_tokens(tree) / seconds[tree][0] >= KEPT_AFTER_FIRST_TURN * best]
+        for turn in range(TIMED_PASSES - 1):
+            for tree in kept:
+                seconds[tree].append(timers[tree]())
+        for tree in trees:
+            self.verify_seconds[key, tree] = statistics.median(seconds[tree])
 
     def observe(self, tree: DraftTree, stats: MedusaStats):
         """Count what ``tree`` emitted per round in a call, so ``auto`` adapts when the audio is harder

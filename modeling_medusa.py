@@ -31,8 +31,8 @@ try:
                                wall_seconds)
     from .draft_trees import DraftTree
     from .kv_cache import DecodeState
-    from .logits_rules import ChunkPath, LogitsRules
-    from .medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds
+    from .logits_rules import LogitsRules
+    from .medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds, verify_round
     from .medusa_fast import CapturedRounds, capture_cuda_graph
     from .medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
                                build_heads, int8_drafting_copy, int8_drafting_supported)
@@ -45,8 +45,8 @@ except ImportError:
                               wall_seconds)
     from draft_trees import DraftTree
     from kv_cache import DecodeState
-    from logits_rules import ChunkPath, LogitsRules
-    from medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds
+    from logits_rules import LogitsRules
+    from medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds, verify_round
     from medusa_fast import CapturedRounds, capture_cuda_graph
     from medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
                               build_heads, int8_drafting_copy, int8_drafting_supported)
@@ -306,20 +306,19 @@ class MedusaForASR(PreTrainedModel):
         return self.draft_policy.resolve(draft)
 
     def _verify_pass_timer(self, tree: DraftTree, state: DecodeState, rules: LogitsRules, captured: bool):
-        """A function that runs one round's work for ``tree`` on the prefilled ``state`` (drafting, the decoder
-        pass, the base's next tokens) and returns its seconds; it writes past the valid cache slots only, so the
-        state is unchanged. Captured: a CUDA graph's replay; on a CPU each pass starts from caches emptied of its
-        weights, as every round of the loop does."""
+        """A function that runs one round for ``tree`` on the prefilled ``state`` (``verify_round``: drafting, the
+        decoder pass, the base's next tokens, acceptance and the accepted path's compaction, as the loop runs it;
+        the loop's own bookkeeping, the same for every draft, is left out) and returns its seconds; it writes past
+        the valid cache slots only, so the state is unchanged. Captured: a CUDA graph's replay; on a CPU each pass
+        starts from caches emptied of its weights, as every round of the loop does."""
         tt = tree.tensors(state.lengths.device)
         drafter = self.make_drafter(tree, state.lengths.device)
         upto = state.cache.capacity if captured else min(int(state.lengths.max()) + tree.num_nodes,
                                                          state.cache.capacity)
-        num_generated = torch.ones_like(state.lengths)[:, None] + tt.depths[None, :]
+        num_generated = torch.ones_like(state.lengths)
 
         def verify_pass():
-            chunk = drafter(state) if drafter is not None else state.next_token[:, None]
-            hidden = self.backbone.decode(state, chunk, tt.depths, tt.ancestors, upto)
-            self.backbone.predict(hidden, rules, num_generated, ChunkPath(chunk, tt, state.history, num_generated))
+            verify_round(self.backbone, drafter, rules, state, tree, tt, num_generated, upto)
 
         if captured:
             return _GraphPassTimer(verify_pass)
