@@ -100,3 +100,13 @@ def test_auto_keeps_its_last_draft_unless_another_promises_clearly_more():
     p.observe(tree, MedusaStats(emitted_tokens=10 * PRIOR_ROUNDS, row_rounds=10 * PRIOR_ROUNDS))  # 1 per round
     assert p.expected_tokens(chain) / 1.5 > (1 + SWITCH_MARGIN) * p.expected_tokens(tree) / 1.6
     assert p.choose(p.candidates("auto"), key, None) == chain
+
+
+def test_of_nearly_equal_drafts_auto_takes_the_smaller():
+    from draft_policy import SMALLER_DRAFT_MARGIN
+
+    p, key = policy(), ("cpu", "f32", 1, False)
+    # the tree 2 % ahead of the chain by its timing: within the margin, so the chain (fewer nodes)
+    costs = {1: 10.0, 3: 1.0, 4: 2.4 / 2.0 * 1.0 / 1.02}
+    assert SMALLER_DRAFT_MARGIN > 0.02
+    assert p.choose(p.candidates("auto"), key, lambda t: lambda: costs[t.num_nodes]) == DraftTree.from_paths(CHAIN)
