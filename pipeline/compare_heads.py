@@ -17,6 +17,7 @@ import sys
 
 from pipeline.collect import run_cli
 from tools.files import write_atomic, write_json_atomic
+from tools.markdown import markdown_table
 
 # name -> pipeline.train options; "medusa" is the recipe the committed heads were trained with
 VARIANTS = {
@@ -66,18 +67,19 @@ def comparison_row(name: str, metrics: dict) -> dict:
 
 
 def render(rows: list[dict], eval_names: list[str]) -> str:
-    lines = ["| variant | top-1 per head (held out) | top-5 per head | "
-             + " | ".join(f"tokens/round on {n}: chain / best tree" for n in ["held out"] + eval_names) + " |",
-             "|---|---|---|" + "---|" * (1 + len(eval_names))]
-    for row in rows:
-        cells = [row["variant"], " / ".join(f"{a:.3f}" for a in row["top1"]), " / ".join(f"{a:.3f}" for a in row["top5"])]
-        for key in ["held_out"] + eval_names:
-            found = row.get(key) or {}
-            chain = next((v for k, v in found.items() if k.startswith("chain")), None)
-            best = max(((v, k) for k, v in found.items()), default=(None, None))
-            cells.append(f"{chain:.3f} / {best[0]:.3f} ({best[1]})" if chain is not None else "n/a")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    header = (["variant", "top-1 per head (held out)", "top-5 per head"]
+              + [f"tokens/round on {n}: chain / best tree" for n in ["held out"] + eval_names])
+    return markdown_table(header, [_comparison_cells(row, eval_names) for row in rows]) + "\n"
+
+
+def _comparison_cells(row: dict, eval_names: list[str]) -> list[str]:
+    cells = [row["variant"], " / ".join(f"{a:.3f}" for a in row["top1"]), " / ".join(f"{a:.3f}" for a in row["top5"])]
+    for key in ["held_out"] + eval_names:
+        found = row.get(key) or {}
+        chain = next((v for k, v in found.items() if k.startswith("chain")), None)
+        best = max(((v, k) for k, v in found.items()), default=(None, None))
+        cells.append(f"{chain:.3f} / {best[0]:.3f} ({best[1]})" if chain is not None else "n/a")
+    return cells
 
 
 def main(argv=None) -> dict:

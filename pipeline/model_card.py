@@ -7,35 +7,11 @@ the card never says more than the artifact records.
 
 from __future__ import annotations
 
-import json
+from huggingface_hub import ModelCardData
+
+from tools.markdown import markdown_table
 
 CARD_TAGS = ["medusa", "speculative-decoding", "automatic-speech-recognition", "asr"]
-
-
-def _yaml_scalar(value) -> str:
-    """A YAML scalar that round-trips: JSON strings are valid YAML double-quoted strings."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    text = str(value)
-    if text and all(c.isalnum() or c in "-_./" for c in text) and text[0] not in "-./":
-        return text
-    return json.dumps(text)
-
-
-def _front_matter(fields: dict) -> str:
-    lines = ["---"]
-    for key, value in fields.items():
-        if value is None or value == []:
-            continue
-        if isinstance(value, list):
-            lines.append(f"{key}:")
-            lines.extend(f"- {_yaml_scalar(v)}" for v in value)
-        else:
-            lines.append(f"{key}: {_yaml_scalar(value)}")
-    lines.append("---")
-    return "\n".join(lines)
 
 
 def _fmt(value) -> str:
@@ -47,13 +23,11 @@ def _fmt(value) -> str:
         return ", ".join(_fmt(v) for v in value)
     if isinstance(value, dict):  # sorted: the same card from a fresh export and from a saved config.json
         return ", ".join(f"{k}: {_fmt(v)}" for k, v in sorted(value.items()))
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    return str(value)
 
 
 def _table(header: list[str], rows: list[list]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
-    return "\n".join(out)
+    return markdown_table(header, [[_fmt(c) for c in row] for row in rows])
 
 
 def _pct(x) -> str:
@@ -202,6 +176,20 @@ def _pipeline_usage(repo: str) -> str:
             "print(asr(\"speech.wav\", return_timestamps=True, chunk_length_s=30, batch_size=4))\n```")
 
 
+def _front_matter(base: str, family: str, data: dict, license: str | None) -> str:
+    """The card's YAML metadata block, as the Hub reads it."""
+    card_data = ModelCardData(
+        base_model=base if _is_hub_id(base) else None,  # the Hub rejects local paths here
+        library_name="transformers",
+        pipeline_tag="automatic-speech-recognition",
+        license=license or "other",
+        tags=CARD_TAGS + ([family] if family else []),
+        language=data.get("languages") or None,
+        datasets=[data["hf_dataset"]] if data.get("hf_dataset") else None,
+    )
+    return f"---\n{card_data.to_yaml()}\n---"
+
+
 def render_model_card(config, repo_id: str | None = None, license: str | None = None) -> str:
     """README.md text for an artifact; ``config`` is a MedusaConfig or its dict."""
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
@@ -214,20 +202,8 @@ def render_model_card(config, repo_id: str | None = None, license: str | None = 
     bench = cfg.get("benchmark") or {}
     tree = cfg.get("tree")
     repo = repo_id or "path/to/this/folder"
-    languages = data.get("languages") or []
-    datasets = [data["hf_dataset"]] if data.get("hf_dataset") else []
-
-    front = _front_matter({
-        "base_model": base if _is_hub_id(base) else None,  # the Hub rejects local paths here
-        "library_name": "transformers",
-        "pipeline_tag": "automatic-speech-recognition",
-        "license": license or "other",
-        "tags": CARD_TAGS + ([family] if family else []),
-        "language": languages,
-        "datasets": datasets,
-    })
     kind, speech = cfg.get("head_kind", "medusa"), cfg.get("speech_attention", False)
-    sections = [front, f"# Medusa heads for {base}"]
+    sections = [_front_matter(base, family, data, license), f"# Medusa heads for {base}"]
     sections.append(
         f"{k} draft heads for {_base_link(base)} (family `{family}`), for "
         "**lossless** greedy speculative decoding: the heads guess the next tokens, the base model "

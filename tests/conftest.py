@@ -31,3 +31,11 @@ def transformers_below_452() -> bool:
 
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
     return (major, minor) < (4, 52)
+
+
+def has_table_row(markdown: str, *cells: str) -> bool:
+    """Whether a Markdown table row in ``markdown`` starts with ``cells``, whatever the padding (tabulate pads
+    each column to its widest cell)."""
+    rows = [[cell.strip() for cell in line.strip()[1:-1].split(" | ")]
+            for line in markdown.splitlines() if line.startswith("|")]
+    return any(row[:len(cells)] == list(cells) for row in rows)

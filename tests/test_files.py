@@ -1,4 +1,5 @@
-"""tools.files (atomic writes, umask permissions, staged folders) and tools.runtime (device, dtype, inputs)."""
+"""tools.files (atomic writes, umask permissions, staged folders), tools.markdown (tables) and tools.runtime (device,
+dtype, inputs)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools import files, runtime  # noqa: E402
+from conftest import has_table_row  # noqa: E402
+from tools import files, markdown, runtime  # noqa: E402
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -90,6 +92,15 @@ def test_staged_folder_replaces_only_on_success(tmp_path):
         (staged / "new.txt").write_text("new")
     assert [p.name for p in out.iterdir()] == ["new.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # the staging folder became out
+
+
+# --------------------------------------------------------------------------- Markdown tables
+
+
+def test_markdown_table_keeps_each_cell_on_its_row_and_its_numbers_as_written():
+    table = markdown.markdown_table(["", "value"], [["a|b", "0.050"], ["two\nlines", 1e-05]])
+    assert len(table.splitlines()) == 4 and set(table.splitlines()[1]) == {"|", "-"}
+    assert has_table_row(table, "a\\|b", "0.050") and has_table_row(table, "two lines", "1e-05")
 
 
 # --------------------------------------------------------------------------- runtime

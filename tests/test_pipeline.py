@@ -26,6 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 torch.set_num_threads(1)
 
+from conftest import has_table_row  # noqa: E402
 from configuration_medusa import MedusaConfig  # noqa: E402
 from modeling_medusa import MedusaForASR  # noqa: E402
 from pipeline import collect, export, train, update_card  # noqa: E402
@@ -430,14 +431,17 @@ def test_export_artifact_and_model_card(shards, tmp_path):
     assert all(torch.equal(best[k], shipped[k]) for k in best)
 
     import yaml
+    from huggingface_hub import ModelCard
 
     card = open(os.path.join(art, "README.md")).read()
     front = yaml.safe_load(card.split("---\n")[1])
     assert front["base_model"] == "fake/base" and front["library_name"] == "transformers"
     assert front["pipeline_tag"] == "automatic-speech-recognition" and front["license"] == "mit"
     assert {"medusa", "speculative-decoding"} <= set(front["tags"])
+    assert ModelCard(card).data.to_dict() == front  # the Hub reads the same metadata
     assert "trust_remote_code=True" in card and "model.generate" in card
-    assert "| cpu, float32, draft=chain | 1.5 | 40 | 61 | 0.05 | 0.05 | 4 |" in card and "token +4" in card
+    assert has_table_row(card, "cpu, float32, draft=chain", "1.5", "40", "61", "0.05", "0.05", "4")
+    assert "token +4" in card
 
     # re-export as a chain replaces the folder atomically; stray temp folders are gone
     export.main(args + ["--tree", "chain"], model=FakeMedusa())
@@ -457,7 +461,8 @@ def test_export_artifact_and_model_card(shards, tmp_path):
     assert update_card.update_benchmarks(art, [str(bench)]) == ["cpu, float32, draft=chain"]
     entry = json.load(open(os.path.join(art, "config.json")))["benchmark"]["cpu, float32, draft=chain"]
     assert entry["medusa_tokens_per_s"] == 75.0 and entry["draft_ran"] == "chain-4"
-    assert "| cpu, float32, draft=chain | chain-4 | 1.4 | 1.5 | 40 | 75 | 0.05 | 0.05 | 4 |" in open(os.path.join(art, "README.md")).read()
+    assert has_table_row(open(os.path.join(art, "README.md")).read(),
+                         "cpu, float32, draft=chain", "chain-4", "1.4", "1.5", "40", "75", "0.05", "0.05", "4")
     after = load_file(os.path.join(art, "medusa_heads.safetensors"))
     assert all(torch.equal(before[k], after[k]) for k in before)
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from tools.files import write_atomic, write_json_atomic
+from tools.markdown import markdown_table
 
 VERIFY_METHODS = {"hf_eager_ms": "hf_eager", "ours_eager_ms": "ours_eager", "ours_graph_ms": "ours_graph",
                   "fused_graph_ms": "ours_fused_graph", "fused_compiled_graph_ms": "ours_fused_compiled_graph"}
@@ -59,9 +60,8 @@ def render_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _table(header: list[str], rows: list[list]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)] + \
-           ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+def _table(header: list[str], rows: list[list]) -> str:
+    return markdown_table(header, [[_cell(v) for v in row] for row in rows])
 
 
 def _cell(value) -> str:
@@ -77,7 +77,7 @@ def _verify_lines(rows, floor) -> list[str]:
         return []
     keys = [k for k in VERIFY_METHODS if any(k in r for r in rows)]
     body = [[r["tokens"]] + [None if r.get(k) is None else f"{r[k]:.2f} ({r[k] / floor:.2f}x)" for k in keys] for r in rows]
-    return ["## One verify pass (ms; x floor)", ""] + _table(["tokens"] + [VERIFY_METHODS[k] for k in keys], body) + [""]
+    return ["## One verify pass (ms; x floor)", "", _table(["tokens"] + [VERIFY_METHODS[k] for k in keys], body), ""]
 
 
 def _lengths_lines(rows) -> list[str]:
@@ -94,10 +94,10 @@ def _lengths_lines(rows) -> list[str]:
                      ours["time_to_first_token_ms"], ours["tokens_per_round"], _get(greedy, "call_tok_per_s"),
                      _get(static, "call_tok_per_s"), _get(dynamic, "call_tok_per_s"),
                      _ratio(ours, greedy), _ratio(ours, static), ours["exact"]])
-    return ["## Whole calls at ASR lengths, batch 1 (replayed seed profile)", ""] + _table(
+    return ["## Whole calls at ASR lengths, batch 1 (replayed seed profile)", "", _table(
         ["new tokens", "best draft", "call tok/s", "loop tok/s", "outside rounds ms", "first token ms",
          "tokens/round", "ours greedy tok/s", "HF static tok/s", "HF dynamic tok/s", "x ours greedy", "x HF static",
-         "exact"], body) + [""]
+         "exact"], body), ""]
 
 
 def _batching_lines(rows) -> list[str]:
@@ -117,9 +117,9 @@ def _batching_lines(rows) -> list[str]:
                      _ratio(ours, greedy), _ratio(ours, static), ours["exact"]])
     if not body:
         return []
-    return ["## Batching against batched greedy (replayed seed profile)", ""] + _table(
+    return ["## Batching against batched greedy (replayed seed profile)", "", _table(
         ["batch", "new tokens", "best draft", "rounds", "call tok/s", "latency per call ms", "ours greedy tok/s",
-         "HF static tok/s", "HF dynamic tok/s", "x ours greedy", "x HF static", "exact"], body) + [""]
+         "HF static tok/s", "HF dynamic tok/s", "x ours greedy", "x HF static", "exact"], body), ""]
 
 
 def _all_rows_lines(result) -> list[str]:
@@ -129,7 +129,7 @@ def _all_rows_lines(result) -> list[str]:
     fields = ["method", "draft", "profile", "rounds_mode", "batch", "new_tokens", "call_tok_per_s", "loop_tok_per_s",
               "outside_rounds_ms", "time_to_first_token_ms", "tokens_per_round", "exact", "prefill_captured",
               "setup_seconds", "peak_memory_allocated_GB", "error"]
-    return ["## Every decode row", ""] + _table(fields, [[r.get(f) for f in fields] for r in rows])
+    return ["## Every decode row", "", _table(fields, [[r.get(f) for f in fields] for r in rows])]
 
 
 def _get(row, key):

@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 
 from tools.files import write_atomic, write_json_atomic
+from tools.markdown import markdown_table
 
 PLOT_NAME = "speedup_vs_length.png"
 
@@ -280,10 +281,6 @@ def percent(value):
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def render_markdown(results: dict) -> str:
     env, settings, summary = results.get("environment") or {}, results.get("settings") or {}, results["summary"]
     lines = ["# Medusa vs baseline greedy decoding", ""]
@@ -297,48 +294,54 @@ def render_markdown(results: dict) -> str:
                   f"{settings.get('warmup')} warm-up + {settings.get('repeats')} timed repeats per decoder "
                   "(interleaved, order rotated each repeat; medians). Decoders: the base's own `generate`, our "
                   "loop without drafts (own greedy), ours with the draft.", ""]
-    lines += ["## Per clip (batch size 1)", "",
-              "| id | duration (s) | tokens | HF generate ms | own greedy ms | ours ms | draft ran | vs HF | "
-              "rounds vs own greedy | accepted/round | exact |",
-              "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|:---:|"]
-    for c in results["clips"]:
-        lines.append(f"| {_cell(c['id'])} | {_fmt(c['duration_s'], '.2f')} | {c['tokens']} | "
-                     f"{_fmt(c['baseline']['latency_ms_median'])} | {_fmt(c['greedy']['latency_ms_median'])} | "
-                     f"{_fmt(c['medusa']['latency_ms_median'])} | {c['draft_ran']} | "
-                     f"{_fmt(c['speedup'], '.2f', 'x')} | {_fmt(c['decode_speedup_vs_own_greedy'], '.2f', 'x')} | "
-                     f"{_fmt(c['mean_accepted_per_round'], '.2f')} | {'yes' if c['exact_match'] else '**NO**'} |")
-    lines += ["", "## Summary (batch size 1)", ""] + _summary_table(summary, results.get("memory"))
+    lines += ["## Per clip (batch size 1)", "", _clips_table(results["clips"])]
+    lines += ["", "## Summary (batch size 1)", "", _summary_table(summary, results.get("memory"))]
     batched = results.get("batched")
     if batched:
         bs = batched["summary"]
-        lines += ["", f"## Batched (batch size {bs['batch_size']})", "",
-                  "| batch | clips | tokens | baseline ms | medusa ms | speed-up | accepted/round | exact rows |",
-                  "|---:|---:|---:|---:|---:|---:|---:|:---:|"]
-        for b in batched["batches"]:
-            lines.append(f"| {b['index']} | {b['rows']} | {b['tokens']} | {_fmt(b['baseline']['latency_ms_median'])} | "
-                         f"{_fmt(b['medusa']['latency_ms_median'])} | {_fmt(b['speedup'], '.2f', 'x')} | "
-                         f"{_fmt(b['mean_accepted_per_round'], '.2f')} | {sum(b['exact_rows'])}/{len(b['exact_rows'])} |")
+        lines += ["", f"## Batched (batch size {bs['batch_size']})", "", _batches_table(batched["batches"])]
         peaks = batched.get("cuda_peak_bytes")
         memory = ({"method": "torch.cuda.max_memory_allocated, reset before every timed generate; max over batches",
                    "baseline_peak_bytes": peaks["baseline"], "medusa_peak_bytes": peaks["medusa"]} if peaks else None)
-        lines += ["", f"### Batched summary (batch size {bs['batch_size']})", ""] + _summary_table(bs, memory)
+        lines += ["", f"### Batched summary (batch size {bs['batch_size']})", "", _summary_table(bs, memory)]
     if env:
-        git = env.get("git") or {}
-        commit = (git.get("commit", "")[:12] + (" (uncommitted changes)" if git.get("dirty") else "")) if git else "n/a"
-        lines += ["", "## Environment", "", "| | |", "|---|---|"]
-        rows = [("date (UTC)", env.get("date")), ("device", f"{env.get('device')}: {env.get('device_name')}"),
-                ("CPUs (count / usable)", f"{env.get('cpu_count')} / {env.get('cpus_usable')}"),
-                ("torch threads", env.get("torch_threads")), ("load average at start", env.get("load_average_at_start")),
-                ("torch", env.get("torch_version")), ("transformers", env.get("transformers_version")),
-                ("python", env.get("python_version")), ("dtype", env.get("dtype")), ("git commit", commit)]
-        lines += [f"| {k} | {_cell(v)} |" for k, v in rows]
+        lines += ["", "## Environment", "", _environment_table(env)]
     notes = results.get("notes") or []
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
 
 
-def _summary_table(s: dict, memory: dict | None) -> list[str]:
+def _clips_table(clips: list[dict]) -> str:
+    rows = [[c["id"], _fmt(c["duration_s"], ".2f"), c["tokens"], _fmt(c["baseline"]["latency_ms_median"]),
+             _fmt(c["greedy"]["latency_ms_median"]), _fmt(c["medusa"]["latency_ms_median"]), c["draft_ran"],
+             _fmt(c["speedup"], ".2f", "x"), _fmt(c["decode_speedup_vs_own_greedy"], ".2f", "x"),
+             _fmt(c["mean_accepted_per_round"], ".2f"), "yes" if c["exact_match"] else "**NO**"] for c in clips]
+    return markdown_table(["id", "duration (s)", "tokens", "HF generate ms", "own greedy ms", "ours ms", "draft ran",
+                           "vs HF", "rounds vs own greedy", "accepted/round", "exact"], rows)
+
+
+def _batches_table(batches: list[dict]) -> str:
+    rows = [[b["index"], b["rows"], b["tokens"], _fmt(b["baseline"]["latency_ms_median"]),
+             _fmt(b["medusa"]["latency_ms_median"]), _fmt(b["speedup"], ".2f", "x"),
+             _fmt(b["mean_accepted_per_round"], ".2f"), f"{sum(b['exact_rows'])}/{len(b['exact_rows'])}"]
+            for b in batches]
+    return markdown_table(["batch", "clips", "tokens", "baseline ms", "medusa ms", "speed-up", "accepted/round",
+                           "exact rows"], rows)
+
+
+def _environment_table(env: dict) -> str:
+    git = env.get("git") or {}
+    commit = (git.get("commit", "")[:12] + (" (uncommitted changes)" if git.get("dirty") else "")) if git else "n/a"
+    rows = [("date (UTC)", env.get("date")), ("device", f"{env.get('device')}: {env.get('device_name')}"),
+            ("CPUs (count / usable)", f"{env.get('cpu_count')} / {env.get('cpus_usable')}"),
+            ("torch threads", env.get("torch_threads")), ("load average at start", env.get("load_average_at_start")),
+            ("torch", env.get("torch_version")), ("transformers", env.get("transformers_version")),
+            ("python", env.get("python_version")), ("dtype", env.get("dtype")), ("git commit", commit)]
+    return markdown_table(["", ""], rows)
+
+
+def _summary_table(s: dict, memory: dict | None) -> str:
     rows = [
         ("clips", s["clips"]),
         ("audio (s)", _fmt(s.get("audio_seconds_total"), ".1f")),
@@ -386,7 +389,7 @@ def _summary_table(s: dict, memory: dict | None) -> list[str]:
             rows.append(("peak RSS of the process (MiB; after model load)",
                          f"{_mib(memory.get('peak_rss_bytes'))} ({_mib(memory.get('peak_rss_after_load_bytes'))})"))
         rows.append(("memory measured with", memory["method"]))
-    return ["| metric | value |", "|---|---|"] + [f"| {k} | {_cell(v)} |" for k, v in rows]
+    return markdown_table(["metric", "value"], rows)
 
 
 def _mib(value) -> str:
