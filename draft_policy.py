@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -37,14 +38,24 @@ KEPT_AFTER_FIRST_TURN = 0.75  # candidates timed on after the warm-up turn: with
 # new fixed-shape rounds (captured and, with compile=True, compiled: 13 s inside one timed whisper-base call on
 # the H200, when auto's updated estimates tipped a clip from the 16-node tree to the chain and back)
 SWITCH_MARGIN = 0.1
-# of candidates within this of the best rate, auto takes the one with the fewest nodes: a larger tree's round costs
-# more in the loop than its timed pass shows (tiny.en, 2-core CPU: the 8-node tree's rounds 1.26x the chain's,
-# its timed passes 1.13-1.20x; picked on a timing 1 % ahead, its rounds ran 1.18x own greedy against the chain's 1.38x)
+# on a CPU, of candidates within this of the best rate, auto takes the one with the fewest nodes: there a larger
+# tree's eager round costs more in the loop than its timed pass shows (tiny.en, 2-core CPU: the 8-node tree's rounds
+# 1.26x the chain's, its timed passes 1.13-1.20x; picked on a timing 1 % ahead, its rounds ran 1.18x own greedy
+# against the chain's 1.38x). A GPU's timed pass is the captured round itself: there the margin cost whisper-base
+# (H200, bf16, 28 clips) its 16-node tree, auto running the chain at 1.41x own greedy where it had run 1.57x.
 SMALLER_DRAFT_MARGIN = 0.05
 CPU_CACHE_EVICTION_BYTES = 64 * 2**20  # read before each timed pass on a CPU (see evict_cpu_caches)
 
 
 PRIOR_ROUNDS = 64  # weight of the artifact's own measurement against the rounds observed since
+
+
+class TimingKey(NamedTuple):
+    """What a verify pass's time depends on besides the draft: auto times its candidates once per key."""
+    device: str  # "cpu", "cuda"
+    dtype: str
+    batch: int
+    captured: bool
 
 
 DRAFT_NAMES = ("auto", "chain", "tree", "none")  # besides "tree-N" and explicit paths
@@ -147,12 +158,11 @@ class DraftPolicy:
         return (self.predicted_tokens(tree) * PRIOR_ROUNDS + emitted) / (PRIOR_ROUNDS + rounds)
 
     # ------------------------------------------------------------------ choosing
-    def choose(self, candidates: list[DraftTree], key: tuple, pass_timer) -> DraftTree:
+    def choose(self, candidates: list[DraftTree], key: TimingKey, pass_timer) -> DraftTree:
         """The candidate with the most expected tokens per second of verify time. ``pass_timer(tree)`` makes a
         function that runs one verify pass of ``tree`` and returns its seconds; the candidates not yet timed
-        under ``key`` (device, dtype, batch size, captured or not) are timed in turn (``_time``), so that the
-        machine's drift falls on all of them alike. Of candidates within ``SMALLER_DRAFT_MARGIN`` of the best, the
-        smallest; and the draft last chosen for ``key`` stays unless another promises ``SWITCH_MARGIN`` more."""
+        under ``key`` are timed in turn (``_time``), so that the machine's drift falls on all of them alike. On a
+        CPU, of candidates within ``SMALLER_DRAFT_MARGIN`` of the best, the smallest; and the draft last chosen for ``key`` stays unless another promises ``SWITCH_MARGIN`` more."""
         candidates = [t for t in candidates if t.num_nodes == 1 or self.expected_tokens(t) > 1.0 + 1e-6]
         if len(candidates) == 1:
             return candidates[0]  # no draft is expected to add a token: nothing to time
@@ -164,7 +174,8 @@ class DraftPolicy:
             return self.expected_tokens(tree) / self.verify_seconds[key, tree]
 
         top = max(rate(tree) for tree in candidates)
-        best = min((tree for tree in candidates if rate(tree) >= top / (1 + SMALLER_DRAFT_MARGIN)),
+        margin = SMALLER_DRAFT_MARGIN if key.device == "cpu" else 0.0
+        best = min((tree for tree in candidates if rate(tree) >= top / (1 + margin)),
                    key=lambda tree: tree.num_nodes)
         last = self.chosen.get(key)
         if last in candidates and rate(best) < (1 + SWITCH_MARGIN) * rate(last):

@@ -27,7 +27,7 @@ try:
     from .backbone_meralion2 import MERaLiON2Backbone
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
-    from .draft_policy import (TIMED_PASSES, DraftPolicy, RoundCache, evict_cpu_caches, graph_seconds,
+    from .draft_policy import (TIMED_PASSES, DraftPolicy, RoundCache, TimingKey, evict_cpu_caches, graph_seconds,
                                wall_seconds)
     from .draft_trees import DraftTree
     from .kv_cache import DecodeState
@@ -41,7 +41,7 @@ except ImportError:
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
-    from draft_policy import (TIMED_PASSES, DraftPolicy, RoundCache, evict_cpu_caches, graph_seconds,
+    from draft_policy import (TIMED_PASSES, DraftPolicy, RoundCache, TimingKey, evict_cpu_caches, graph_seconds,
                               wall_seconds)
     from draft_trees import DraftTree
     from kv_cache import DecodeState
@@ -439,7 +439,7 @@ class MedusaForASR(PreTrainedModel):
     def _choose_draft(self, candidates, state, rules: LogitsRules, captured: bool) -> DraftTree:
         if len(candidates) == 1:
             return candidates[0]
-        key = (state.lengths.device.type, str(self.dtype), state.next_token.shape[0], captured)
+        key = TimingKey(state.lengths.device.type, str(self.dtype), state.next_token.shape[0], captured)
         return self.draft_policy.choose(candidates, key,
                                         lambda tree: self._verify_pass_timer(tree, state, rules, captured))
 
@@ -657,18 +657,15 @@ def _load_processor(source, family, load_kwargs):
 
 
 def _peft_adapter_base(name_or_path, load_kwargs) -> str | None:
-    local = Path(str(name_or_path)) / "adapter_config.json"
-    if local.is_file():
-        return json.loads(local.read_text())["base_model_name_or_path"]
-    if Path(str(name_or_path)).exists():
-        return None
-    try:
-        from huggingface_hub import hf_hub_download
+    """The base a PEFT adapter (folder or Hub id) was trained on; None for a model that is not an adapter."""
+    from transformers.utils import find_adapter_config_file
 
-        path = hf_hub_download(str(name_or_path), "adapter_config.json", revision=load_kwargs.get("revision"))
-        return json.loads(Path(path).read_text())["base_model_name_or_path"]
-    except Exception:
+    keep = {k: v for k, v in load_kwargs.items() if k in ("revision", "token", "cache_dir", "local_files_only")}
+    try:
+        path = find_adapter_config_file(str(name_or_path), **keep)
+    except (OSError, ValueError):  # (offline, or a path that is neither a folder nor a repository id)
         return None
+    return json.loads(Path(path).read_text(encoding="utf-8"))["base_model_name_or_path"] if path else None
 
 
 def _base_config(source, load_kwargs):

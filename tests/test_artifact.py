@@ -392,7 +392,7 @@ def test_auto_draft_falls_back_to_plain_greedy_when_heads_cannot_pay(artifact):
 def test_auto_draft_weighs_tree_sizes_by_measured_cost(artifact):
     """auto considers plain greedy, the chain, the config's tree and trees of other sizes, and picks the
     most expected tokens per second of verify time (costs injected here, timed on the device in use)."""
-    from draft_policy import AUTO_TREE_SIZES, SMALLER_DRAFT_MARGIN
+    from draft_policy import AUTO_TREE_SIZES, SMALLER_DRAFT_MARGIN, TimingKey
     from draft_trees import expected_tokens_per_round
     from modeling_medusa import MedusaForASR
 
@@ -404,7 +404,7 @@ def test_auto_draft_weighs_tree_sizes_by_measured_cost(artifact):
     candidates = policy.candidates("auto")
     sizes = [tree.num_nodes - 1 for tree in candidates]
     assert sizes[:3] == [0, 4, 3] and set(AUTO_TREE_SIZES) <= set(sizes) and len(set(candidates)) == len(candidates)
-    key = ("cpu", str(model.dtype), 1, False)
+    key = TimingKey("cpu", str(model.dtype), 1, False)
     for cost_per_node in (0.0, 1.0):  # free verification: the big trees win; costly: plain greedy
         policy.verify_seconds, policy.chosen = {}, {}
         chosen = policy.choose(candidates, key, lambda tree: lambda: 1.0 + cost_per_node * (tree.num_nodes - 1))

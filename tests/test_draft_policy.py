@@ -3,7 +3,7 @@
 import pytest
 
 from configuration_medusa import MedusaConfig
-from draft_policy import PRIOR_ROUNDS, DraftPolicy
+from draft_policy import PRIOR_ROUNDS, DraftPolicy, TimingKey
 from draft_trees import DraftTree
 from medusa_decoding import MedusaStats
 
@@ -27,7 +27,7 @@ def test_candidates_are_plain_greedy_and_every_measured_tree_predicted_from_real
 def test_the_cheaper_per_token_draft_wins():
     p = policy()
     costs = {1: 1.0, 3: 1.5, 4: 2.2}
-    chosen = p.choose(p.candidates("auto"), ("cpu", "f32", 1, False), lambda tree: lambda: costs[tree.num_nodes])
+    chosen = p.choose(p.candidates("auto"), TimingKey("cpu", "f32", 1, False), lambda tree: lambda: costs[tree.num_nodes])
     assert chosen == DraftTree.from_paths(CHAIN)  # 2.0 / 1.5 beats 2.4 / 2.2 and 1 / 1
 
 
@@ -44,7 +44,7 @@ def test_candidates_are_timed_in_turn_and_keep_the_median_of_their_timed_passes(
             return 100.0 if next(clock) == 8 else costs[tree.num_nodes]  # (a hiccup while the chain is timed)
         return one_pass
 
-    key = ("cpu", "f32", 1, False)
+    key = TimingKey("cpu", "f32", 1, False)
     chosen = p.choose(p.candidates("auto"), key, timer)
     assert order == [1, 3, 4] * 2 + [3, 4] * (TIMED_PASSES - 1)  # plain greedy (1 token/s against 1.5) timed once
     assert {tree.num_nodes: p.verify_seconds[key, tree] for tree in p.candidates("auto")} == costs
@@ -90,7 +90,7 @@ def test_auto_keeps_its_last_draft_unless_another_promises_clearly_more():
     not flip the choice back and forth; a clear gain does."""
     from draft_policy import SWITCH_MARGIN
 
-    p, key = policy(), ("cuda", "bf16", 1, True)
+    p, key = policy(), TimingKey("cuda", "bf16", 1, True)
     costs = {1: 1.0, 3: 1.5, 4: 1.6}
     chain, tree = DraftTree.from_paths(CHAIN), DraftTree.from_paths(TREE)
     assert p.choose(p.candidates("auto"), key, lambda t: lambda: costs[t.num_nodes]) == tree  # 1.5 against 1.33
@@ -102,11 +102,14 @@ def test_auto_keeps_its_last_draft_unless_another_promises_clearly_more():
     assert p.choose(p.candidates("auto"), key, None) == chain
 
 
-def test_of_nearly_equal_drafts_auto_takes_the_smaller():
+def test_of_nearly_equal_drafts_auto_takes_the_smaller_on_a_cpu():
     from draft_policy import SMALLER_DRAFT_MARGIN
 
-    p, key = policy(), ("cpu", "f32", 1, False)
+    p, key = policy(), TimingKey("cpu", "f32", 1, False)
     # the tree 2 % ahead of the chain by its timing: within the margin, so the chain (fewer nodes)
     costs = {1: 10.0, 3: 1.0, 4: 2.4 / 2.0 * 1.0 / 1.02}
     assert SMALLER_DRAFT_MARGIN > 0.02
     assert p.choose(p.candidates("auto"), key, lambda t: lambda: costs[t.num_nodes]) == DraftTree.from_paths(CHAIN)
+    # a GPU's timed pass is the captured round itself: there the best rate wins, however close
+    gpu = TimingKey("cuda", "bf16", 1, True)
+    assert p.choose(p.candidates("auto"), gpu, lambda t: lambda: costs[t.num_nodes]) == DraftTree.from_paths(TREE)
