@@ -329,145 +329,199 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _utterances(args) -> tuple[list[Utterance], dict]:
+    """The utterances this run is asked for (after --skip / --limit) and a record of where they come from."""
+    utterances, source_info = resolve_audio_source(args.audio, args.split, args.audio_column, args.id_column)
+    utterances = utterances[args.skip:]
+    if args.limit is not None:
+        utterances = utterances[: args.limit]
+    source_info.update({"spec": args.audio, "skip": args.skip, "limit": args.limit})
+    return utterances, source_info
+
+
+def _check_shard_settings(path: str, meta: dict, args) -> None:
+    """A finished shard must come from the same base and settings as this run: else the folder would mix them."""
+    if meta.get("base") != args.base:
+        raise SystemExit(f"{path} was collected from base {meta.get('base')!r}, not {args.base!r}; use another --out.")
+    if (meta.get("speech") == "true") != args.speech:
+        raise SystemExit(f"{path} was collected {'with' if meta.get('speech') == 'true' else 'without'} "
+                         "--speech; use the same or another --out.")
+    for option in ("language", "task"):
+        if meta.get(option) != getattr(args, option):
+            raise SystemExit(f"{path} was collected with --{option} {meta.get(option)!r}, not "
+                             f"{getattr(args, option)!r}; use the same or another --out.")
+
+
+def _collected_ids(args, shards: list[str]) -> set[str]:
+    """The utterances already in the finished shards (the shards are the record of what is done)."""
+    done = set()
+    for path in shards:
+        meta = read_shard_metadata(path)
+        _check_shard_settings(path, meta, args)
+        done.update(meta["utterance_ids"])
+    return done
+
+
+class ShardWriter:
+    """Rows collected so far, written as whole shards of ``shard_size`` rows, numbered on from the last one."""
+
+    def __init__(self, out: str, shard_size: int, meta: dict, shards: list[str]):
+        self.out, self.shard_size, self.meta, self.pending = out, shard_size, meta, []
+        self.next_index = int(SHARD_PATTERN.match(os.path.basename(shards[-1])).group(1)) + 1 if shards else 0
+
+    def add(self, row: tuple) -> None:
+        self.pending.append(row)
+        self.flush()
+
+    def flush(self, final: bool = False) -> None:
+        """Write every full shard pending (and, when ``final``, the partial rest)."""
+        while len(self.pending) >= self.shard_size or (final and self.pending):
+            rows, self.pending = self.pending[: self.shard_size], self.pending[self.shard_size:]
+            path = os.path.join(self.out, f"shard_{self.next_index:05d}.safetensors")
+            write_shard(path, rows, {**self.meta, "n_tokens": sum(int(r[1].numel()) for r in rows)})
+            self.next_index += 1
+
+
+def _load_batch(batch: list[Utterance], failed: list[dict]) -> tuple[list, list[Utterance]]:
+    """The batch's audio; an unreadable file is reported in ``failed`` and retried on the next run."""
+    from tqdm.auto import tqdm
+
+    arrays, ok = [], []
+    for utterance in batch:
+        try:
+            arrays.append(utterance.load())
+            ok.append(utterance)
+        except Exception as e:
+            failed.append({"id": utterance.id, "error": f"{type(e).__name__}: {e}"})
+            tqdm.write(f"[collect] skipping {utterance.id}: {type(e).__name__}: {e}")
+    return arrays, ok
+
+
+def _collect_rows(model, arrays: list, utterances: list[Utterance], args, prompt_options: dict) -> list[tuple]:
+    """(id, tokens, hidden states, speech states or None) per utterance, from the base's own greedy decoding."""
+    inputs = to_model(model.prepare_audio_inputs(arrays, **prompt_options), model)
+    outputs = model.collect_hidden_states(**inputs, max_new_tokens=args.max_new_tokens,
+                                          **({"with_speech": True} if args.speech else {}))
+    if len(outputs) != len(utterances):
+        raise RuntimeError(f"collect_hidden_states returned {len(outputs)} rows for {len(utterances)} clips")
+    rows = []
+    for utterance, (tokens, hiddens, *speech) in zip(utterances, outputs):
+        if tokens.shape[0] != hiddens.shape[0]:
+            raise RuntimeError(f"{utterance.id}: {tokens.shape[0]} tokens but {hiddens.shape[0]} hiddens")
+        rows.append((utterance.id, tokens.detach().cpu(), hiddens.detach().cpu(),
+                     speech[0].detach().cpu() if speech else None))
+    return rows
+
+
+@dataclass
+class RunCounts:
+    clips: int = 0
+    tokens: int = 0
+    model_seconds: float = 0.0
+    failed: list = field(default_factory=list)
+
+
+def _collect(model, todo: list[Utterance], args, prompt_options: dict, writer: ShardWriter) -> RunCounts:
+    """Decode ``todo`` batch by batch into ``writer``; on a crash or Ctrl-C what was decoded is written."""
+    import torch
+    from tqdm.auto import tqdm
+
+    counts = RunCounts()
+    bar = tqdm(total=len(todo), unit="clip", desc="collect", dynamic_ncols=True)
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(todo), args.batch_size):
+                batch = todo[start: start + args.batch_size]
+                arrays, ok = _load_batch(batch, counts.failed)
+                if ok:
+                    t0 = time.perf_counter()
+                    rows = _collect_rows(model, arrays, ok, args, prompt_options)
+                    counts.model_seconds += time.perf_counter() - t0
+                    for row in rows:
+                        writer.add(row)
+                        counts.tokens += int(row[1].numel())
+                    counts.clips += len(ok)
+                bar.update(len(batch))
+                bar.set_postfix(tokens=counts.tokens)
+    finally:
+        writer.flush(final=True)
+        bar.close()
+    return counts
+
+
+def _record_run(info: dict, info_path: str, args, counts: RunCounts, wall: float, device, dtype: str) -> dict:
+    """collect_info.json brought up to date: totals over every shard, this run's throughput and failures."""
+    shards = list_shards(args.out)
+    metas = [read_shard_metadata(path) for path in shards]
+    totals = {"n_utterances": sum(len(m["utterance_ids"]) for m in metas),
+              "n_tokens": sum(int(m.get("n_tokens", 0)) for m in metas)}
+    run = {
+        "clips": counts.clips, "tokens": counts.tokens, "wall_seconds": round(wall, 3),
+        "model_seconds": round(counts.model_seconds, 3),
+        "clips_per_s": round(counts.clips / wall, 4) if wall > 0 and counts.clips else 0.0,
+        "tokens_per_s": round(counts.tokens / wall, 2) if wall > 0 and counts.tokens else 0.0,
+        "device": str(device), "dtype": dtype, "batch_size": args.batch_size,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    info.update(totals)
+    info["n_shards"] = len(shards)
+    info["failed"] = counts.failed
+    if counts.clips:
+        info["throughput"] = {k: run[k] for k in ("clips_per_s", "tokens_per_s", "device", "dtype", "batch_size")}
+    info.setdefault("runs", []).append(run)
+    write_json_atomic(info_path, info)
+    print(f"[collect] this run: {counts.clips} clips, {counts.tokens} tokens in {wall:.1f} s "
+          f"({run['clips_per_s']:.2f} clips/s, {run['tokens_per_s']:.1f} tokens/s); "
+          f"total {totals['n_utterances']} utterances, {totals['n_tokens']} tokens in {len(shards)} shards"
+          + (f"; {len(counts.failed)} unreadable (retried next run)" if counts.failed else ""))
+    return info
+
+
+def _read_info(info_path: str) -> dict:
+    if not os.path.exists(info_path):
+        return {}
+    with open(info_path, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def main(argv=None, model=None) -> dict:
     """Run collection; returns the collect_info dict. ``model`` may be injected (tests)."""
     args = build_parser().parse_args(argv)
     import torch
-    from tqdm.auto import tqdm
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.batch_size < 1 or args.shard_size < 1:
         raise SystemExit("--batch-size and --shard-size must be >= 1")
-
-    utterances, source_info = resolve_audio_source(args.audio, args.split, args.audio_column,
-                                                   args.id_column)
-    utterances = utterances[args.skip:]
-    if args.limit is not None:
-        utterances = utterances[: args.limit]
-    source_info.update({"spec": args.audio, "skip": args.skip, "limit": args.limit})
-
-    # What is already done: the finished shards are the record.
+    utterances, source_info = _utterances(args)
     os.makedirs(args.out, exist_ok=True)
     shards = list_shards(args.out)
-    done = set()
-    for path in shards:
-        meta = read_shard_metadata(path)
-        if meta.get("base") != args.base:
-            raise SystemExit(f"{path} was collected from base {meta.get('base')!r}, not "
-                             f"{args.base!r}; use another --out.")
-        if (meta.get("speech") == "true") != args.speech:
-            raise SystemExit(f"{path} was collected {'with' if meta.get('speech') == 'true' else 'without'} "
-                             "--speech; use the same or another --out.")
-        for option in ("language", "task"):
-            if meta.get(option) != getattr(args, option):
-                raise SystemExit(f"{path} was collected with --{option} {meta.get(option)!r}, not "
-                                 f"{getattr(args, option)!r}; use the same or another --out.")
-        done.update(meta["utterance_ids"])
+    done = _collected_ids(args, shards)
     todo = [u for u in utterances if u.id not in done]
-    next_index = (int(SHARD_PATTERN.match(os.path.basename(shards[-1])).group(1)) + 1) if shards else 0
     print(f"[collect] {len(utterances)} utterances from {source_info['kind']} {args.audio}; "
           f"{len(utterances) - len(todo)} already in {len(shards)} shard(s), {len(todo)} to do")
 
     device = args.device or resolve_device("auto")
     dtype = parse_dtype(args.dtype, device)
     if model is None and todo:
-        medusa = import_medusa()
-        model = medusa.MedusaForASR.from_base(base_folder(args.base), torch_dtype=dtype, device_map=device)
+        model = import_medusa().MedusaForASR.from_base(base_folder(args.base), torch_dtype=dtype, device_map=device)
     info_path = os.path.join(args.out, "collect_info.json")
-    info = {}
-    if os.path.exists(info_path):
-        with open(info_path, encoding="utf-8") as f:
-            info = json.load(f)
+    info = _read_info(info_path)
     if model is not None:
         model.eval()
         cfg = model.config
         info.update({"base": args.base, "family": cfg.base_family, "hidden_size": cfg.hidden_size,
                      "vocab_size": cfg.vocab_size})
-    info.update({"audio_source": source_info, "max_new_tokens": args.max_new_tokens})
-
     prompt_options = {k: v for k, v in (("language", args.language), ("task", args.task)) if v}
-    info.update(prompt_options)
+    info.update({"audio_source": source_info, "max_new_tokens": args.max_new_tokens, **prompt_options})
     shard_meta = {"base": args.base, "family": info.get("family", ""), "dtype": str(dtype).replace("torch.", ""),
                   "max_new_tokens": args.max_new_tokens, **prompt_options,
                   **({"speech": "true"} if args.speech else {})}
-    device_used = model_device(model) if model is not None else device
-    pending, failed = [], []
-    n_clips = n_tokens = 0
-    model_seconds = 0.0
+
     t_start = time.perf_counter()
-
-    def flush(final: bool = False):
-        """Write every full shard pending (and, at the end, the partial rest)."""
-        nonlocal next_index, pending
-        while len(pending) >= args.shard_size or (final and pending):
-            rows, pending = pending[: args.shard_size], pending[args.shard_size:]
-            path = os.path.join(args.out, f"shard_{next_index:05d}.safetensors")
-            write_shard(path, rows, {**shard_meta, "n_tokens": sum(int(r[1].numel()) for r in rows)})
-            next_index += 1
-
-    bar = tqdm(total=len(todo), unit="clip", desc="collect", dynamic_ncols=True)
-    try:
-        with torch.inference_mode():
-            for start in range(0, len(todo), args.batch_size):
-                batch = todo[start: start + args.batch_size]
-                arrays, ok = [], []
-                for u in batch:
-                    try:
-                        arrays.append(u.load())
-                        ok.append(u)
-                    except Exception as e:  # unreadable file: report, retry on the next run
-                        failed.append({"id": u.id, "error": f"{type(e).__name__}: {e}"})
-                        tqdm.write(f"[collect] skipping {u.id}: {type(e).__name__}: {e}")
-                if ok:
-                    t0 = time.perf_counter()
-                    inputs = to_model(model.prepare_audio_inputs(arrays, **prompt_options), model)
-                    outputs = model.collect_hidden_states(**inputs, max_new_tokens=args.max_new_tokens,
-                                                          **({"with_speech": True} if args.speech else {}))
-                    model_seconds += time.perf_counter() - t0
-                    if len(outputs) != len(ok):
-                        raise RuntimeError(f"collect_hidden_states returned {len(outputs)} rows for {len(ok)} clips")
-                    for u, (tokens, hiddens, *speech) in zip(ok, outputs):
-                        if tokens.shape[0] != hiddens.shape[0]:
-                            raise RuntimeError(f"{u.id}: {tokens.shape[0]} tokens but {hiddens.shape[0]} hiddens")
-                        pending.append((u.id, tokens.detach().cpu(), hiddens.detach().cpu(),
-                                        speech[0].detach().cpu() if speech else None))
-                        n_tokens += int(tokens.numel())
-                    n_clips += len(ok)
-                    flush()
-                bar.update(len(batch))
-                bar.set_postfix(tokens=n_tokens)
-    finally:  # also on a crash or Ctrl-C: what was decoded is kept, the rest resumes next run
-        flush(final=True)
-        bar.close()
-    wall = time.perf_counter() - t_start
-
-    totals = {"n_utterances": 0, "n_tokens": 0}
-    shards = list_shards(args.out)
-    for path in shards:
-        meta = read_shard_metadata(path)
-        totals["n_utterances"] += len(meta["utterance_ids"])
-        totals["n_tokens"] += int(meta.get("n_tokens", 0))
-    run = {
-        "clips": n_clips, "tokens": n_tokens, "wall_seconds": round(wall, 3),
-        "model_seconds": round(model_seconds, 3),
-        "clips_per_s": round(n_clips / wall, 4) if wall > 0 and n_clips else 0.0,
-        "tokens_per_s": round(n_tokens / wall, 2) if wall > 0 and n_tokens else 0.0,
-        "device": str(device_used), "dtype": shard_meta["dtype"], "batch_size": args.batch_size,
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
-    info.update(totals)
-    info["n_shards"] = len(shards)
-    info["failed"] = failed
-    if n_clips:
-        info["throughput"] = {k: run[k] for k in ("clips_per_s", "tokens_per_s", "device", "dtype", "batch_size")}
-    info.setdefault("runs", []).append(run)
-    write_json_atomic(info_path, info)
-    print(f"[collect] this run: {n_clips} clips, {n_tokens} tokens in {wall:.1f} s "
-          f"({run['clips_per_s']:.2f} clips/s, {run['tokens_per_s']:.1f} tokens/s); "
-          f"total {totals['n_utterances']} utterances, {totals['n_tokens']} tokens in {len(shards)} shards"
-          + (f"; {len(failed)} unreadable (retried next run)" if failed else ""))
-    return info
+    counts = _collect(model, todo, args, prompt_options, ShardWriter(args.out, args.shard_size, shard_meta, shards))
+    device_used = model_device(model) if model is not None else device
+    return _record_run(info, info_path, args, counts, time.perf_counter() - t_start, device_used, shard_meta["dtype"])
 
 
 if __name__ == "__main__":
