@@ -169,7 +169,7 @@ class MERaLiON2Backbone(Backbone):
                      self.head_dim, self.model.embed_tokens.weight.dtype, input_ids.device)
         first_slot = (mask == 0).long().cumprod(dim=1).sum(dim=1)  # count of left-padding tokens
         state = DecodeState(cache, torch.zeros_like(first_slot), first_slot, hidden=None, next_token=None)
-        features = self._speech_features(inputs["input_features"])
+        features = self.speech_features(inputs["input_features"])
         placeholders = int((input_ids == self.speech_token_index).sum())
         if capture is None:
             hidden = self._prompt_pass(state, input_ids, features, placeholders)
@@ -181,7 +181,7 @@ class MERaLiON2Backbone(Backbone):
 
     def _prompt_pass(self, state: DecodeState, input_ids, features, placeholders: int) -> torch.Tensor:
         """Speech encoder -> adapter -> prompt embeddings -> the decoder layers over the whole prompt."""
-        embeds = self._prompt_embeddings(input_ids, features, placeholders)
+        embeds = self.prompt_embeddings(input_ids, features, placeholders)
         prompt_len = input_ids.shape[1]
         depths = torch.arange(prompt_len, device=embeds.device)
         causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=embeds.device).tril()
@@ -208,15 +208,15 @@ class MERaLiON2Backbone(Backbone):
             return gen.max_new_tokens
         return max(gen.max_length - prompt_len, 1)
 
-    def _speech_features(self, input_features) -> torch.Tensor:
+    def speech_features(self, input_features) -> torch.Tensor:
         encoder = self.base.speech_encoder
         return input_features.to(self.base.device, getattr(encoder, "dtype", self.base.dtype))
 
-    def _prompt_embeddings(self, input_ids, input_features, placeholders: int | None = None):
+    def prompt_embeddings(self, input_ids, input_features, placeholders: int | None = None):
         """Speech encoder -> ln_speech -> adapter, scattered into the <SpeechHere> placeholders (``placeholders``:
         their count, when the caller has it: counting them here is a host sync)."""
         base = self.base
-        speech = base.speech_audio_adapter(base.ln_speech(base.speech_encoder(self._speech_features(input_features)).last_hidden_state))
+        speech = base.speech_audio_adapter(base.ln_speech(base.speech_encoder(self.speech_features(input_features)).last_hidden_state))
         embeds = self._embed(input_ids)
         mask = input_ids == self.speech_token_index
         speech = self._scale(speech.reshape(-1, speech.shape[-1]).to(embeds.dtype))  # as 4.51 scales them

@@ -1,5 +1,5 @@
-"""The GPU benchmark's replayed acceptance (random weights cannot draft): drafts built from the known
-continuation at sampled ranks must follow the decode, so a perfect profile accepts every draft and a
+"""The GPU benchmark's replayed acceptance (``tools.meralion2_shaped``; random weights cannot draft): drafts built
+from the known continuation at sampled ranks must follow the decode, so a perfect profile accepts every draft and a
 zero profile none, and the output stays the base's greedy continuation either way."""
 
 import pytest
@@ -13,7 +13,7 @@ pytestmark = requires_transformers5
 
 @pytest.mark.parametrize("top1, expect", [(1.0, "all"), (0.0, "none")])
 def test_replayed_drafts_follow_the_decode(top1, expect, tmp_path):
-    from tools.benchmark_gpu import ReplayDrafter, rank_profile
+    from tools.meralion2_shaped import ReplayDrafter, rank_profile
     from draft_trees import DraftTree
     from medusa_decoding import MedusaStats, run_rounds
     from medusa_fast import CapturedRounds

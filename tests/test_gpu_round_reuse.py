@@ -1,0 +1,28 @@
+"""Captured rounds are kept across ``generate`` calls (``RoundCache``): on a GPU, calls that replay rounds
+captured by an earlier call, with a chain and with a tree in turn, give the base's own greedy ids, and the later
+calls capture nothing new. Needs CUDA (skipped elsewhere)."""
+
+import pytest
+import torch
+
+from conftest import requires_transformers5
+from oracle import randomize_heads
+from tiny_models import build_tiny_whisper, random_features
+
+pytestmark = [requires_transformers5,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="captured rounds need a CUDA GPU")]
+
+
+def test_captured_rounds_reused_across_calls_stay_exact(tmp_path):
+    from modeling_medusa import MedusaForASR
+
+    model = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path / "whisper", seed=2)), device_map="cuda")
+    randomize_heads(model, 0)
+    runners = []
+    for call in range(6):
+        features = random_features(2, call).to("cuda")
+        expected = model.generate(input_features=features, max_new_tokens=20, use_medusa=False)
+        for draft in ("chain", [[0], [1], [0, 0], [0, 1], [0, 0, 0]]):
+            assert torch.equal(model.generate(input_features=features, max_new_tokens=20, draft=draft), expected)
+        runners.append(len(model.round_cache.runners))
+    assert runners == [2] * 6  # one runner per draft, captured by the first call, replayed by the others
