@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from tools.files import save_safetensors_atomic, write_json_atomic
-from tools.runtime import model_device, resolve_device, resolve_dtype, to_model
+from tools.runtime import add_device_options, model_device, resolve_device, resolve_dtype, to_model
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_RATE = 16000
@@ -289,6 +289,15 @@ def base_folder(base: str) -> str:
     return resolve_whisper(base)
 
 
+def parse_device(name: str) -> str:
+    """``--device`` of a pipeline command (``tools.runtime.resolve_device``); a device this machine lacks is a user
+    error."""
+    try:
+        return resolve_device(name)
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
+
+
 def parse_dtype(name: str | None, device: str):
     """``--dtype`` of a pipeline command (``tools.runtime.resolve_dtype``); an unknown name is a user error."""
     try:
@@ -316,16 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speech", action="store_true",
                    help="also store each utterance's encoder output (Whisper), for heads that attend to the "
                         "speech (pipeline.train --speech-attention); ~1-1.5 MB per utterance")
-    p.add_argument("--device", default=None, help="cuda / cpu / cuda:1 (default: cuda if available)")
-    p.add_argument("--dtype", default="auto", help="base model dtype: auto (bf16 on GPU, fp32 on CPU), "
-                                                   "float32, bfloat16, float16")
+    add_device_options(p, dtype_help="base model")
     p.add_argument("--split", default="train", help="HF dataset split")
     p.add_argument("--audio-column", default="audio", help="HF dataset audio column")
     p.add_argument("--id-column", default="id", help="HF dataset id column (else split/index)")
     p.add_argument("--skip", type=int, default=0,
                    help="ignore the first N utterances of the source (e.g. an evaluation holdout)")
     p.add_argument("--limit", type=int, default=None, help="use at most N utterances (after --skip)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     return p
 
 
@@ -501,7 +507,7 @@ def main(argv=None, model=None) -> dict:
     print(f"[collect] {len(utterances)} utterances from {source_info['kind']} {args.audio}; "
           f"{len(utterances) - len(todo)} already in {len(shards)} shard(s), {len(todo)} to do")
 
-    device = args.device or resolve_device("auto")
+    device = parse_device(args.device)
     dtype = parse_dtype(args.dtype, device)
     if model is None and todo:
         model = import_medusa().MedusaForASR.from_base(base_folder(args.base), torch_dtype=dtype, device_map=device)

@@ -23,9 +23,10 @@ import subprocess
 import sys
 import tempfile
 
-from pipeline.collect import _summarise_entries, base_folder, import_medusa, parse_dtype, run_cli
+from pipeline.collect import _summarise_entries, base_folder, import_medusa, parse_device, parse_dtype, run_cli
 from pipeline.model_card import BENCHMARK_FIELDS, render_model_card
 from tools.files import apply_umask, write_atomic
+from tools.runtime import add_device_options
 
 HEAD_KEY = re.compile(r"^blocks\.(\d+)\.layers\.(\d+)\.weight$")
 TRAINING_KEYS = ("epochs", "batch_size", "lr", "warmup_steps", "seed", "val_fraction", "min_tokens", "dtype",
@@ -269,8 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="replace the exported files in --out even when it is not a previous export or is committed "
                         "to git (e.g. a shipped heads/ folder)")
-    p.add_argument("--dtype", default="float32", help="dtype to build the model in (heads are saved in it)")
-    p.add_argument("--device", default="cpu")
+    add_device_options(p, device="cpu", dtype="float32", dtype_help="model (the heads are saved in it)")
     return p
 
 
@@ -281,6 +281,9 @@ def main(argv=None, model=None) -> str:
     import torch
     from safetensors.torch import load_file
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.device = parse_device(args.device)
     state = load_file(args.heads)
     shape = heads_kind(args.heads, state)
     num_heads, num_layers = shape["medusa_num_heads"], shape["medusa_num_layers"]

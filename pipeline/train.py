@@ -36,10 +36,10 @@ import sys
 import time
 from dataclasses import dataclass
 
-from pipeline.collect import (base_folder, import_medusa, list_shards, load_shard, load_shard_speech, parse_dtype,
+from pipeline.collect import (base_folder, import_medusa, list_shards, load_shard, load_shard_speech, parse_device, parse_dtype,
                               run_cli)
 from tools.files import save_safetensors_atomic, torch_save_atomic, write_json_atomic
-from tools.runtime import resolve_device
+from tools.runtime import add_device_options
 
 TOPK = 10
 IGNORE = -100
@@ -386,9 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-fraction", type=float, default=0.05)
     p.add_argument("--min-tokens", type=int, default=2, help="drop utterances with fewer tokens")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default="float32", help="dtype of the base projection and heads during "
-                                                      "training (float32 recommended)")
+    add_device_options(p, dtype="float32", dtype_help="base projection and heads (float32 recommended)")
     p.add_argument("--amp", choices=("auto", "bf16", "off"), default="auto",
                    help="bf16 autocast of the heads + output projection (master weights stay in --dtype). "
                         "auto: on for CUDA, off on CPU. On CPUs with AMX/AVX512-BF16, bf16 is ~3x faster")
@@ -398,7 +396,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop (after checkpointing) once this global step is reached; rerun to continue")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue from OUT/last.pt if present (default on)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     return p
 
 
@@ -590,7 +587,7 @@ def main(argv=None, model=None) -> dict:
         torch.set_num_threads(args.threads)
     if args.speech_attention and args.head_kind != "path":
         raise SystemExit("--speech-attention needs --head-kind path")
-    device = args.device or resolve_device("auto")
+    device = parse_device(args.device)
     dtype = parse_dtype(args.dtype, device)
     amp = args.amp == "bf16" or (args.amp == "auto" and str(device).startswith("cuda"))
     os.makedirs(args.out, exist_ok=True)

@@ -392,8 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--audio", default=DEFAULT_MANIFEST, help="manifest.jsonl of clips")
     parser.add_argument("--base", default=None,
                         help="base folder instead of the one the heads name (e.g. a quantised copy: pipeline.quantise)")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    runtime.add_device_options(parser, device="cpu", dtype="float32", threads=2)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per decoder per clip (median reported)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per decoder per clip")
     parser.add_argument("--max-new-tokens", type=int, default=None,
@@ -406,7 +405,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="multilingual Whisper: language code of the clips (default: detected per clip)")
     parser.add_argument("--task", default=None, choices=["transcribe", "translate"],
                         help="multilingual Whisper: task (default: the model's own, transcribe)")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="also run a batched section, N clips per batch (N > 1)")
     parser.add_argument("--cuda-graph", default="auto", choices=["auto", "on", "off"],
@@ -449,7 +447,7 @@ def _main(args, argv=None) -> int:
     import torch
 
     device = _resolve_device(args.device)
-    dtype = getattr(torch, args.dtype)
+    dtype = runtime.resolve_dtype(args.dtype, device)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     environment = environment_info(device, dtype, torch.get_num_threads())

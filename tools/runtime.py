@@ -14,6 +14,37 @@ DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", 
                "float16": "float16", "fp16": "float16"}
 
 
+def add_device_options(parser, *, device: str = "auto", dtype: str = "auto", threads: int | None = None,
+                       dtype_help: str = "weights") -> None:
+    """``--device``, ``--dtype`` and ``--threads``, spelled and checked alike by every command (its own defaults);
+    ``resolve_device`` / ``resolve_dtype`` turn the first two into what the model takes."""
+    parser.add_argument("--device", default=device, help=f"cpu, cuda, cuda:N or auto (cuda when there is one; "
+                                                          f"default: {device})")
+    parser.add_argument("--dtype", default=dtype, type=dtype_name,
+                        help=f"{dtype_help} dtype: float32, bfloat16, float16 or auto (float32 on a CPU, on a GPU "
+                             f"bfloat16 where it has it, else float16; default: {dtype})")
+    parser.add_argument("--threads", type=positive_int, default=threads,
+                        help=f"torch CPU threads (default: {threads or 'torch' + chr(39) + 's choice'})")
+
+
+def dtype_name(name: str) -> str:
+    """A ``--dtype`` value as its canonical name (``bf16`` -> ``bfloat16``), or ``auto``."""
+    import argparse
+
+    if name != "auto" and name not in DTYPE_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {name!r}; choose float32, bfloat16, float16 or auto")
+    return DTYPE_NAMES.get(name, name)
+
+
+def positive_int(value: str) -> int:
+    import argparse
+
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return number
+
+
 def resolve_device(name: str) -> str:
     """``cpu``, ``cuda``, ``cuda:N``, or ``auto`` (cuda when there is one, else cpu)."""
     import torch

