@@ -275,6 +275,9 @@ class Backbone:
     window_seconds: float = 30.0  # audio per window in the transcription command
     timestamped: bool = False  # generate(return_timestamps=True, return_segments=True) gives the base's segments
     asr_pipeline: bool = False  # transformers' "automatic-speech-recognition" pipeline runs this family's artifacts
+    word_timestamps: bool = False  # generate(return_token_timestamps=True) times the tokens (cross-attention alignment)
+    temperature_fallback: bool = False  # the base's generate can retry a window at higher temperatures
+    output_has_prompt: bool = False  # generate's sequences start with the prompt (a decoder-only base)
     processor_remote_code: bool = False  # the base's processor is remote code
     # generate options this family's decoding leaves out, with the values that change nothing (read-only)
     greedy_as_is: dict = {}

@@ -24,6 +24,7 @@ except ImportError:
 
 class MERaLiON2Backbone(Backbone):
     family = "meralion2"
+    output_has_prompt = True
     required_inputs = ("input_ids", "input_features", "feature_attention_mask")
     max_audio_seconds = 300.0
     default_max_new_tokens = 1536  # a window may hold up to 300 s of speech

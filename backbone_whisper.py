@@ -50,6 +50,8 @@ class WhisperBackbone(Backbone):
     window_seconds = 30.0  # what Whisper's long-form generate makes its windows of
     timestamped = True
     asr_pipeline = True
+    word_timestamps = True
+    temperature_fallback = True
     # fallback thresholds on log-probabilities and no-speech probability need scores; its compression-ratio
     # threshold reads only the text, so windows take it, and its token-level timestamps read the cross-attentions,
     # which a window gives from one teacher-forced pass over the tokens it decoded

@@ -230,6 +230,16 @@ class MedusaForASR(PreTrainedModel):
         """Whether generate(return_timestamps=True, return_segments=True) gives the base's own segments."""
         return BACKBONES[self.family].timestamped
 
+    @property
+    def word_timestamps(self) -> bool:
+        """Whether generate(return_token_timestamps=True) times the tokens (the transcription command's word times)."""
+        return BACKBONES[self.family].word_timestamps
+
+    @property
+    def temperature_fallback(self) -> bool:
+        """Whether the base's generate can retry a window at higher temperatures (long-form Whisper)."""
+        return BACKBONES[self.family].temperature_fallback
+
     def segments(self, output: dict) -> list[list[tuple[float, float, str]]]:
         """Per row, (start seconds, end seconds, text) of each segment of a ``return_segments=True`` output."""
         tokenizer = getattr(self.processor, "tokenizer", self.processor)

@@ -176,6 +176,13 @@ def _pipeline_usage(repo: str) -> str:
             "print(asr(\"speech.wav\", return_timestamps=True, chunk_length_s=30, batch_size=4))\n```")
 
 
+def _runs_in_asr_pipeline(family: str) -> bool:
+    """Whether transformers' ASR pipeline runs this family's artifacts (its backbone says so)."""
+    from modeling_medusa import BACKBONES
+
+    return family in BACKBONES and BACKBONES[family].asr_pipeline
+
+
 def _front_matter(base: str, family: str, data: dict, license: str | None) -> str:
     """The card's YAML metadata block, as the Hub reads it."""
     card_data = ModelCardData(
@@ -224,7 +231,7 @@ def render_model_card(config, repo_id: str | None = None, license: str | None = 
                     "print(model.decode_text(sequences, inputs)[0])\n"
                     "print(stats)  # drafted / accepted tokens per round\n"
                     "```\n\nOr from the command line: `python example_inference.py speech.wav`."
-                    + (_pipeline_usage(repo) if family == "whisper" else ""))
+                    + (_pipeline_usage(repo) if _runs_in_asr_pipeline(family) else ""))
     if tree:
         draft = (f"A sparse draft tree of {len(tree)} nodes, chosen from the measured per-head top-k "
                  "accuracy below (each path lists the per-head top-k ranks).")

@@ -28,6 +28,7 @@ class FakeModel:
     """Same interface as MedusaForASR; a "transcript" says how many samples a window had."""
 
     family = "whisper"
+    word_timestamps = temperature_fallback = True
     max_audio_seconds = 30.0
     pad_token_id = 0
     default_max_new_tokens = 224
@@ -128,6 +129,7 @@ def test_temperature_fallback_reaches_whisper_generate_and_is_refused_for_other_
     assert code == 0 and model.fallback == (None, None)
     other, refused = Recording(), Recording()
     other.family = refused.family = "meralion2"
+    other.temperature_fallback = refused.temperature_fallback = False
     code, model, _, _ = run([audio], model=other, capsys=capsys)
     assert code == 0 and model.fallback == (None, None)  # off by default elsewhere
     code, model, out, err = run([audio, "--temperature-fallback"], model=refused, capsys=capsys)
@@ -147,7 +149,7 @@ def test_word_timestamps_are_refused_outside_whisper_json(tmp_path, capsys):
     assert err.splitlines() == ["error: --word-timestamps puts word times into the JSON output, which --format srt "
                                 "has no place for; pass --format json"]
     other = FakeModel()
-    other.family = "meralion2"
+    other.family, other.word_timestamps = "meralion2", False
     code, model, out, err = run([audio, "--word-timestamps", "--format", "json"], model=other, capsys=capsys)
     assert code == transcribe.EXIT_USER_ERROR and model.batches == [] and out == ""
     assert err.splitlines() == ["error: --word-timestamps times words by Whisper's cross-attention alignment; this "

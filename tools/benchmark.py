@@ -77,7 +77,7 @@ class TokenCounter:
         pad = getattr(gen, "pad_token_id", None) if gen is not None else None
         self.strip_ids = {int(t) for t in eos + ([pad] if pad is not None else [])}
         self.max_new_tokens = max_new_tokens
-        self.decoder_only = getattr(model, "family", None) == "meralion2"
+        self.decoder_only = getattr(backbone, "output_has_prompt", False)
 
     def rows(self, sequences, inputs: dict) -> list[list[int]]:
         rows = sequences.tolist()

@@ -196,7 +196,7 @@ def _format_problem(args) -> str | None:
 
 
 def _word_timestamps_problem(model) -> str | None:
-    if model.family != "whisper":
+    if not model.word_timestamps:
         return (f"--word-timestamps times words by Whisper's cross-attention alignment; this is a {model.family} "
                 "model: leave it out")
     try:
@@ -211,7 +211,7 @@ def _window_option_problem(args, model) -> str | None:
         problem = _word_timestamps_problem(model)
         if problem:
             return problem
-    if args.temperature_fallback and model.family != "whisper":
+    if args.temperature_fallback and not model.temperature_fallback:
         return f"--temperature-fallback is Whisper's long-form option; this is a {model.family} model: leave it out"
     limit = float(model.max_audio_seconds)
     if args.window_seconds is not None and not 0 < args.window_seconds <= limit:
@@ -750,7 +750,7 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
         log(f"error: {problem}")
         return EXIT_USER_ERROR
     if args.temperature_fallback is None:  # the default: on for Whisper, which has it
-        args.temperature_fallback = model.family == "whisper"
+        args.temperature_fallback = model.temperature_fallback
     prompt_options = {k: v for k, v in (("language", args.language), ("task", args.task)) if v}
     try:
         if prompt_options:
