@@ -255,12 +255,6 @@ class WhisperBackbone(Backbone):
             row += no_timestamps
         return row
 
-    def decoder_prompt(self, encoder_kv, batch: int, language=None, task=None) -> torch.Tensor:
-        """``prompt_template`` for ``batch`` rows, each row's language detected from ``encoder_kv`` where asked."""
-        template = self.prompt_template(language, task)
-        prompt = torch.tensor(template, device=self.base.device).expand(batch, -1)
-        return self._with_languages(prompt, encoder_kv, self.language_ids()) if LANGUAGE_SLOT in template else prompt
-
     def _prompt_start(self, language=None, task=None):
         """(first prompt tokens, language, task, whether the language must be detected from the speech)."""
         gen = self.gen

@@ -67,6 +67,11 @@ TRAIN_HINT = ("Train heads for this base with: python -m pipeline.collect --base
               "python -m pipeline.train ... && python -m pipeline.export ... (see README.md).")
 
 
+def _declared(name: str, doc: str) -> property:
+    """A model property its family's backbone class declares (known before any base is loaded)."""
+    return property(lambda self: getattr(BACKBONES[self.family], name), doc=doc)
+
+
 class MedusaForASR(PreTrainedModel):
     config_class = MedusaConfig
     base_model_prefix = "medusa"
@@ -210,35 +215,21 @@ class MedusaForASR(PreTrainedModel):
     def family(self) -> str:
         return self.config.base_family
 
-    @property
-    def default_max_new_tokens(self) -> int:
-        """New tokens per window by default in the transcription command, the benchmark and the model card
-        (``generate`` itself defaults to the base's generation config, as the base's generate does)."""
-        return BACKBONES[self.family].default_max_new_tokens
+    default_max_new_tokens = _declared(
+        "default_max_new_tokens", "New tokens per window by default in the transcription command, the benchmark and "
+        "the model card (``generate`` itself defaults to the base's generation config, as the base's generate does).")
 
     @property
     def max_audio_seconds(self) -> float:
         return self.backbone.max_audio_seconds
 
-    @property
-    def default_window_seconds(self) -> float:
-        """Seconds of audio per window in the transcription command."""
-        return BACKBONES[self.family].window_seconds
-
-    @property
-    def timestamped(self) -> bool:
-        """Whether generate(return_timestamps=True, return_segments=True) gives the base's own segments."""
-        return BACKBONES[self.family].timestamped
-
-    @property
-    def word_timestamps(self) -> bool:
-        """Whether generate(return_token_timestamps=True) times the tokens (the transcription command's word times)."""
-        return BACKBONES[self.family].word_timestamps
-
-    @property
-    def temperature_fallback(self) -> bool:
-        """Whether the base's generate can retry a window at higher temperatures (long-form Whisper)."""
-        return BACKBONES[self.family].temperature_fallback
+    default_window_seconds = _declared("window_seconds", "Seconds of audio per window in the transcription command.")
+    timestamped = _declared("timestamped", "Whether generate(return_timestamps=True, return_segments=True) gives "
+                                           "the base's own segments.")
+    word_timestamps = _declared("word_timestamps", "Whether generate(return_token_timestamps=True) times the tokens "
+                                                   "(the transcription command's word times).")
+    temperature_fallback = _declared("temperature_fallback", "Whether the base's generate can retry a window at "
+                                                             "higher temperatures (long-form Whisper).")
 
     def segments(self, output: dict) -> list[list[tuple[float, float, str]]]:
         """Per row, (start seconds, end seconds, text) of each segment of a ``return_segments=True`` output."""

@@ -75,18 +75,13 @@ def wer(references: list[str], hypotheses: list[str]) -> float:
     if len(references) != len(hypotheses):
         raise ValueError(f"{len(references)} references but {len(hypotheses)} hypotheses")
     pairs = [(normalize(r), normalize(h)) for r, h in zip(references, hypotheses)]
-    if not any(r.split() for r, _ in pairs):
+    scored = [(r, h) for r, h in pairs if r.split()]  # jiwer refuses an empty reference: its words are insertions
+    if not scored:
         raise ValueError("references contain no words")
-    edits = words = 0
-    for reference, hypothesis in pairs:  # jiwer refuses an empty reference; its words are then all insertions
-        if reference.split():
-            output = jiwer.process_words(reference, hypothesis)
-            edits += output.substitutions + output.deletions + output.insertions
-            words += len(reference.split())
-        else:
-            edits += len(hypothesis.split())
-    return edits / words
-
+    output = jiwer.process_words([r for r, _ in scored], [h for _, h in scored])
+    insertions = sum(len(h.split()) for r, h in pairs if not r.split())
+    edits = output.substitutions + output.deletions + output.insertions + insertions
+    return edits / sum(len(r.split()) for r, _ in scored)
 
 if __name__ == "__main__":
     for line in sys.argv[1:] or sys.stdin:

@@ -23,8 +23,9 @@ def add_device_options(parser, *, device: str = "auto", dtype: str = "auto", thr
     parser.add_argument("--dtype", default=dtype, type=dtype_name,
                         help=f"{dtype_help} dtype: float32, bfloat16, float16 or auto (float32 on a CPU, on a GPU "
                              f"bfloat16 where it has it, else float16; default: {dtype})")
+    default_threads = threads or "torch's choice"
     parser.add_argument("--threads", type=positive_int, default=threads,
-                        help=f"torch CPU threads (default: {threads or 'torch' + chr(39) + 's choice'})")
+                        help=f"torch CPU threads (default: {default_threads})")
 
 
 def dtype_name(name: str) -> str:
