@@ -301,9 +301,10 @@ class MERaLiON2Backbone(Backbone):
 
 
 def _fusable(linears) -> bool:
+    if not all(type(linear) is torch.nn.Linear and linear.bias is None for linear in linears):
+        return False  # e.g. quantised layers, which may have no dense weight at all
     weights = [linear.weight for linear in linears]
-    return (all(type(linear) is torch.nn.Linear and linear.bias is None for linear in linears)
-            and len({(w.dtype, w.device, w.shape[1]) for w in weights}) == 1 and weights[0].device.type != "meta")
+    return len({(w.dtype, w.device, w.shape[1]) for w in weights}) == 1 and weights[0].device.type != "meta"
 
 
 def _fuse(linears) -> torch.Tensor:

@@ -69,11 +69,7 @@ def verify_cost_table(model, backbone, sizes, compile_sizes, report):
     from transformers import DynamicCache
 
     def ours_pass(n):
-        ids = torch.randint(2, 200000, (1, n), device=device)
-        state, _ = prefill(backbone, inputs, 8, 2 * n)
-        tt = (DraftTree.chain(n - 1) if n > 1 else DraftTree(())).tensors(device)
-        upto = state.cache.capacity  # the captured rounds attend over the whole cache
-        return lambda: backbone.logits(backbone.decode(state, ids, tt.depths, tt.ancestors, upto))
+        return verify_pass(backbone, inputs, n)
 
     for n in sizes:
         row = {"tokens": n}
@@ -99,6 +95,16 @@ def verify_cost_table(model, backbone, sizes, compile_sizes, report):
                 row.update(compiled_graph_ms(ours, "fused_compiled_graph_ms"))
             report(rows)
     return rows
+
+
+def verify_pass(backbone, inputs, n):
+    """One verify pass of ``n`` tokens (decoder + output projection) on a prefilled prompt, as a function to time."""
+    device = inputs["input_ids"].device
+    ids = torch.randint(2, 200000, (1, n), device=device)
+    state, _ = prefill(backbone, inputs, 8, 2 * n)
+    tt = (DraftTree.chain(n - 1) if n > 1 else DraftTree(())).tensors(device)
+    upto = state.cache.capacity  # the captured rounds attend over the whole cache
+    return lambda: backbone.logits(backbone.decode(state, ids, tt.depths, tt.ancestors, upto))
 
 
 def speech_encoder_ms(model, backbone) -> float:

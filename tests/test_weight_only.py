@@ -1,0 +1,52 @@
+"""Weight-only quantised layers (tools.weight_only): they multiply the packed weights, match their own
+dequantised weights, and replace a model's linears in place."""
+
+import pytest
+import torch
+
+from tools.weight_only import Int8WeightOnlyLinear, _int4_quantise, module_bytes, quantise_linears
+
+
+def test_int8_layer_multiplies_its_packed_weights_like_their_dequantised_copy():
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(256, 64)  # widths in multiples of 16 (see int8_drafting_supported)
+    layer = Int8WeightOnlyLinear(dense)
+    x = torch.randn(3, 5, 256)
+    dequantised = layer.weight_int8.float() * layer.scales[:, None]
+    assert torch.allclose(layer(x), x @ dequantised.T + dense.bias, atol=1e-4)
+    assert (dequantised - dense.weight).abs().max() <= layer.scales.max() / 2 + 1e-6  # rounding to the nearest step
+    assert not hasattr(layer, "weight")  # no dense copy kept
+
+
+def test_int4_groups_round_to_the_nearest_of_sixteen_levels():
+    torch.manual_seed(0)
+    weight = torch.randn(8, 256)
+    q, scale, lo = _int4_quantise(weight, 128)
+    assert q.min() >= 0 and q.max() <= 15 and scale.shape == (8, 2)
+    dequantised = (lo[..., None] + q.reshape(8, 2, 128) * scale[..., None]).reshape(8, 256)
+    assert ((dequantised - weight).abs() <= scale.repeat_interleave(128, dim=1) / 2 + 1e-6).all()
+
+
+def test_quantise_linears_replaces_every_linear_but_the_skipped_and_shrinks_the_weights():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+    model.lm_head = torch.nn.Linear(64, 32)
+    before = module_bytes(model)
+    assert quantise_linears(model, "int8") == 2
+    assert type(model[0]) is Int8WeightOnlyLinear and type(model.lm_head) is torch.nn.Linear
+    assert module_bytes(model) < before / 2
+    assert quantise_linears(model, "bf16") == 0
+    with pytest.raises(ValueError, match="use one of bf16, int8, int4"):
+        quantise_linears(model, "int3")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the int4 tinygemm kernel is CUDA-only")
+def test_int4_layer_multiplies_its_packed_weights_like_their_dequantised_copy():
+    from tools.weight_only import Int4WeightOnlyLinear
+
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(256, 64, bias=False).cuda().bfloat16()
+    layer = Int4WeightOnlyLinear(dense)
+    q, scale, lo = _int4_quantise(dense.weight, 128)
+    dequantised = (lo[..., None] + q.reshape(64, 2, 128) * scale[..., None]).reshape(64, 256)
+    x = torch.randn(7, 256, device="cuda", dtype=torch.bfloat16)
+    assert torch.allclose(layer(x).float(), x.float() @ dequantised.T, atol=0.05, rtol=0.02)
