@@ -3,6 +3,8 @@ device-laid-out output projection (plus the few-query speech attention) the adap
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 try:
@@ -361,6 +363,11 @@ class Backbone:
         """Whether a call takes the base's own generate, with our decoding for each window it hands over
         (``window_plan``), instead of being decoded here directly."""
         return False
+
+    def around_base_generate(self, capture=None):
+        """A context for a windowed call's run of the base's generate, in which this backbone may run parts of
+        the base faster (``capture``: a ``CapturedCalls`` on a GPU) with the same results."""
+        return contextlib.nullcontext()
 
     def window_output(self, sequences: torch.Tensor, prompt_length: int, generation_config, model_kwargs: dict):
         """A window decoded for the base's generate (``window_plan``) as that generate takes it back."""

@@ -6,6 +6,8 @@ the library's; only attention over our preallocated cache is written here.
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 
 import torch
@@ -131,6 +133,39 @@ class WhisperBackbone(Backbone):
         fallback = isinstance(temperature, (list, tuple)) and len(temperature) > 1
         return bool(timestamps or kwargs.get("return_segments") or kwargs.get("prompt_ids") is not None
                     or kwargs.get("return_token_timestamps") or long_form or fallback)
+
+    @contextlib.contextmanager
+    def around_base_generate(self, capture=None):
+        """While the base's generate runs: its speech encoder is ours, as a CUDA graph on a GPU (``capture``), and
+        features it already encoded are not encoded again (its language detection and its first window encode
+        the same features). Same module, same results; calls asking for more than the last hidden state (head
+        masks, attentions, hidden states) run the base's own forward."""
+        from transformers.modeling_outputs import BaseModelOutput
+
+        encoder, last = self.base.model.encoder, {}
+
+        def forward(input_features=None, attention_mask=None, **kwargs):  # (Whisper's encoder ignores the mask)
+            if input_features is None or any(kwargs.get(k) for k in ("head_mask", "output_attentions",
+                                                                      "output_hidden_states")):
+                return type(encoder).forward(encoder, input_features, attention_mask=attention_mask, **kwargs)
+            seen = last.get("features")
+            if seen is None or seen.shape != input_features.shape or not torch.equal(seen, input_features):
+                last.update(features=input_features, speech=self._encode_features(input_features, capture))
+            return BaseModelOutput(last_hidden_state=last["speech"])
+
+        encoder.forward = forward
+        try:
+            yield
+        finally:
+            del encoder.forward
+
+    def _encode_features(self, features: torch.Tensor, capture=None) -> torch.Tensor:
+        features = features.to(self.base.device, self.base.dtype)
+        encode = type(self.base.model.encoder).forward
+        if capture is None:
+            return encode(self.base.model.encoder, features).last_hidden_state
+        return capture(("whisper-encoder", tuple(features.shape)),
+                       lambda x: encode(self.base.model.encoder, x).last_hidden_state, features)
 
     def window_plan(self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
         """The window the base's generate hands to its decoding method (these are that method's arguments) as

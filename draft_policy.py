@@ -44,6 +44,12 @@ SWITCH_MARGIN = 0.1
 # against the chain's 1.38x). A GPU's timed pass is the captured round itself: there the margin cost whisper-base
 # (H200, bf16, 28 clips) its 16-node tree, auto running the chain at 1.41x own greedy where it had run 1.57x.
 SMALLER_DRAFT_MARGIN = 0.05
+# with compiled rounds, the candidates timed again by the runner the loop will use (compiling each one): at most this
+# many, of those within this share of the best stand-in rate. The stand-in (an uncompiled round captured as a CUDA
+# graph) overstates trees, whose rounds gain most from compiling: whisper-base (H200, bf16, 28 clips) ran the chain
+# at 1.42x own greedy where its 32-node tree ran 1.58x.
+REFINED_CANDIDATES = 3
+REFINED_SHARE = 0.8
 CPU_CACHE_EVICTION_BYTES = 64 * 2**20  # read before each timed pass on a CPU (see evict_cpu_caches)
 
 
@@ -56,6 +62,7 @@ class TimingKey(NamedTuple):
     dtype: str
     batch: int
     captured: bool
+    compiled: bool = False  # the loop's rounds are compiled: timed by the loop's own runners (see choose)
 
 
 DRAFT_NAMES = ("auto", "chain", "tree", "none")  # besides "tree-N" and explicit paths
@@ -158,17 +165,22 @@ class DraftPolicy:
         return (self.predicted_tokens(tree) * PRIOR_ROUNDS + emitted) / (PRIOR_ROUNDS + rounds)
 
     # ------------------------------------------------------------------ choosing
-    def choose(self, candidates: list[DraftTree], key: TimingKey, pass_timer) -> DraftTree:
+    def choose(self, candidates: list[DraftTree], key: TimingKey, pass_timer, loop_timer=None) -> DraftTree:
         """The candidate with the most expected tokens per second of verify time. ``pass_timer(tree)`` makes a
         function that runs one verify pass of ``tree`` and returns its seconds; the candidates not yet timed
-        under ``key`` are timed in turn (``_time``), so that the machine's drift falls on all of them alike. On a
-        CPU, of candidates within ``SMALLER_DRAFT_MARGIN`` of the best, the smallest; and the draft last chosen for ``key`` stays unless another promises ``SWITCH_MARGIN`` more."""
+        under ``key`` are timed in turn (``_time``), so that the machine's drift falls on all of them alike. With
+        ``key.compiled``, ``loop_timer(tree)`` makes a function that runs one of the loop's own (compiled) rounds:
+        the best few by ``pass_timer`` are timed again by it (``_shortlist``) and the choice is theirs. On a CPU,
+        of candidates within ``SMALLER_DRAFT_MARGIN`` of the best, the smallest; and the draft last chosen for
+        ``key`` stays unless another promises ``SWITCH_MARGIN`` more."""
         candidates = [t for t in candidates if t.num_nodes == 1 or self.expected_tokens(t) > 1.0 + 1e-6]
         if len(candidates) == 1:
             return candidates[0]  # no draft is expected to add a token: nothing to time
-        untimed = [tree for tree in candidates if (key, tree) not in self.verify_seconds]
-        if untimed:
-            self._time(untimed, key, pass_timer)
+        stand_in = key._replace(compiled=False)
+        self._time_untimed(candidates, stand_in, pass_timer)
+        if key.compiled:
+            candidates = self._shortlist(candidates, stand_in)
+            self._time_untimed(candidates, key, loop_timer)
 
         def rate(tree):
             return self.expected_tokens(tree) / self.verify_seconds[key, tree]
@@ -182,6 +194,22 @@ class DraftPolicy:
             best = last
         self.chosen[key] = best
         return best
+
+    def _shortlist(self, candidates: list[DraftTree], key: TimingKey) -> list[DraftTree]:
+        """The candidates timed under ``key`` by the loop's runners already, else the best
+        ``REFINED_CANDIDATES`` by their rate under ``key`` within ``REFINED_SHARE`` of the best."""
+        compiled = key._replace(compiled=True)
+        done = [tree for tree in candidates if (compiled, tree) in self.verify_seconds]
+        if done:
+            return done
+        rates = {tree: self.expected_tokens(tree) / self.verify_seconds[key, tree] for tree in candidates}
+        ranked = sorted(candidates, key=rates.get, reverse=True)[:REFINED_CANDIDATES]
+        return [tree for tree in ranked if rates[tree] >= REFINED_SHARE * rates[ranked[0]]]
+
+    def _time_untimed(self, candidates: list[DraftTree], key: TimingKey, timer) -> None:
+        untimed = [tree for tree in candidates if (key, tree) not in self.verify_seconds]
+        if untimed:
+            self._time(untimed, key, timer)
 
     def _time(self, trees: list[DraftTree], key: tuple, pass_timer) -> None:
         """Time ``trees`` in turn, one pass each per turn: a warm-up turn (first uses build copies and caches),

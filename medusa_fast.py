@@ -154,14 +154,18 @@ class CapturedRounds:
         st = self.state
         return [st.lengths, st.hidden, st.next_token, self.num_generated, *st.history.values()]
 
-    def _capture(self):
+    def snapshot(self):
+        """A function that puts the state the rounds change in place back as it is now."""
         saved = [t.clone() for t in self._mutable()]
 
         def restore():
             for target, value in zip(self._mutable(), saved):
                 target.copy_(value)
 
-        return capture_cuda_graph(lambda: self._compiled(self), warmups=3, reset=restore)
+        return restore
+
+    def _capture(self):
+        return capture_cuda_graph(lambda: self._compiled(self), warmups=3, reset=self.snapshot())
 
     def release(self):
         """Free the captured graph (its private memory pool goes back to the allocator)."""

@@ -346,7 +346,8 @@ class MedusaForASR(PreTrainedModel):
         and emitted tokens, mean tokens emitted per round, and the seconds spent in prefill and in the
         rounds. ``cuda_graph`` (default: on for CUDA devices) runs each round as one captured CUDA graph
         over a fixed-shape cache; ``compile=True`` also compiles that round with ``torch.compile`` (fused
-        kernels: faster rounds, but the first call of each batch size and draft compiles for a while).
+        kernels: faster rounds, but the first call of each batch size and draft compiles for a while; with
+        ``draft="auto"`` it compiles its best few candidates, up to three, and times them as the loop runs them).
         Captured rounds are kept for later calls; ``release_caches()`` frees them.
         """
         if args:
@@ -367,14 +368,18 @@ class MedusaForASR(PreTrainedModel):
         def decode(plan: WindowPlan):
             return self._decode(plan, draft, cuda_graph, compile, stats, timer)
 
-        sequences = self._each_window(kwargs, max_new_tokens, min_new_tokens, decode)
+        on_cuda = self.backbone.base.device.type == "cuda"
+        capture = self._captured_calls() if on_cuda and cuda_graph is not False else None
+        sequences = self._each_window(kwargs, max_new_tokens, min_new_tokens, decode, capture)
         return (sequences, {**stats.as_dict(), **timer.laps}) if return_stats else sequences
 
-    def _each_window(self, kwargs: dict, max_new_tokens, min_new_tokens, decode):
+    def _each_window(self, kwargs: dict, max_new_tokens, min_new_tokens, decode, capture=None):
         """The call's output, with ``decode(plan)`` decoding its batch directly, or each window inside the
-        base's own generate where the backbone says the call takes it (timestamps, long-form, prompts)."""
+        base's own generate where the backbone says the call takes it (timestamps, long-form, prompts); there
+        ``capture`` (a ``CapturedCalls``) replays what the backbone computes before the base's generate."""
         if self.backbone.windowed(kwargs):
-            return self._through_base_generate(kwargs, max_new_tokens, min_new_tokens, decode)
+            with self.backbone.around_base_generate(capture):
+                return self._through_base_generate(kwargs, max_new_tokens, min_new_tokens, decode)
         _check_inputs(kwargs, self.backbone.required_inputs)
         plan = WindowPlan(kwargs, self.backbone.make_logits_processor(min_new_tokens), max_new_tokens,
                           self.backbone.eos_token_ids)
@@ -386,8 +391,8 @@ class MedusaForASR(PreTrainedModel):
         on_cuda = self.backbone.base.device.type == "cuda"
         captured = on_cuda if cuda_graph is None else bool(cuda_graph)  # off CUDA: fixed shapes, no capture
         fixed_shape = captured or compile
-        if fixed_shape and self.round_cache.check_weights(self.parameters()) and on_cuda:
-            self.backbone.fuse_projections()
+        if fixed_shape:
+            self._captured_calls()
         candidates = self.draft_policy.candidates(draft)
         slack = self.draft_policy.cache_slack(candidates)
         pool = self.round_cache.pool if fixed_shape else None
@@ -395,7 +400,7 @@ class MedusaForASR(PreTrainedModel):
         state, max_new, prompt = self.backbone.prefill(plan.inputs, plan.max_new_tokens, slack, plan.rules,
                                                        cache_pool=pool, capture=capture)
         timer.lap("prefill_seconds")
-        tree = self._choose_draft(candidates, state, plan.rules, captured and on_cuda)
+        tree = self._choose_draft(candidates, state, plan.rules, captured and on_cuda, compile)
         window = MedusaStats(draft=tree.name)
         rounds = self._rounds(state, tree, plan.rules, compile, captured, fixed_shape)
         timer.lap("setup_seconds")  # choosing the draft (timed once per shape) and loading the rounds
@@ -405,6 +410,12 @@ class MedusaForASR(PreTrainedModel):
             self.draft_policy.observe(tree, window)
         stats.add(window)
         return generated, prompt
+
+    def _captured_calls(self):
+        """The round cache's captured calls, after dropping every capture made with weights since replaced."""
+        if self.round_cache.check_weights(self.parameters()) and self.backbone.base.device.type == "cuda":
+            self.backbone.fuse_projections()
+        return self.round_cache.calls
 
     def _through_base_generate(self, kwargs: dict, max_new_tokens, min_new_tokens, decode):
         """The base's own generate (long-form windows, timestamps, prompts, segments: all its code), with our
@@ -437,12 +448,28 @@ class MedusaForASR(PreTrainedModel):
 
     generate_medusa = generate
 
-    def _choose_draft(self, candidates, state, rules: LogitsRules, captured: bool) -> DraftTree:
+    def _choose_draft(self, candidates, state, rules: LogitsRules, captured: bool, compile: bool) -> DraftTree:
         if len(candidates) == 1:
             return candidates[0]
-        key = TimingKey(state.lengths.device.type, str(self.dtype), state.next_token.shape[0], captured)
+        key = TimingKey(state.lengths.device.type, str(self.dtype), state.next_token.shape[0], captured,
+                        compiled=captured and compile)
         return self.draft_policy.choose(candidates, key,
-                                        lambda tree: self._verify_pass_timer(tree, state, rules, captured))
+                                        lambda tree: self._verify_pass_timer(tree, state, rules, captured),
+                                        lambda tree: self._loop_round_timer(tree, state, rules))
+
+    def _loop_round_timer(self, tree: DraftTree, state: DecodeState, rules: LogitsRules):
+        """A function that runs one compiled round of ``tree`` as the loop will (its runner is built, compiled and
+        captured now and kept for the loop), the host's read of the result included, and returns its seconds; the
+        runner's state is put back after each round."""
+        runner = self._rounds(state, tree, rules, compile=True, captured=True, fixed_shape=True)
+        restore, active = runner.snapshot(), [True] * state.next_token.shape[0]
+
+        def timed_round():
+            seconds = wall_seconds(lambda: runner.step(active), state.lengths.device)
+            restore()
+            return seconds
+
+        return timed_round
 
     def _rounds(self, state: DecodeState, tree: DraftTree, process: LogitsRules, compile: bool, captured: bool,
                 fixed_shape: bool):

@@ -113,3 +113,26 @@ def test_of_nearly_equal_drafts_auto_takes_the_smaller_on_a_cpu():
     # a GPU's timed pass is the captured round itself: there the best rate wins, however close
     gpu = TimingKey("cuda", "bf16", 1, True)
     assert p.choose(p.candidates("auto"), gpu, lambda t: lambda: costs[t.num_nodes]) == DraftTree.from_paths(TREE)
+
+
+def test_with_compiled_rounds_the_best_few_are_timed_again_by_the_loops_own_runners():
+    """The stand-in pass (an uncompiled graph) overstates trees; with compiled rounds the candidates near the best
+    stand-in rate are timed again by the runner the loop will use (one compile each), and those times decide.
+    Candidates far behind are never compiled."""
+    from draft_policy import REFINED_CANDIDATES
+
+    p, key = policy(), TimingKey("cuda", "bf16", 1, True, compiled=True)
+    stand_in = {1: 1.0, 3: 1.5, 4: 2.0}  # rates 1.0, 1.33, 1.2: the chain leads
+    loop = {1: 1.0, 3: 1.4, 4: 1.5}  # compiled, the tree's round is far cheaper: 1.43 against 1.6
+    compiled = []
+
+    def loop_timer(tree):
+        compiled.append(tree.num_nodes)
+        return lambda: loop[tree.num_nodes]
+
+    chosen = p.choose(p.candidates("auto"), key, lambda t: lambda: stand_in[t.num_nodes], loop_timer)
+    assert chosen == DraftTree.from_paths(TREE)
+    assert sorted(compiled) == [3, 4] and len(compiled) <= REFINED_CANDIDATES  # plain greedy (0.75 of the best) not
+    assert p.choose(p.candidates("auto"), key, None, None) == chosen  # timed once per key: nothing is rebuilt
+    uncompiled = key._replace(compiled=False)  # the same machine without compile: the stand-in decides
+    assert p.choose(p.candidates("auto"), uncompiled, None) == DraftTree.from_paths(CHAIN)

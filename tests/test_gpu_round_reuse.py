@@ -26,3 +26,25 @@ def test_captured_rounds_reused_across_calls_stay_exact(tmp_path):
             assert torch.equal(model.generate(input_features=features, max_new_tokens=20, draft=draft), expected)
         runners.append(len(model.round_cache.runners))
     assert runners == [2] * 6  # one runner per draft, captured by the first call, replayed by the others
+
+
+def test_auto_with_compiled_rounds_times_the_loops_own_runners_and_stays_exact(tmp_path):
+    """With ``compile=True``, auto times its best few candidates by the compiled runners the loop then replays:
+    the runner it picks is one of those (nothing compiled again), and the ids are the base's own."""
+    from modeling_medusa import MedusaForASR
+
+    model = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path / "whisper", seed=3)), device_map="cuda")
+    randomize_heads(model, 1)
+    heads = model.config.medusa_num_heads
+    model.config.head_accuracy = {"topk": [[0.8 - 0.1 * h, 0.9 - 0.1 * h, 0.95 - 0.1 * h] for h in range(heads)]}
+    features = random_features(1, 0).to("cuda")
+    expected = model.generate(input_features=features, max_new_tokens=16, use_medusa=False)
+    out, stats = model.generate(input_features=features, max_new_tokens=16, draft="auto", compile=True,
+                                return_stats=True)
+    assert torch.equal(out, expected)
+    compiled_keys = [key for key, _ in model.draft_policy.verify_seconds if key.compiled]
+    assert compiled_keys and len(model.round_cache.runners) == len(compiled_keys)  # the shortlist, each one runner
+    assert stats["draft"] in {tree.name for (key, tree) in model.draft_policy.verify_seconds if key.compiled}
+    runners = dict(model.round_cache.runners)
+    assert torch.equal(model.generate(input_features=features, max_new_tokens=16, draft="auto", compile=True), expected)
+    assert model.round_cache.runners == runners  # the second call replays what the first compiled

@@ -301,3 +301,26 @@ def test_word_timestamps_need_alignment_heads(timestamp_model, monkeypatch, tmp_
     monkeypatch.setattr(gen, "alignment_heads", [[2, 0]], raising=False)  # the tiny decoder has layers 0 and 1
     with pytest.raises(ValueError, match=r"alignment_heads \[\[2, 0\]\] .* outside"):
         timestamp_model.check_word_timestamps()
+
+
+def test_windowed_calls_encode_the_speech_once(tmp_path, monkeypatch):
+    """The base's generate encodes the same features twice when it detects the language (once to detect, once for
+    the window); inside our windowed calls the encoder runs once, the ids are the base's own, and afterwards the
+    encoder is the base's own again."""
+    from modeling_medusa import MedusaForASR
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    folder = build_tiny_whisper(tmp_path / "ml", seed=5, multilingual=True, timestamps=1501, timestamp_scale=0.7)
+    model = MedusaForASR.from_base(str(folder), medusa_num_heads=4)
+    runs = []
+    original = WhisperEncoder.forward
+    monkeypatch.setattr(WhisperEncoder, "forward", lambda self, *a, **k: runs.append(1) or original(self, *a, **k))
+    for seed in range(3):
+        inputs = {"input_features": random_features(2, seed), "return_timestamps": True, "max_new_tokens": 12}
+        runs.clear()
+        expected = model.generate(**inputs, use_medusa=False)
+        base_runs = len(runs)  # the base alone: language detection, then each window (a short one may need two)
+        runs.clear()
+        assert torch.equal(model.generate(**inputs, draft="chain"), expected)
+        assert base_runs >= 2 and len(runs) == base_runs - 1  # detection and the first window share one
+    assert "forward" not in vars(model.base.model.encoder)

@@ -50,3 +50,27 @@ def test_int4_layer_multiplies_its_packed_weights_like_their_dequantised_copy():
     dequantised = (lo[..., None] + q.reshape(64, 2, 128) * scale[..., None]).reshape(64, 256)
     x = torch.randn(7, 256, device="cuda", dtype=torch.bfloat16)
     assert torch.allclose(layer(x).float(), x.float() @ dequantised.T, atol=0.05, rtol=0.02)
+
+
+def test_a_base_with_int8_weight_only_layers_is_decoded_exactly(tmp_path):
+    """The decode loop calls the base's own (here int8 weight-only) layers: Medusa's ids equal that quantised base's
+    own greedy generate, float32 on the CPU, chains and trees, with drafts accepted."""
+    from modeling_medusa import MedusaForASR
+    from oracle import OracleDrafter
+    from tiny_models import build_tiny_whisper, random_features
+
+    model = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path / "w", seed=4)), medusa_num_heads=3)
+    assert quantise_linears(model.base.model.decoder, "int8") > 0  # widths 32 / 64: multiples of 16
+    accepted = 0
+    for case in range(4):
+        inputs = {"input_features": random_features(1 + case % 2, case), "max_new_tokens": 16}
+        expected = model.generate(**inputs, use_medusa=False)
+        # drafts from the quantised base's own continuation, some of them wrong
+        model.drafter = OracleDrafter(model, model.collect_hidden_states(**inputs), model.backbone.vocab_size,
+                                      0.3, seed=case)
+        for draft in ("chain", [[0], [1], [0, 0], [0, 1], [0, 0, 0]]):
+            got, stats = model.generate(**inputs, draft=draft, return_stats=True)
+            assert torch.equal(got, expected)
+            accepted += stats["accepted_tokens"]
+        model.drafter = None
+    assert accepted > 0
