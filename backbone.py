@@ -102,7 +102,9 @@ class ScreenedArgmax:
     where u = 2^-8 (bf16 rounding of the score; with a bias, its roundings too), eps_W the largest |W_j - bf16(W_j)|, N_W the largest |bf16(W_j)|
     (Euclidean norms, so Cauchy-Schwarz bounds every dot product), K the width (float32 accumulation) and the
     slack covers float32 rounding of the exact scores. Only for rules that block tokens (``masks_only``): the
-    screened scores then carry the same blocked tokens. On the 28 real recordings (tiny.en, 2 425 verified rows
+    screened scores then carry the same blocked tokens; or that, after blocking, apply one row-local rule that
+    blocks every token below some id or none (``LogitsRules.screen_parts``: Whisper's timestamp rule), decided
+    from the exact scores of the tokens from that id on and the best one below it (``_finish``). On the 28 real recordings (tiny.en, 2 425 verified rows
     of 16-node trees) every row was proved with 8 candidates; the bound was ~0.5 against a median margin of 6."""
 
     def __init__(self, weight_of, bias_of):
@@ -113,11 +115,14 @@ class ScreenedArgmax:
     @staticmethod
     def applies(hidden: torch.Tensor, weight, rules) -> bool:
         return (hidden.device.type == "cpu" and is_dense(weight) and weight.dtype == torch.float32
-                and getattr(rules, "masks_only", False) and not torch.is_grad_enabled()
+                and rules.screen_parts() is not None and not torch.is_grad_enabled()
                 and not torch.compiler.is_compiling())
 
-    def __call__(self, hidden: torch.Tensor, rules) -> torch.Tensor:
-        """[..., H] -> the processed argmax [...]; ``rules(logits)`` blocks tokens (-inf) and changes nothing else."""
+    def __call__(self, hidden: torch.Tensor, masks, begin: int | None = None, finish=None) -> torch.Tensor:
+        """[..., H] -> the processed argmax [...]. ``masks(logits)`` blocks tokens (-inf) and changes nothing else;
+        ``finish`` (with ``begin``, see ``LogitsRules.screen_parts``) is a row-local rule after them that blocks
+        every token below ``begin`` or none: the screen then finds the best token below ``begin``, the tokens from
+        ``begin`` on (Whisper's timestamps) are scored exactly, and the rule is decided from those (``_finish``)."""
         weight, bias = self.weight_of(), self.bias_of()
         low, width, eps_w, norm_w = self._screen(weight)
         shape, vocab = hidden.shape[:-1], weight.shape[0]
@@ -127,7 +132,30 @@ class ScreenedArgmax:
         screened[:, vocab:] = float("-inf")
         if bias is not None:
             screened[:, :vocab] += bias.to(screened.dtype)
-        screened = rules(screened.view(*shape, -1)).reshape(h.shape[0], -1)
+        screened[:, :vocab] = masks(screened[:, :vocab].reshape(*shape, vocab)).reshape(h.shape[0], vocab)
+        searched = screened
+        if finish is not None:
+            searched = screened.clone()
+            searched[:, begin:] = float("-inf")
+        token, best, proved = self._best_candidate(searched, h, x, weight, bias, width, eps_w, norm_w)
+        if finish is not None:
+            no_text = searched[:, :begin].amax(dim=-1) == float("-inf")  # (e.g. a first token: a timestamp)
+            token, decided = self._finish(screened, token, best, h, weight, bias, begin, norm_w)
+            proved = (proved | no_text) & decided
+        self.rows += h.shape[0]
+        if not bool(proved.all()):
+            unproved = (~proved).nonzero()[:, 0]
+            self.projected_in_full += len(unproved)
+            full = (weight @ h[unproved].T).T
+            if bias is not None:
+                full = full + bias
+            full = full.masked_fill(screened[unproved, :vocab] == float("-inf"), float("-inf"))
+            token = token.index_put((unproved,), fast_argmax(full if finish is None else finish(full)))
+        return token.reshape(shape)
+
+    def _best_candidate(self, screened, h, x, weight, bias, width, eps_w, norm_w) -> tuple:
+        """(the best token [R], its exact score [R], whether the bound proves no other token beats it [R])."""
+        vocab = weight.shape[0]
         candidates, best_outside = _top_candidates(screened, width)
         exact = torch.bmm(weight[candidates.clamp(max=vocab - 1)], h[:, :, None])[..., 0]  # (padding: blocked)
         if bias is not None:
@@ -138,16 +166,28 @@ class ScreenedArgmax:
         token = torch.where(exact == best[:, None], candidates, vocab).amin(dim=-1)
         # (not proved: NaN, or every candidate blocked)
         proved = best > self._largest_outside(best_outside.float(), h, x, bias, eps_w, norm_w) + 1e-6 * best.abs()
-        self.rows += h.shape[0]
-        if not bool(proved.all()):
-            unproved = (~proved).nonzero()[:, 0]
-            self.projected_in_full += len(unproved)
-            full = (weight @ h[unproved].T).T
-            if bias is not None:
-                full = full + bias
-            full = full.masked_fill(screened[unproved, :vocab] == float("-inf"), float("-inf"))
-            token = token.index_put((unproved,), fast_argmax(full))
-        return token.reshape(shape)
+        return token, best, proved
+
+    @staticmethod
+    def _finish(screened, text_token, text_best, h, weight, bias, begin: int, norm_w: float) -> tuple:
+        """(token [R], decided [R]) under the row-local rule that blocks every token below ``begin`` where the
+        total probability of the tokens from ``begin`` on beats each one below it: as log-probabilities share the
+        row's normaliser, that is ``logsumexp(scores from begin) > the best score below begin``, decided where the
+        two differ by more than the float32 rounding of the scores (elsewhere, and where every token is blocked,
+        not decided: projected in full)."""
+        vocab = weight.shape[0]
+        tail = h @ weight[begin:].T  # [R, vocab - begin]: scored exactly
+        if bias is not None:
+            tail = tail + bias[begin:]
+        tail = tail.masked_fill(screened[:, begin:vocab] == float("-inf"), float("-inf"))
+        total = tail.logsumexp(dim=-1)
+        tail_best, tail_token = tail.max(dim=-1).values, tail.argmax(dim=-1) + begin
+        overruled = total > text_best
+        rounding = 8 * h.shape[-1] * 2**-24 * norm_w * h.norm(dim=-1) + 1e-5 * (1 + text_best.abs())
+        decided = ((total - text_best).abs() > rounding) | torch.isinf(text_best) | torch.isinf(total)
+        decided &= torch.isfinite(text_best) | torch.isfinite(total)
+        token = torch.where(overruled | (tail_best > text_best), tail_token, text_token)
+        return token, decided
 
     @staticmethod
     def _largest_outside(t, h, x, bias, eps_w: float, norm_w: float) -> torch.Tensor:
@@ -389,7 +429,8 @@ class Backbone:
         (``ScreenedArgmax``: the same tokens, a fraction of the cost)."""
         projection = self._projection
         if self.screens_argmax and ScreenedArgmax.applies(hidden, projection.weight_of(), rules):
-            return projection.screened_argmax(hidden, lambda logits: rules(logits, num_generated, path))
+            masks, begin, finish = rules.screen_parts()
+            return projection.screened_argmax(hidden, lambda logits: masks(logits, num_generated, path), begin, finish)
         return fast_argmax(rules(self.logits(hidden), num_generated, path))
 
     def start_decoding(self, state: DecodeState, hidden: torch.Tensor, prompt: torch.Tensor, process_logits):

@@ -641,6 +641,14 @@ class TimestampRules(LogitsRules):
         return torch.where(deepest >= 0, on_path, path.history["last_timestamp"][:, None])
 
     def __call__(self, logits, num_generated, path=None):
+        logits = self.blocks(logits, num_generated, path)
+        return self.overrule_text(logits) if self.from_logprob else logits
+
+    def screen_parts(self):
+        return self.blocks, self.timestamp_begin, (self.overrule_text if self.from_logprob else None)
+
+    def blocks(self, logits, num_generated, path=None):
+        """The rules that only block tokens (all of them but the total-probability one)."""
         begin, ids = self.timestamp_begin, self.ids
         before = torch.where(path.tree.depths[None, :] == 0, path.history["before_root"][:, None], path.parent_tokens)
         last_is_timestamp = (num_generated >= 1) & (path.tokens >= begin)
@@ -657,13 +665,15 @@ class TimestampRules(LogitsRules):
         blocked |= first & ~is_timestamp
         if self.max_initial is not None:
             blocked |= first & (ids > begin + self.max_initial)
-        logits = logits.masked_fill(blocked, float("-inf"))
-        if self.from_logprob:
-            logprobs = torch.log_softmax(logits.float(), dim=-1)
-            timestamp = logprobs[..., begin:].logsumexp(dim=-1)
-            text = logprobs[..., :begin].max(dim=-1).values
-            logits = logits.masked_fill((timestamp > text)[..., None] & ~is_timestamp, float("-inf"))
-        return logits
+        return logits.masked_fill(blocked, float("-inf"))
+
+    def overrule_text(self, logits):
+        """Every text token blocked in the rows where the timestamps' total probability beats each text token's."""
+        begin = self.timestamp_begin
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        timestamp = logprobs[..., begin:].logsumexp(dim=-1)
+        text = logprobs[..., :begin].max(dim=-1).values
+        return logits.masked_fill((timestamp > text)[..., None] & (self.ids < begin), float("-inf"))
 
     def advance(self, path, best) -> dict:
         rows = torch.arange(best.shape[0], device=best.device)

@@ -56,6 +56,14 @@ class LogitsRules:
     def __call__(self, logits: torch.Tensor, num_generated: torch.Tensor, path: ChunkPath | None = None):
         return logits
 
+    def screen_parts(self):
+        """``(masks, begin, finish)`` when the base's argmax can be found through a screen of the output
+        projection: ``masks(logits, num_generated, path)`` only blocks tokens, and ``finish`` (None: nothing) is a
+        rule applied after them to each row alone, ``finish(logits [R, V])``, that blocks every token below
+        ``begin`` or none (Whisper's "a timestamp where the timestamps' total probability beats every text
+        token"); None when the rules are not of that form."""
+        return (self, None, None) if self.masks_only else None
+
     def start(self, batch: int, device) -> dict:
         return {}
 
@@ -76,6 +84,18 @@ class ChainedRules(LogitsRules):
         for rule in self.rules:
             logits = rule(logits, num_generated, path)
         return logits
+
+    def screen_parts(self):
+        parts = [rule.screen_parts() for rule in self.rules]
+        if any(part is None for part in parts) or any(part[2] is not None for part in parts[:-1]):
+            return None  # (a row-local rule can be screened only where it comes last)
+
+        def masks(logits, num_generated, path=None):
+            for mask, _, _ in parts:
+                logits = mask(logits, num_generated, path)
+            return logits
+
+        return masks, parts[-1][1], parts[-1][2]
 
     def start(self, batch, device) -> dict:
         return {name: value for rule in self.rules for name, value in rule.start(batch, device).items()}

@@ -66,6 +66,49 @@ def test_screened_argmax_when_the_rules_leave_few_tokens_or_none():
             assert torch.equal(screen(hidden, rules), full_argmax(hidden, weight, None, rules))
 
 
+def test_screened_argmax_under_a_rule_that_lets_the_timestamps_overrule_the_text():
+    """Whisper's "a timestamp where the timestamps' total probability beats every text token" after the masks:
+    the screen scores the timestamps exactly and decides the rule from them; rows whose decision sits within
+    float32 rounding are projected in full. Every row equals the full projection under the same rules."""
+    from logits_rules import SuppressionRules
+
+    torch.manual_seed(3)
+    vocab, begin, width = 3000, 2000, 48
+    weight = torch.randn(vocab, width) * 0.05
+    hidden = torch.randn(6, 5, width) * 10
+    # rows where the timestamps clearly win, and rows balanced on the rule's edge (its decision undecided here)
+    hidden[1] = weight[begin:begin + 20].mean(0) * 300 + torch.randn(5, width)
+    masks = SuppressionRules(vocab, "cpu", eos_token_ids=[vocab - 1], always=[0, 7, begin + 3])
+    stamp_ids = [i for i in range(begin, vocab) if i != begin + 3]
+    def gap(h):  # the rule's two sides: the timestamps' total against the best text token
+        return float((h @ weight[stamp_ids].T).logsumexp(-1) - (h @ weight[8:begin].T).amax(-1))
+
+    for row in range(5):  # rows a little to either side of the rule's edge: beyond float32 rounding, within the margin
+        text, stamps = weight[100 + row] * 400, hidden[1, row]
+        low, high = 0.0, 1.0  # mixing weight of the text row: low -> timestamps win, high -> the text wins
+        for _ in range(60):
+            middle = (low + high) / 2
+            low, high = (middle, high) if gap(middle * text + (1 - middle) * stamps) > 0 else (low, middle)
+        step = 1e-7 * (1 if row % 2 else -1)
+        while abs(gap((middle + step) * text + (1 - middle - step) * stamps)) < 5e-5:
+            step *= 1.5
+        hidden[2, row] = (middle + step) * text + (1 - middle - step) * stamps
+    num_generated = torch.tensor([0, 1, 2, 3, 4]).expand(6, 5)
+
+    def finish(logits):
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        overruled = logprobs[..., begin:].logsumexp(-1) > logprobs[..., :begin].max(-1).values
+        return logits.masked_fill(overruled[..., None] & (torch.arange(vocab) < begin), float("-inf"))
+
+    screen = ScreenedArgmax(lambda: weight, lambda: None)
+    with torch.no_grad():
+        got = screen(hidden, lambda logits: masks(logits, num_generated), begin, finish)
+        expected = finish(masks(hidden @ weight.T, num_generated)).argmax(-1)
+    assert torch.equal(got, expected)
+    assert (expected[1] >= begin).any() and (expected < begin).any()  # both sides of the rule won somewhere
+    assert 0 < screen.projected_in_full < screen.rows  # the undecided rows went the full way
+
+
 def test_only_rules_that_block_tokens_are_screened():
     weight = torch.randn(50, 4)
     rules = SuppressionRules(50, "cpu", eos_token_ids=[49])
