@@ -369,7 +369,7 @@ class MedusaForASR(PreTrainedModel):
             return self._decode(plan, draft, cuda_graph, compile, stats, timer)
 
         on_cuda = self.backbone.base.device.type == "cuda"
-        capture = self._captured_calls() if on_cuda and cuda_graph is not False else None
+        capture = self._captured_calls(fuse=True) if on_cuda and cuda_graph is not False else None
         sequences = self._each_window(kwargs, max_new_tokens, min_new_tokens, decode, capture)
         return (sequences, {**stats.as_dict(), **timer.laps}) if return_stats else sequences
 
@@ -392,7 +392,7 @@ class MedusaForASR(PreTrainedModel):
         captured = on_cuda if cuda_graph is None else bool(cuda_graph)  # off CUDA: fixed shapes, no capture
         fixed_shape = captured or compile
         if fixed_shape:
-            self._captured_calls()
+            self._captured_calls(fuse=on_cuda)
         candidates = self.draft_policy.candidates(draft)
         slack = self.draft_policy.cache_slack(candidates)
         pool = self.round_cache.pool if fixed_shape else None
@@ -411,11 +411,15 @@ class MedusaForASR(PreTrainedModel):
         stats.add(window)
         return generated, prompt
 
-    def _captured_calls(self):
-        """The round cache's captured calls, after dropping every capture made with weights since replaced."""
-        if self.round_cache.check_weights(self.parameters()) and self.backbone.base.device.type == "cuda":
-            self.backbone.fuse_projections()
-        return self.round_cache.calls
+    def _captured_calls(self, fuse: bool):
+        """The round cache's captured calls, after dropping every capture made with weights since replaced; with
+        ``fuse`` (on a GPU) the backbone's projections are fused then, and the fused weights recorded as the ones
+        the captures use (fusing gives the layers new tensors: unrecorded, the next call would drop every capture
+        as stale and fuse again)."""
+        cache = self.round_cache
+        if cache.check_weights(self.parameters()) and fuse and self.backbone.fuse_projections():
+            cache.check_weights(self.parameters())
+        return cache.calls
 
     def _through_base_generate(self, kwargs: dict, max_new_tokens, min_new_tokens, decode):
         """The base's own generate (long-form windows, timestamps, prompts, segments: all its code), with our

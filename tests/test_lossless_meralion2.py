@@ -163,3 +163,21 @@ def test_fused_projections_share_memory_and_keep_the_output(meralion_medusa):
     inputs, _ = cases[0]
     assert torch.equal(model.generate(**inputs, draft="chain", max_new_tokens=12), expected[0])
     assert backbone.fused is None
+
+
+def test_fusing_keeps_the_captures_of_later_calls(meralion_medusa):
+    """Fusing gives the layers new weight tensors: the round cache records those as the weights its captures use,
+    so a later call keeps every capture instead of dropping them as stale and fusing again."""
+    from modeling_medusa import MedusaForASR
+
+    model = MedusaForASR.from_base(meralion_medusa.config.base_model_name_or_path, family="meralion2")
+    model._captured_calls(fuse=True)
+    fused = model.backbone.fused
+    assert fused is not None
+    model.round_cache.calls.graphs["kept"] = None  # (stands for a capture an earlier call kept)
+    model._captured_calls(fuse=True)
+    assert "kept" in model.round_cache.calls.graphs and model.backbone.fused is fused
+    for param in model.base.parameters():  # new weight tensors (.to(), a reload): the captures go
+        param.data = param.data.clone()
+    model._captured_calls(fuse=False)
+    assert "kept" not in model.round_cache.calls.graphs
