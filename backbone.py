@@ -181,7 +181,8 @@ class ScreenedArgmax:
             tail = tail + bias[begin:]
         tail = tail.masked_fill(screened[:, begin:vocab] == float("-inf"), float("-inf"))
         total = tail.logsumexp(dim=-1)
-        tail_best, tail_token = tail.max(dim=-1).values, tail.argmax(dim=-1) + begin
+        tail_best, tail_token = tail.max(dim=-1)  # (the first of equal maxima)
+        tail_token = tail_token + begin
         overruled = total > text_best
         rounding = 8 * h.shape[-1] * 2**-24 * norm_w * h.norm(dim=-1) + 1e-5 * (1 + text_best.abs())
         decided = ((total - text_best).abs() > rounding) | torch.isinf(text_best) | torch.isinf(total)

@@ -143,14 +143,20 @@ class WhisperBackbone(Backbone):
         from transformers.modeling_outputs import BaseModelOutput
 
         encoder, last = self.base.model.encoder, {}
+        own = encoder.forward  # the base's, bound before ours replaces it
+
+        def encode(features):
+            return own(features).last_hidden_state
 
         def forward(input_features=None, attention_mask=None, **kwargs):  # (Whisper's encoder ignores the mask)
             if input_features is None or any(kwargs.get(k) for k in ("head_mask", "output_attentions",
                                                                       "output_hidden_states")):
-                return type(encoder).forward(encoder, input_features, attention_mask=attention_mask, **kwargs)
-            seen = last.get("features")
-            if seen is None or seen.shape != input_features.shape or not torch.equal(seen, input_features):
-                last.update(features=input_features, speech=self._encode_features(input_features, capture))
+                return own(input_features, attention_mask=attention_mask, **kwargs)
+            if "features" not in last or not torch.equal(last["features"], input_features):
+                features = input_features.to(self.base.device, self.base.dtype)
+                speech = encode(features) if capture is None else capture(
+                    ("whisper-encoder", tuple(features.shape)), encode, features)
+                last.update(features=input_features, speech=speech)
             return BaseModelOutput(last_hidden_state=last["speech"])
 
         encoder.forward = forward
@@ -158,14 +164,6 @@ class WhisperBackbone(Backbone):
             yield
         finally:
             del encoder.forward
-
-    def _encode_features(self, features: torch.Tensor, capture=None) -> torch.Tensor:
-        features = features.to(self.base.device, self.base.dtype)
-        encode = type(self.base.model.encoder).forward
-        if capture is None:
-            return encode(self.base.model.encoder, features).last_hidden_state
-        return capture(("whisper-encoder", tuple(features.shape)),
-                       lambda x: encode(self.base.model.encoder, x).last_hidden_state, features)
 
     def window_plan(self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
         """The window the base's generate hands to its decoding method (these are that method's arguments) as

@@ -4,6 +4,8 @@ live in its backbone)."""
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -86,6 +88,10 @@ class ChainedRules(LogitsRules):
         return logits
 
     def screen_parts(self):
+        return self._screen_parts
+
+    @functools.cached_property
+    def _screen_parts(self):  # (asked every round: the rules do not change)
         parts = [rule.screen_parts() for rule in self.rules]
         if any(part is None for part in parts) or any(part[2] is not None for part in parts[:-1]):
             return None  # (a row-local rule can be screened only where it comes last)

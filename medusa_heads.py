@@ -177,11 +177,20 @@ class Int8Linear(nn.Module):
 def int8_drafting_copy(heads: nn.Module) -> nn.Module:
     """A copy of ``heads`` with every ``nn.Linear`` as an ``Int8Linear`` (the originals stay as they are)."""
     frozen = copy.deepcopy(heads).requires_grad_(False)
-    for module in list(frozen.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, name, Int8Linear(child))
+    replace_linears(frozen, Int8Linear)
     return frozen
+
+
+def replace_linears(module: nn.Module, make, skip=()) -> int:
+    """Every plain ``nn.Linear`` under ``module`` (but children named in ``skip``) replaced, in place, by
+    ``make(linear)``; returns how many."""
+    replaced = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and name not in skip:
+                setattr(parent, name, make(child))
+                replaced += 1
+    return replaced
 
 
 # --------------------------------------------------------------------------- drafting

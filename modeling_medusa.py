@@ -368,16 +368,16 @@ class MedusaForASR(PreTrainedModel):
         def decode(plan: WindowPlan):
             return self._decode(plan, draft, cuda_graph, compile, stats, timer)
 
-        on_cuda = self.backbone.base.device.type == "cuda"
-        capture = self._captured_calls(fuse=True) if on_cuda and cuda_graph is not False else None
-        sequences = self._each_window(kwargs, max_new_tokens, min_new_tokens, decode, capture)
+        captured = self.backbone.base.device.type == "cuda" and cuda_graph is not False
+        sequences = self._each_window(kwargs, max_new_tokens, min_new_tokens, decode, captured)
         return (sequences, {**stats.as_dict(), **timer.laps}) if return_stats else sequences
 
-    def _each_window(self, kwargs: dict, max_new_tokens, min_new_tokens, decode, capture=None):
+    def _each_window(self, kwargs: dict, max_new_tokens, min_new_tokens, decode, captured: bool = False):
         """The call's output, with ``decode(plan)`` decoding its batch directly, or each window inside the
-        base's own generate where the backbone says the call takes it (timestamps, long-form, prompts); there
-        ``capture`` (a ``CapturedCalls``) replays what the backbone computes before the base's generate."""
+        base's own generate where the backbone says the call takes it (timestamps, long-form, prompts); there,
+        ``captured``, what the backbone runs of the base's replays as CUDA graphs."""
         if self.backbone.windowed(kwargs):
+            capture = self._captured_calls(fuse=True) if captured else None
             with self.backbone.around_base_generate(capture):
                 return self._through_base_generate(kwargs, max_new_tokens, min_new_tokens, decode)
         _check_inputs(kwargs, self.backbone.required_inputs)

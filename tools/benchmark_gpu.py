@@ -298,13 +298,13 @@ def first_divergence(rows: list[list[int]], reference: list[int]) -> int | None:
 
 
 def draft_trees(profile, names):
-    """Name ("none", "chain", "tree-N") -> DraftTree for a replayed profile."""
+    """Name ("none", "chain" or its result name "chain-K", "tree-N") -> DraftTree for a replayed profile."""
     topk = [[sum(p[: r + 1]) for r in range(len(p))] for p in profile]
     trees = {}
     for name in names:
         if name == "none":
             trees[name] = DraftTree(())
-        elif name == "chain":
+        elif name.startswith("chain"):
             trees[f"chain-{len(profile)}"] = DraftTree.chain(len(profile))
         else:
             trees[name] = DraftTree.from_paths(build_tree_from_accuracy(topk, int(name.split("-")[1])))

@@ -90,8 +90,7 @@ def add_picks(result: dict) -> None:
     """The draft auto's rule takes from this precision's measured rounds, once it has observed them (``auto_pick``)
     and at first, from the profile's prediction alone (``auto_first_pick``)."""
     profile = rank_profile(SEED_TOP1)
-    trees = draft_trees(profile, [name if name == "none" or name.startswith("tree-") else "chain"
-                                  for name in {row["draft"] for row in result["decode"] if "draft" in row}])
+    trees = draft_trees(profile, {row["draft"] for row in result["decode"] if "draft" in row})
     result["auto_pick"] = best_draft(trees, result["decode"], observed=True)
     result["auto_first_pick"] = best_draft(trees, result["decode"], observed=False, profile=profile)
 

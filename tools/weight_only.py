@@ -4,12 +4,16 @@ and int8 through ``aten._weight_int8pack_mm`` (per-output-channel scales). The l
 and multiply them packed: nothing is dequantised to a dense copy. ``quantise_linears`` swaps a model's
 ``nn.Linear`` layers in place, so a base's own forward and ours both run them.
 
-Used by ``tools.benchmark_quantised_gpu`` (verify cost by precision on MERaLiON-2-shaped decoders)."""
+Used by ``tools.benchmark_quantised_gpu`` (verify cost by precision on MERaLiON-2-shaped decoders). Not the drafting
+``medusa_heads.Int8Linear``: that one rounds its inputs to bfloat16 for the CPU kernel's speed (drafts only
+propose); a verifier's layer keeps the activations' dtype and float32 scales."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+
+from medusa_heads import replace_linears
 
 INT4_GROUP = 128  # the seed's W4A16 recipe (llm-compressor GPTQ, group 128)
 INT4_INNER_K_TILES = 8  # tinygemm's layout: K must be a multiple of 16 x this
@@ -85,13 +89,7 @@ def quantise_linears(module: nn.Module, precision: str, skip=("lm_head",)) -> in
         raise ValueError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
     if precision == "bf16":
         return 0
-    make, replaced = QUANTISED[precision], 0
-    for name, child in list(module.named_modules()):
-        for child_name, linear in list(child.named_children()):
-            if type(linear) is nn.Linear and child_name not in skip:
-                setattr(child, child_name, make(linear))
-                replaced += 1
-    return replaced
+    return replace_linears(module, QUANTISED[precision], skip)
 
 
 def module_bytes(module: nn.Module) -> int:
