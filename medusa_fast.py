@@ -120,8 +120,13 @@ class CapturedRounds:
     @torch.no_grad()  # a round never needs autograd (and compiling one with it traces a backward)
     def _round(self):
         st = self.state
-        step = verify_round(self.backbone, self.drafter, self.process_logits, st, self.tree, self.tt,
-                            self.num_generated, st.cache.capacity)
+        self._advance(verify_round(self.backbone, self.drafter, self.process_logits, st, self.tree, self.tt,
+                                   self.num_generated, st.cache.capacity))
+
+    def _advance(self, step):
+        """The round's verdict into the fixed-shape state, in place (``num_generated`` still counts the tokens
+        emitted before this round until the end)."""
+        st = self.state
         self.result.copy_(torch.cat([step.accepted[:, None], step.emitted], dim=1))
         advance = (step.accepted + 1) * self.active  # finished rows stay frozen in the fixed batch
         st.lengths.add_(advance)

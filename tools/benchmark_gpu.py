@@ -234,7 +234,7 @@ class DecodeBench:
             replay = ReplayedRunner(self.backbone, inputs, cont, profile, tree, self.max_new, compile)
             replay(inputs)  # warm-up call
             for n in lengths:
-                self.add({**base, **self._ours_row(replay, inputs, n, batch)})
+                self.add({**base, **self.call_row(replay, inputs, n, batch)})
         except torch.OutOfMemoryError as err:
             self.add({**base, "error": f"OutOfMemoryError: {str(err)[:200]}"})
         finally:
@@ -244,7 +244,8 @@ class DecodeBench:
             gc.collect()
             torch.cuda.empty_cache()
 
-    def _ours_row(self, replay, inputs, n, batch) -> dict:
+    def call_row(self, replay, inputs, n, batch) -> dict:
+        """Whole calls of a runner (``runner(inputs, n) -> (outputs, stats)``, timed apart), medians of the repeats."""
         calls, loops, prefills, stats, out = [], [], [], None, None
         for _ in range(self.repeats):
             torch.cuda.synchronize()

@@ -155,6 +155,40 @@ class ReplayDrafter:
         return drafts
 
 
+class ReplayedVerdicts:
+    """A backbone whose next-token choice is replayed: ``own[b, i]``, the token this model is taken to choose at
+    output index ``i`` (given the target's tokens before it), stands in for its argmax. Its output projection and
+    rules still run, at their full cost. Random weights cannot agree with another model; this is how an
+    intermediate model's agreement with the target is replayed (``own_continuation``)."""
+
+    def __init__(self, backbone, own: torch.Tensor):
+        self.backbone, self.own = backbone, own
+        self.replaying = torch.ones((), dtype=torch.bool, device=own.device)  # a tensor: never folded away
+
+    def __getattr__(self, name):
+        return getattr(self.backbone, name)
+
+    def predict(self, hidden, rules, num_generated, path):
+        real = self.backbone.predict(hidden, rules, num_generated, path)
+        return torch.where(self.replaying, self.own.gather(1, num_generated.clamp(max=self.own.shape[1] - 1)), real)
+
+
+def own_continuation(continuation: torch.Tensor, agreement: float, length: int, vocab: int, seed: int = 0):
+    """What a model that agrees with the target on each next token with probability ``agreement`` (given the
+    target's tokens before it) would choose at each of ``length`` output indices: the target's continuation
+    with each token after the first replaced by another one with probability ``1 - agreement`` (and past its
+    end, other tokens)."""
+    batch, known = continuation.shape
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    own = (torch.arange(length)[None, :] * 7919 + 13).remainder(vocab).repeat(batch, 1).to(continuation.device)
+    known = min(known, length)
+    own[:, :known] = continuation[:, :known]
+    misses = torch.rand(batch, length, generator=gen) >= agreement
+    misses[:, 0] = False  # the first token is the target's own (the intermediate follows it from the start)
+    misses = misses.to(continuation.device)
+    return torch.where(misses & (torch.arange(length, device=own.device) < known), (own + 1) % vocab, own)
+
+
 class ReplayedRunner:
     """One captured (optionally compiled) round for a draft tree and batch size, reused by every timed call
     as ``generate`` reuses it: a call = the captured prefill (speech encoder, adapter and the prompt's pass as
