@@ -1,7 +1,9 @@
 """The bf16 near-tie rule itself: it accepts a divergence at a base near-tie and nothing else."""
 
+import pytest
 import torch
 
+from conftest import requires_transformers5
 from pipeline.bf16_ties import bf16_ulp, check_bf16_row
 
 
@@ -41,3 +43,30 @@ def test_a_divergence_past_the_base_scores_is_reported_unchecked_not_passed():
     H200: its rows and its scores do not line up), the row counts as left, not as a near-tie."""
     problem = check_bf16_row([3, 4, 5], [3, 4, 6], [scores_with(1, 0)] * 2)
     assert problem and "not checked" in problem
+
+
+@requires_transformers5
+@pytest.mark.parametrize("timestamps, seed", [(False, 2), (True, 1)])
+def test_the_benchmark_reads_the_base_scores_of_the_tokens_it_chose(tmp_path, timestamps, seed):
+    """The bf16 check compares each row with the base's scores at the same new token: with Whisper timestamps the
+    base's generate returns them inside its segments, window by window (here two windows of 30 s), and they must be
+    read there (with the timestamp options of the call being checked): each step's best score is the token the base
+    chose."""
+    from tiny_models import build_tiny_whisper, random_features
+    from tools.benchmark import base_step_scores
+    from transformers import WhisperForConditionalGeneration
+
+    folder = build_tiny_whisper(tmp_path, seed=seed, timestamps=1501 if timestamps else 0, timestamp_scale=0.7)
+    base = WhisperForConditionalGeneration.from_pretrained(folder).eval()
+    options = {"return_timestamps": True} if timestamps else {}
+    features = random_features(2, 0)
+    sequences = base.generate(input_features=features, max_new_tokens=20, **options)
+    result = base.generate(input_features=features, max_new_tokens=20, output_scores=True,
+                           return_dict_in_generate=True, **options)
+    scores = base_step_scores(result, 2)
+    for row, tokens in zip(scores, sequences.tolist()):
+        while tokens and tokens[-1] == base.generation_config.pad_token_id:  # a shorter row is padded
+            tokens.pop()
+        chosen = min(len(row), len(tokens))  # (the scores may also hold the EOS step, which the sequences leave out)
+        assert chosen >= 12
+        assert [int(step.argmax()) for step in row[:chosen]] == tokens[:chosen]

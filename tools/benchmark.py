@@ -271,18 +271,45 @@ def _bf16_divergences(timer: Timer, inputs: dict, expected_rows: list, got_rows:
     verifier may differ in half precision."""
     from pipeline.bf16_ties import check_bf16_row, first_divergence
 
-    kwargs = {k: v for k, v in inputs.items()}
-    scores = timer.model.base.generate(**kwargs, max_new_tokens=timer.max_new_tokens, output_scores=True,
-                                       return_dict_in_generate=True).scores
+    result = timer.model.base.generate(**inputs, **timer.generate_kwargs, max_new_tokens=timer.max_new_tokens,
+                                       output_scores=True, return_dict_in_generate=True)
+    scores = base_step_scores(result, len(expected_rows))
     eos = (timer.model.backbone.eos_token_ids or [None])[0]
     ended = lambda row: row + [eos] if len(row) < timer.max_new_tokens else row  # noqa: E731 (the EOS is a choice too)
     out = []
     for row, (expected, got) in enumerate(zip(expected_rows, got_rows)):
         expected, got = ended(expected), ended(got)
         if expected != got:
-            problem = check_bf16_row(expected, got, [step[row] for step in scores[:len(expected)]])
+            problem = check_bf16_row(expected, got, scores[row][:len(expected)])
             out.append({"row": row, "at_new_token": first_divergence(expected, got), "base_near_tie": problem is None,
                         "problem": problem})
+    return out
+
+
+def base_step_scores(result, rows: int) -> list[list]:
+    """Per row, the base's processed scores [V] at each of its new tokens, from its ``generate(output_scores=True,
+    return_dict_in_generate=True)``: the call's own ``scores``, or with Whisper timestamps (a dict of sequences and
+    segments) those its segments' windows kept (``segment_scores``)."""
+    if isinstance(result, dict) and "segments" in result:
+        return [segment_scores(segments) for segments in result["segments"]]
+    return [[step[row] for step in result.scores] for row in range(rows)]
+
+
+def segment_scores(segments: list[dict]) -> list:
+    """The scores at each token of a row's segments, in order, then at the EOS that ended the last window: a
+    segment's tokens are positions ``idxs`` of its window's output (``result``: sequences with the decoder prompt,
+    scores of the new tokens only)."""
+    out = []
+    for segment in segments:
+        result = segment["result"]
+        offset = result["sequences"].shape[-1] - len(result["scores"])
+        start, end = segment["idxs"]
+        out.extend(result["scores"][start - offset:end - offset])
+    if segments:
+        result, end = segments[-1]["result"], segments[-1]["idxs"][1]
+        offset = result["sequences"].shape[-1] - len(result["scores"])
+        if end - offset < len(result["scores"]):
+            out.append(result["scores"][end - offset])  # the step after the last kept token: EOS, or the next window's
     return out
 
 
