@@ -37,7 +37,7 @@ from tools.benchmark_gpu import DecodeBench, draft_trees
 from tools.benchmark_report import QUANTISED_SUMMARY_KEY, ratio, update_summary
 from tools.files import write_atomic, write_json_atomic
 from tools.hierarchical import ChainFromBuffer, HierarchicalStats, IntermediateRounds, run_hierarchical
-from tools.markdown import markdown_table
+from tools.markdown import markdown_table, number_cell
 from tools.meralion2_shaped import (SEED_PROFILE, SEED_TOP1, SHAPES, ReplayDrafter, ReplayedVerdicts, build_model,
                                     own_continuation, prefill, rank_profile)
 from tools.weight_only import PRECISIONS, QUANTISED, quantise_linears
@@ -187,21 +187,17 @@ def render_markdown(results: dict) -> str:
              "target's own greedy continuation.", ""]
     header = ["method", "draft", "agreement", "tokens / target pass", "intermediate rounds / pass", "loop tok/s",
               "call tok/s", "exact"]
-    rows = [[r["method"], r["draft"], r.get("agreement", ""), _fmt(r.get("tokens_per_round")),
-             _fmt(r.get("intermediate_rounds_per_target_pass")), _fmt(r.get("loop_tok_per_s"), 0),
-             _fmt(r.get("call_tok_per_s"), 0), r.get("exact", r.get("matches_our_greedy", ""))]
+    rows = [[r["method"], r["draft"], r.get("agreement", ""), number_cell(r.get("tokens_per_round")),
+             number_cell(r.get("intermediate_rounds_per_target_pass")), number_cell(r.get("loop_tok_per_s"), 0),
+             number_cell(r.get("call_tok_per_s"), 0), r.get("exact", r.get("matches_our_greedy", ""))]
             for r in results["decode"]]
     lines += [markdown_table(header, rows), "", "Best hierarchical configuration per agreement:", ""]
     header = ["agreement", "best", "tokens / target pass", "vs own greedy (loop)", "vs Medusa on the target (loop)",
               "vs Medusa on the target (call)"]
-    rows = [[a, c["best"], _fmt(c["tokens_per_target_pass"]), _fmt(c["vs_own_greedy_loop"], 2, "x"),
-             f"{_fmt(c['vs_medusa_on_target_loop'], 2, 'x')} ({c['medusa_on_target']})",
-             _fmt(c["vs_medusa_on_target_call"], 2, "x")] for a, c in results["comparison"].items()]
+    rows = [[a, c["best"], number_cell(c["tokens_per_target_pass"]), number_cell(c["vs_own_greedy_loop"], 2, "x"),
+             f"{number_cell(c['vs_medusa_on_target_loop'], 2, 'x')} ({c['medusa_on_target']})",
+             number_cell(c["vs_medusa_on_target_call"], 2, "x")] for a, c in results["comparison"].items()]
     return "\n".join(lines + [markdown_table(header, rows), ""])
-
-
-def _fmt(value, digits=2, suffix=""):
-    return "" if value is None else f"{value:.{digits}f}{suffix}"
 
 
 def parse_args(argv=None):

@@ -32,7 +32,7 @@ from draft_trees import expected_tokens_per_round
 from tools.benchmark_gpu import DecodeBench, draft_trees, graph_ms, measure_copy_bandwidth, verify_pass
 from tools.benchmark_report import QUANTISED_SUMMARY_KEY, ratio, update_summary
 from tools.files import write_atomic, write_json_atomic
-from tools.markdown import markdown_table
+from tools.markdown import markdown_table, number_cell
 from tools.meralion2_shaped import SEED_PROFILE, SEED_TOP1, SHAPES, build_model, make_prompt, rank_profile
 from tools.weight_only import PRECISIONS, QUANTISED, module_bytes, quantise_linears
 
@@ -151,8 +151,8 @@ def render_markdown(results: dict) -> str:
         greedy = next((d for d in r["decode"] if d.get("draft") == "none" and d.get("method") == "ours_greedy"), {})
         for d in r["decode"]:
             loop = d.get("loop_tok_per_s")
-            rows.append([r["precision"], d.get("method"), d.get("draft"), _fmt(d.get("tokens_per_round")), _fmt(loop, 0),
-                         _fmt(d.get("call_tok_per_s"), 0), _fmt(ratio(loop, greedy.get("loop_tok_per_s")), 2, "x"),
+            rows.append([r["precision"], d.get("method"), d.get("draft"), number_cell(d.get("tokens_per_round")), number_cell(loop, 0),
+                         number_cell(d.get("call_tok_per_s"), 0), number_cell(ratio(loop, greedy.get("loop_tok_per_s")), 2, "x"),
                          d.get("exact", d.get("matches_our_greedy")), _picked(r, d)])
     return "\n".join(lines + [markdown_table(header, rows), ""])
 
@@ -163,10 +163,6 @@ def _picked(result: dict, row: dict) -> str:
     marks = ["yes" if row.get("draft") == result["auto_pick"] else "",
              "(first pick)" if row.get("draft") == result.get("auto_first_pick") != result["auto_pick"] else ""]
     return " ".join(m for m in marks if m)
-
-
-def _fmt(value, digits=2, suffix=""):
-    return "" if value is None else f"{value:.{digits}f}{suffix}"
 
 
 def parse_args(argv=None):

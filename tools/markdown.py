@@ -15,3 +15,8 @@ def markdown_table(header: list, rows: list[list]) -> str:
 
 def _cell(value) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def number_cell(value, digits: int = 2, suffix: str = "") -> str:
+    """``value`` with ``digits`` decimals and ``suffix`` (e.g. "x"), or an empty cell for None."""
+    return "" if value is None else f"{value:.{digits}f}{suffix}"
