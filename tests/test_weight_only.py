@@ -74,3 +74,41 @@ def test_a_base_with_int8_weight_only_layers_is_decoded_exactly(tmp_path):
             accepted += stats["accepted_tokens"]
         model.drafter = None
     assert accepted > 0
+
+
+def test_a_gptq_w4a16_checkpoint_runs_on_the_int4_kernel_exactly(tmp_path):
+    """A compressed-tensors W4A16 base (loaded decompressed) gets int4 kernel layers holding the checkpoint's own
+    4-bit values and scales (its CPU port here): each layer multiplies like the decompressed one, and Medusa's ids
+    equal that int4 base's own greedy generate, chains and trees, with drafts accepted."""
+    import warnings
+
+    from modeling_medusa import MedusaForASR
+    from oracle import OracleDrafter
+    from tiny_models import build_tiny_w4a16_whisper, random_features
+    from tools.weight_only import Int4WeightOnlyLinear, repack_gptq_linears
+
+    folder = build_tiny_w4a16_whisper(tmp_path, seed=4, group_size=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (decompressed at load: said in a warning)
+        model = MedusaForASR.from_base(str(folder), medusa_num_heads=3)
+    fc1 = model.base.model.decoder.layers[0].fc1
+    x = torch.randn(5, fc1.in_features)
+    dense_out = fc1(x)
+    swapped = repack_gptq_linears(model.base, folder)
+    assert swapped == sum(1 for m in model.base.modules() if type(m) is Int4WeightOnlyLinear) > 10
+    assert type(model.base.proj_out) is torch.nn.Linear  # kept 16-bit by the recipe
+    # the same values but for the scales, which the kernels hold in bf16 (the checkpoint's are float32)
+    bound = (x.abs() @ fc1.weight.abs().T) * 2.0**-8 + 1e-5
+    assert ((model.base.model.decoder.layers[0].fc1(x) - dense_out).abs() <= bound).all()
+    accepted = 0
+    for case in range(3):
+        inputs = {"input_features": random_features(1 + case % 2, case), "max_new_tokens": 16}
+        expected = model.generate(**inputs, use_medusa=False)
+        model.drafter = OracleDrafter(model, model.collect_hidden_states(**inputs), model.backbone.vocab_size,
+                                      0.3, seed=case)
+        for draft in ("chain", [[0], [1], [0, 0], [0, 1], [0, 0, 0]]):
+            got, stats = model.generate(**inputs, draft=draft, return_stats=True)
+            assert torch.equal(got, expected)
+            accepted += stats["accepted_tokens"]
+        model.drafter = None
+    assert accepted > 0

@@ -444,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (results.json, results.md, the plot)")
     parser.add_argument("--merge-summary", action="append", default=[], metavar="SUMMARY_JSON",
                         help="only merge these summary lists (rows measured elsewhere) into --summary, and exit")
+    parser.add_argument("--int4-kernel", action="store_true",
+                        help="with a W4A16 GPTQ --base (pipeline.quantise): its layers on PyTorch's int4 kernel (tinygemm "
+                             "on CUDA, its CPU port on the CPU), scales in bf16, instead of dense decompressed weights")
     parser.add_argument("--quantised-summary", default=None, metavar="SUMMARY_JSON",
                         help="also add this run's row to a quantised-verifier summary (benchmarks/quantised/summary.json)")
     parser.add_argument("--summary", default=None,
@@ -480,7 +483,7 @@ def _main(args, argv=None) -> int:
     environment = environment_info(device, dtype, torch.get_num_threads())
 
     started = time.perf_counter()
-    model, base, declared_base = load_model(folder, device, dtype, args.base)
+    model, base, declared_base = load_model(folder, device, dtype, args.base, args.int4_kernel)
     if args.max_new_tokens is None:
         args.max_new_tokens = model.default_max_new_tokens
     load_seconds = time.perf_counter() - started
@@ -531,6 +534,8 @@ def _check_options(args) -> None:
         raise BenchmarkError("--batch-size must be >= 1")
     if args.limit is not None and args.limit < 1:
         raise BenchmarkError("--limit must be >= 1")
+    if args.int4_kernel and not args.base:
+        raise BenchmarkError("--int4-kernel needs --base: a W4A16 GPTQ folder (python -m pipeline.quantise)")
 
 
 def _resolve_device(name: str) -> str:
@@ -562,7 +567,7 @@ def _run_settings(args, model, clips: int, prompt_options: dict) -> dict:
             **prompt_options,
             "threads": args.threads, "cuda_graph": args.cuda_graph, "compile": args.compile,
             "timestamps": args.timestamps,
-            **base_precision(args.base, args.dtype)}
+            **base_precision(args.base, args.dtype, args.int4_kernel, str(runtime.model_device(model)))}
 
 
 def _add_summary_rows(results: dict, args, argv, results_json: str) -> None:

@@ -132,20 +132,23 @@ def _hub_artifact(name: str) -> Path:
                              f"({err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''})") from err
 
 
-def base_precision(base_folder: str | None, dtype_name: str) -> dict:
-    """What the verifier's weights are and what multiplies them: a ``pipeline.quantise`` base says its
-    recipe in ``quantise_info.json``; it loads decompressed (``modeling_medusa``), so its matmuls are dense."""
+def base_precision(base_folder: str | None, dtype_name: str, int4_kernel: bool = False, device: str = "cpu") -> dict:
+    """What the verifier's weights are and what multiplies them: a ``pipeline.quantise`` base says its recipe in
+    ``quantise_info.json``; it loads decompressed (``modeling_medusa``), so its matmuls are dense unless its layers
+    were put on the int4 kernel (``int4_kernel``: ``tools.weight_only.repack_gptq_linears``)."""
     info = Path(base_folder) / "quantise_info.json" if base_folder else None
     if info is not None and info.is_file():
         recipe = json.loads(info.read_text())["recipe"]
-        return {"precision": f"{recipe['scheme'].lower()}-gptq",
-                "kernel": "dense matmul on the 4-bit weights decompressed at load (no 4-bit kernel here)"}
+        kernel = (f"aten._weight_int4pack_mm{'' if device.startswith('cuda') else '_for_cpu'} on the checkpoint's "
+                  "4-bit values (scales in bf16)" if int4_kernel else
+                  "dense matmul on the 4-bit weights decompressed at load (no 4-bit kernel here)")
+        return {"precision": f"{recipe['scheme'].lower()}-gptq", "kernel": kernel}
     return {"precision": PRECISION_NAMES[dtype_name], "kernel": "dense"}
 
 
-def load_model(folder: Path, device: str, dtype, base_folder: str | None = None):
+def load_model(folder: Path, device: str, dtype, base_folder: str | None = None, int4_kernel: bool = False):
     """(model, the base used, the base the artifact names); ``base_folder``: another base, e.g. a quantised copy
-    of the declared one."""
+    of the declared one; ``int4_kernel``: that base's W4A16 layers on the int4 kernel of ``device``."""
     declared, _ = runtime.declared_base(folder)
     try:
         override = runtime.base_to_load(folder, base_folder)
@@ -157,6 +160,11 @@ def load_model(folder: Path, device: str, dtype, base_folder: str | None = None)
     except (OSError, ValueError) as err:
         raise BenchmarkError(f"could not load {folder}: {' '.join(str(err).split())}") from err
     model.to(device)
+    if int4_kernel:
+        from tools.weight_only import repack_gptq_linears
+
+        if not repack_gptq_linears(model.base, base_folder):
+            raise BenchmarkError(f"--int4-kernel: {base_folder} has no W4A16 GPTQ layers (pipeline.quantise makes them)")
     return model, base, declared
 
 

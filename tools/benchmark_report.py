@@ -496,7 +496,7 @@ def merge_summaries(sources: list[Path], into: Path) -> int:
     return count
 
 
-QUANTISED_SUMMARY_KEY = ("model", "precision", "device", "gpu", "batch", "requested_draft", "rounds_mode")
+QUANTISED_SUMMARY_KEY = ("model", "precision", "kernel", "device", "gpu", "batch", "requested_draft", "rounds_mode")
 
 
 def quantised_row(results: dict, command: str) -> dict:

@@ -16,36 +16,104 @@ import torch.nn as nn
 from medusa_heads import replace_linears
 
 INT4_GROUP = 128  # the seed's W4A16 recipe (llm-compressor GPTQ, group 128)
-INT4_INNER_K_TILES = 8  # tinygemm's layout: K must be a multiple of 16 x this
+INT4_INNER_K_TILES = (8, 4, 2)  # tinygemm's layouts, the widest that fits: K must be a multiple of 16 x this
 PRECISIONS = ("bf16", "int8", "int4")
 
 
 class Int4WeightOnlyLinear(nn.Module):
-    """y = x W^T (+ b) with W held as 4-bit values in groups of ``INT4_GROUP`` along K, each group with its
-    own scale and zero point (asymmetric min-max rounding: W ~= lo + q * scale, q in 0..15)."""
+    """y = x W^T (+ b) with W held as 4-bit values in groups of ``group`` along K, each group with its own scale
+    and zero point, W = (q - 8) * scale + zero with q in 0..15, multiplied packed by PyTorch's int4 kernel for the
+    device the layer is built on: tinygemm on CUDA, its CPU port on the CPU (scales and zeros in bf16 for both).
+    From a dense layer: asymmetric min-max rounding; ``from_groups``: given values (a GPTQ checkpoint's)."""
 
     kernel = "aten._weight_int4pack_mm (tinygemm), group 128"
 
     def __init__(self, linear: nn.Linear, group: int = INT4_GROUP):
         super().__init__()
-        out_features, in_features = linear.weight.shape
-        if in_features % (16 * INT4_INNER_K_TILES) or out_features % 8 or in_features % group:
-            raise ValueError(f"int4 tinygemm needs in_features % 128 == 0 and out_features % 8 == 0; "
-                             f"got {in_features} -> {out_features}")
-        self.in_features, self.out_features, self.group = in_features, out_features, group
         q, scale, lo = _int4_quantise(linear.weight.detach(), group)
-        packed = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
-        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack(packed, INT4_INNER_K_TILES))
-        zero = lo + scale * 8  # tinygemm dequantises as (q - 8) * scale + zero
+        self._set_groups(q, scale, lo + scale * 8, linear.bias, group)
+
+    @classmethod
+    def from_groups(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias, group: int):
+        """q [N, K] int in 0..15, scale and zero [N, K / group], on the device the layer is for."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer._set_groups(q, scale, zero, bias, group)
+        return layer
+
+    def _set_groups(self, q, scale, zero, bias, group):
+        out_features, in_features = q.shape
+        tiles = next((t for t in INT4_INNER_K_TILES if in_features % (16 * t) == 0), None)
+        if tiles is None or out_features % 8 or in_features % group or group not in (32, 64, 128, 256):
+            raise ValueError(f"the int4 kernel needs in_features % 32 == 0, out_features % 8 == 0 and groups of "
+                             f"32/64/128/256; got {in_features} -> {out_features}, groups of {group}")
+        self.in_features, self.out_features, self.group = in_features, out_features, group
+        self.on_cuda = q.is_cuda
+        if self.on_cuda:
+            packed = torch.ops.aten._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), tiles)
+        else:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), tiles)
+        self.register_buffer("packed", packed)
         scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [K / group, N, 2]
         self.register_buffer("scales_and_zeros", scales_and_zeros.to(torch.bfloat16))
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     def forward(self, x):
-        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        out = torch.ops.aten._weight_int4pack_mm(flat, self.packed, self.group, self.scales_and_zeros)
+        if x.is_cuda != self.on_cuda:
+            raise RuntimeError("an int4 layer's packing is for the device it was built on: build it again there")
+        flat = x.reshape(-1, self.in_features)
+        if self.on_cuda:
+            out = torch.ops.aten._weight_int4pack_mm(flat.to(torch.bfloat16), self.packed, self.group,
+                                                     self.scales_and_zeros)
+        else:  # (the CPU kernel takes float32 activations as they are)
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group,
+                                                             self.scales_and_zeros.to(flat.dtype))
         out = out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         return out if self.bias is None else out + self.bias
+
+
+def repack_gptq_linears(model: nn.Module, checkpoint) -> int:
+    """The layers of a compressed-tensors W4A16 checkpoint (symmetric 4-bit groups, as llm-compressor's GPTQ
+    writes), loaded decompressed (dense W = v * scale per group, v in -8..7), swapped in place for int4 kernel
+    layers holding the same values: the scales from the checkpoint's files, the 4-bit values from the dense weights,
+    checked exact (a layer that is not is left dense). Built for the device the weights are on. Returns how many
+    layers were swapped."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    scales = {}
+    for path in sorted(Path(checkpoint).glob("*.safetensors")):
+        with safe_open(str(path), "pt") as handle:
+            for key in handle.keys():
+                if key.endswith(".weight_scale"):
+                    scales[key[: -len(".weight_scale")]] = handle.get_tensor(key)
+    swapped = 0
+    for name, scale in scales.items():
+        module = _submodule(model, name)
+        if type(module) is not nn.Linear:
+            continue
+        weight = module.weight.detach().float()
+        rows, columns = weight.shape
+        scale = scale.float().reshape(rows, -1).to(weight.device)
+        group = columns // scale.shape[1]
+        grouped = weight.reshape(rows, -1, group)
+        values = (grouped / torch.where(scale == 0, 1.0, scale)[..., None]).round()
+        if values.min() < -8 or values.max() > 7 or not torch.equal(values * scale[..., None], grouped):
+            continue
+        parent_name, _, child = name.rpartition(".")
+        layer = Int4WeightOnlyLinear.from_groups((values + 8).reshape(rows, columns).to(torch.int32), scale,
+                                                 torch.zeros_like(scale), module.bias, group)
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
+        swapped += 1
+    return swapped
+
+
+def _submodule(model: nn.Module, name: str):
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
 
 
 def _int4_quantise(weight: torch.Tensor, group: int):
