@@ -24,22 +24,22 @@ def decode_pair(target_model, intermediate_model, features, max_new, gamma, tree
     """The target's tokens per row through ``run_hierarchical`` (``replay``: the intermediate's choices)."""
     from medusa_fast import CapturedRounds
     from draft_trees import DraftTree
-    from tools.hierarchical import ChainFromBuffer, HierarchicalStats, IntermediateRounds, run_hierarchical
+    from tools.hierarchical import (ChainFromBuffer, HierarchicalStats, IntermediateRounds, run_hierarchical,
+                                    slots_past_max_new)
     from tools.meralion2_shaped import ReplayedVerdicts
 
     target_backbone, intermediate_backbone = target_model.backbone, intermediate_model.backbone
     target_rules = target_backbone.make_logits_processor(min_new)
     intermediate_rules = intermediate_backbone.make_logits_processor(min_new)
-    ahead = gamma + tree.depth + 2  # the most tokens the intermediate runs past the target
-    target_state, _, _ = target_backbone.prefill(features, max_new, 2 * (gamma + 1), target_rules)
-    intermediate_state, _, _ = intermediate_backbone.prefill(features, max_new, ahead + 2 * tree.num_nodes,
-                                                             intermediate_rules)
+    target_extra, intermediate_extra = slots_past_max_new(gamma, tree)
+    target_state, _, _ = target_backbone.prefill(features, max_new, target_extra, target_rules)
+    intermediate_state, _, _ = intermediate_backbone.prefill(features, max_new, intermediate_extra, intermediate_rules)
     batch = target_state.next_token.shape[0]
     target = CapturedRounds(target_backbone, ChainFromBuffer(batch, gamma, "cpu"), target_rules, target_state,
                             DraftTree.chain(gamma), use_graph=False)
     verdicts = intermediate_backbone if replay is None else ReplayedVerdicts(intermediate_backbone, replay)
     intermediate = IntermediateRounds(verdicts, intermediate_model.make_drafter(tree, "cpu"), intermediate_rules,
-                                      intermediate_state, tree, max_new + ahead, use_graph=False)
+                                      intermediate_state, tree, max_new + intermediate_extra, use_graph=False)
     stats = HierarchicalStats()
     out = run_hierarchical(target, intermediate, target_state.next_token.tolist(), max_new,
                            target_backbone.eos_token_ids, stats)
@@ -52,7 +52,7 @@ def assert_equals_generate(out, expected, pad):
         assert all(t == pad for t in row[len(tokens):])  # a row that stopped at EOS is padded by generate
 
 
-@pytest.mark.parametrize("batch, gamma, tree", [(1, 2, "chain"), (2, 4, "tree"), (2, 3, "chain")])
+@pytest.mark.parametrize("batch, gamma, tree", [(1, 2, "chain"), (2, 4, "tree"), (2, 7, "chain")])
 @pytest.mark.parametrize("stop_at_eos", [False, True])
 def test_the_output_is_the_targets_greedy_whatever_the_intermediate(models, batch, gamma, tree, stop_at_eos):
     from draft_trees import DraftTree

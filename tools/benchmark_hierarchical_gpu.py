@@ -36,7 +36,8 @@ from medusa_heads import MedusaDrafter
 from tools.benchmark_gpu import DecodeBench, draft_trees
 from tools.benchmark_report import QUANTISED_SUMMARY_KEY, ratio, update_summary
 from tools.files import write_atomic, write_json_atomic
-from tools.hierarchical import ChainFromBuffer, HierarchicalStats, IntermediateRounds, run_hierarchical
+from tools.hierarchical import (ChainFromBuffer, HierarchicalStats, IntermediateRounds, run_hierarchical,
+                                slots_past_max_new)
 from tools.markdown import markdown_table, number_cell
 from tools.meralion2_shaped import (SEED_PROFILE, SEED_TOP1, SHAPES, ReplayDrafter, ReplayedVerdicts, build_model,
                                     own_continuation, prefill, rank_profile)
@@ -51,10 +52,10 @@ class HierarchicalRunner:
     def __init__(self, target, intermediate, inputs, continuation, profile, tree, gamma, max_new, compile):
         self.target_backbone, self.intermediate_backbone = target, intermediate
         self.tree, self.gamma, self.max_new = tree, gamma, max_new
-        self.ahead = gamma + tree.depth + 2  # the most tokens the intermediate runs past the target
+        self.extra_slots = slots_past_max_new(gamma, tree)
         self.pool, self.calls = CachePool(), CapturedCalls()  # both models' caches and captured prefills
         self.continuation = continuation
-        self.own = own_continuation(continuation, 1.0, max_new + self.ahead + 1, target.vocab_size)
+        self.own = own_continuation(continuation, 1.0, max_new + self.extra_slots[1] + 1, target.vocab_size)
         (target_state, target_rules), (intermediate_state, intermediate_rules) = self._prefill(inputs)
         replay = ReplayDrafter(intermediate, self.own, profile, seed=1)
         start = time.perf_counter()
@@ -62,7 +63,7 @@ class HierarchicalRunner:
                                      target_state, DraftTree.chain(gamma), compile=compile)
         self.intermediate = IntermediateRounds(ReplayedVerdicts(intermediate, self.own),
                                                MedusaDrafter(tree, continuation.device, replay), intermediate_rules,
-                                               intermediate_state, tree, max_new + self.ahead, compile=compile,
+                                               intermediate_state, tree, max_new + self.extra_slots[1], compile=compile,
                                                num_generated=replay.num_generated)
         torch.cuda.synchronize()
         self.setup_seconds = time.perf_counter() - start
@@ -73,10 +74,9 @@ class HierarchicalRunner:
 
     def _prefill(self, inputs):
         """(state, rules) of the target, then of the intermediate, each in its cache of the pool."""
-        return (prefill(self.target_backbone, inputs, self.max_new, 2 * (self.gamma + 1), min_new=self.max_new,
-                        cache_pool=self.pool, capture=self.calls),
-                prefill(self.intermediate_backbone, inputs, self.max_new, self.ahead + 2 * self.tree.num_nodes,
-                        min_new=self.max_new, cache_pool=self.pool, capture=self.calls))
+        return tuple(prefill(backbone, inputs, self.max_new, extra, min_new=self.max_new, cache_pool=self.pool,
+                             capture=self.calls)
+                     for backbone, extra in zip((self.target_backbone, self.intermediate_backbone), self.extra_slots))
 
     @property
     def prefill_captured(self) -> bool:

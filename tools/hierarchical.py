@@ -21,6 +21,14 @@ from medusa_decoding import MedusaStats, finished, record_round
 from medusa_fast import CapturedRounds
 
 
+def slots_past_max_new(gamma: int, tree) -> tuple[int, int]:
+    """Cache slots past the prompt and ``max_new_tokens`` that the (target, intermediate) may write, which are also
+    the output indices the intermediate may reach past ``max_new_tokens``: the target's last pass may overshoot by
+    ``gamma`` tokens and writes ``gamma`` + 1; the intermediate runs up to ``gamma`` + depth + 1 tokens past the
+    target, then writes a whole tree."""
+    return 2 * gamma + 2, 2 * gamma + tree.depth + tree.num_nodes + 2
+
+
 class ChainFromBuffer:
     """The target's drafter: the root (the target's own last token) and the ``gamma`` tokens the intermediate
     emitted after it, copied into ``tokens`` before each target pass."""
