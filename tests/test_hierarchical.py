@@ -71,6 +71,15 @@ def test_the_output_is_the_targets_greedy_whatever_the_intermediate(models, batc
             assert stats.intermediate_rounds >= stats.rounds
 
 
+def test_models_of_two_vocabularies_are_refused(models, tmp_path):
+    from draft_trees import DraftTree
+    from modeling_medusa import MedusaForASR
+
+    other = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path, seed=1, timestamps=1501)), medusa_num_heads=3)
+    with pytest.raises(ValueError, match="one vocabulary: target 120 tokens, intermediate 1618"):
+        decode_pair(models[3], other, {"input_features": random_features(1, 0)}, 8, 2, DraftTree.chain(3), 8)
+
+
 @pytest.mark.parametrize("agreement", [1.0, 0.0])
 def test_replayed_agreement_sets_what_the_target_accepts(models, agreement):
     """The benchmark's intermediate with random weights: its choices replayed from the target's continuation

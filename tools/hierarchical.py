@@ -100,13 +100,13 @@ class HierarchicalStats(MedusaStats):
                 "intermediate_rounds_per_target_pass": self.intermediate_rounds / rounds}
 
 
-def check_pair(target_backbone, intermediate_backbone, target_state: DecodeState, intermediate_state: DecodeState):
+def check_pair(target: CapturedRounds, intermediate: CapturedRounds):
     """The two models must share a vocabulary and the per-row rules' history must be empty (the intermediate
     rewinds its cache and counts, not a rules history)."""
-    if target_backbone.vocab_size != intermediate_backbone.vocab_size:
-        raise ValueError(f"hierarchical decoding needs one vocabulary: target {target_backbone.vocab_size} tokens, "
-                         f"intermediate {intermediate_backbone.vocab_size}")
-    if target_state.history or intermediate_state.history:
+    if target.backbone.vocab_size != intermediate.backbone.vocab_size:
+        raise ValueError(f"hierarchical decoding needs one vocabulary: target {target.backbone.vocab_size} tokens, "
+                         f"intermediate {intermediate.backbone.vocab_size}")
+    if target.state.history or intermediate.state.history:
         raise ValueError("hierarchical decoding supports logits rules without a per-row history "
                          "(e.g. not Whisper's timestamp rules)")
 
@@ -117,6 +117,7 @@ def run_hierarchical(target: CapturedRounds, intermediate: IntermediateRounds, f
     ``ChainFromBuffer``): the intermediate runs rounds until every live row has emitted ``gamma`` + 1 tokens past
     the target's, so the ``gamma`` it sends are all in its cache; one target pass verifies them as a chain; the
     intermediate follows. Returns the target's greedy tokens per row, as ``run_rounds`` does."""
+    check_pair(target, intermediate)
     stats = stats if stats is not None else HierarchicalStats()
     gamma = target.tree.depth
     eos = set(int(e) for e in eos_token_ids)
