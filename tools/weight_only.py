@@ -93,13 +93,15 @@ def repack_gptq_linears(model: nn.Module, checkpoint) -> int:
         module = _submodule(model, name)
         if type(module) is not nn.Linear:
             continue
-        weight = module.weight.detach().float()
+        weight = module.weight.detach()
         rows, columns = weight.shape
         scale = scale.float().reshape(rows, -1).to(weight.device)
         group = columns // scale.shape[1]
-        grouped = weight.reshape(rows, -1, group)
+        grouped = weight.float().reshape(rows, -1, group)
         values = (grouped / torch.where(scale == 0, 1.0, scale)[..., None]).round()
-        if values.min() < -8 or values.max() > 7 or not torch.equal(values * scale[..., None], grouped):
+        # the values and scales must give back the loaded weights, in the dtype they were loaded in
+        if values.min() < -8 or values.max() > 7 or \
+                not torch.equal((values * scale[..., None]).to(weight.dtype), weight.reshape(rows, -1, group)):
             continue
         parent_name, _, child = name.rpartition(".")
         layer = Int4WeightOnlyLinear.from_groups((values + 8).reshape(rows, columns).to(torch.int32), scale,
