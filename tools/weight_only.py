@@ -91,7 +91,7 @@ def repack_gptq_linears(model: nn.Module, checkpoint) -> int:
     swapped = 0
     for name, scale in scales.items():
         module = _submodule(model, name)
-        if type(module) is not nn.Linear:
+        if not isinstance(module, nn.Linear) or not is_dense_weight(module):
             continue
         weight = module.weight.detach()
         rows, columns = weight.shape
@@ -99,9 +99,10 @@ def repack_gptq_linears(model: nn.Module, checkpoint) -> int:
         group = columns // scale.shape[1]
         grouped = weight.float().reshape(rows, -1, group)
         values = (grouped / torch.where(scale == 0, 1.0, scale)[..., None]).round()
-        # the values and scales must give back the loaded weights, in the dtype they were loaded in
-        if values.min() < -8 or values.max() > 7 or \
-                not torch.equal((values * scale[..., None]).to(weight.dtype), weight.reshape(rows, -1, group)):
+        # the values and scales must give back the loaded weights, up to the rounding of the dtype they were
+        # loaded in (a bf16 load rounds value x scale, however the library computed it)
+        if values.min() < -8 or values.max() > 7 or not torch.allclose(
+                values * scale[..., None], grouped, rtol=torch.finfo(weight.dtype).eps, atol=0.0):
             continue
         parent_name, _, child = name.rpartition(".")
         layer = Int4WeightOnlyLinear.from_groups((values + 8).reshape(rows, columns).to(torch.int32), scale,
@@ -109,6 +110,13 @@ def repack_gptq_linears(model: nn.Module, checkpoint) -> int:
         setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
         swapped += 1
     return swapped
+
+
+def is_dense_weight(module: nn.Module) -> bool:
+    """A (decompressed) floating-point ``weight`` of the layer's full shape."""
+    weight = getattr(module, "weight", None)
+    return isinstance(weight, torch.Tensor) and weight.is_floating_point() and \
+        tuple(weight.shape) == (module.out_features, module.in_features)
 
 
 def _submodule(model: nn.Module, name: str):
