@@ -52,20 +52,16 @@ def test_int4_layer_multiplies_its_packed_weights_like_their_dequantised_copy():
     assert torch.allclose(layer(x).float(), x.float() @ dequantised.T, atol=0.05, rtol=0.02)
 
 
-def test_a_base_with_int8_weight_only_layers_is_decoded_exactly(tmp_path):
-    """The decode loop calls the base's own (here int8 weight-only) layers: Medusa's ids equal that quantised base's
-    own greedy generate, float32 on the CPU, chains and trees, with drafts accepted."""
-    from modeling_medusa import MedusaForASR
+def assert_medusa_equals_the_base(model, cases: int):
+    """Medusa's ids equal the (quantised) base's own greedy generate on ``cases`` random inputs, chains and a tree,
+    with drafts from the base's own continuation, some of them wrong, and some accepted."""
     from oracle import OracleDrafter
-    from tiny_models import build_tiny_whisper, random_features
+    from tiny_models import random_features
 
-    model = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path / "w", seed=4)), medusa_num_heads=3)
-    assert quantise_linears(model.base.model.decoder, "int8") > 0  # widths 32 / 64: multiples of 16
     accepted = 0
-    for case in range(4):
+    for case in range(cases):
         inputs = {"input_features": random_features(1 + case % 2, case), "max_new_tokens": 16}
         expected = model.generate(**inputs, use_medusa=False)
-        # drafts from the quantised base's own continuation, some of them wrong
         model.drafter = OracleDrafter(model, model.collect_hidden_states(**inputs), model.backbone.vocab_size,
                                       0.3, seed=case)
         for draft in ("chain", [[0], [1], [0, 0], [0, 1], [0, 0, 0]]):
@@ -76,6 +72,17 @@ def test_a_base_with_int8_weight_only_layers_is_decoded_exactly(tmp_path):
     assert accepted > 0
 
 
+def test_a_base_with_int8_weight_only_layers_is_decoded_exactly(tmp_path):
+    """The decode loop calls the base's own (here int8 weight-only) layers: Medusa's ids equal that quantised base's
+    own greedy generate, float32 on the CPU, chains and trees, with drafts accepted."""
+    from modeling_medusa import MedusaForASR
+    from tiny_models import build_tiny_whisper
+
+    model = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path / "w", seed=4)), medusa_num_heads=3)
+    assert quantise_linears(model.base.model.decoder, "int8") > 0  # widths 32 / 64: multiples of 16
+    assert_medusa_equals_the_base(model, cases=4)
+
+
 def test_a_gptq_w4a16_checkpoint_runs_on_the_int4_kernel_exactly(tmp_path):
     """A compressed-tensors W4A16 base (loaded decompressed) gets int4 kernel layers holding the checkpoint's own
     4-bit values and scales (its CPU port here): each layer multiplies like the decompressed one, and Medusa's ids
@@ -83,8 +90,7 @@ def test_a_gptq_w4a16_checkpoint_runs_on_the_int4_kernel_exactly(tmp_path):
     import warnings
 
     from modeling_medusa import MedusaForASR
-    from oracle import OracleDrafter
-    from tiny_models import build_tiny_w4a16_whisper, random_features
+    from tiny_models import build_tiny_w4a16_whisper
     from tools.weight_only import Int4WeightOnlyLinear, repack_gptq_linears
 
     folder = build_tiny_w4a16_whisper(tmp_path, seed=4, group_size=32)
@@ -100,15 +106,4 @@ def test_a_gptq_w4a16_checkpoint_runs_on_the_int4_kernel_exactly(tmp_path):
     # the same values but for the scales, which the kernels hold in bf16 (the checkpoint's are float32)
     bound = (x.abs() @ fc1.weight.abs().T) * 2.0**-8 + 1e-5
     assert ((model.base.model.decoder.layers[0].fc1(x) - dense_out).abs() <= bound).all()
-    accepted = 0
-    for case in range(3):
-        inputs = {"input_features": random_features(1 + case % 2, case), "max_new_tokens": 16}
-        expected = model.generate(**inputs, use_medusa=False)
-        model.drafter = OracleDrafter(model, model.collect_hidden_states(**inputs), model.backbone.vocab_size,
-                                      0.3, seed=case)
-        for draft in ("chain", [[0], [1], [0, 0], [0, 1], [0, 0, 0]]):
-            got, stats = model.generate(**inputs, draft=draft, return_stats=True)
-            assert torch.equal(got, expected)
-            accepted += stats["accepted_tokens"]
-        model.drafter = None
-    assert accepted > 0
+    assert_medusa_equals_the_base(model, cases=3)
