@@ -368,8 +368,7 @@ class MedusaForASR(PreTrainedModel):
         def decode(plan: WindowPlan):
             return self._decode(plan, draft, cuda_graph, compile, stats, timer)
 
-        captured = self.backbone.base.device.type == "cuda" and cuda_graph is not False
-        sequences = self._each_window(kwargs, max_new_tokens, min_new_tokens, decode, captured)
+        sequences = self._each_window(kwargs, max_new_tokens, min_new_tokens, decode, self._replays_graphs(cuda_graph))
         return (sequences, {**stats.as_dict(), **timer.laps}) if return_stats else sequences
 
     def _each_window(self, kwargs: dict, max_new_tokens, min_new_tokens, decode, captured: bool = False):
@@ -388,7 +387,7 @@ class MedusaForASR(PreTrainedModel):
     def _decode(self, plan: WindowPlan, draft, cuda_graph, compile: bool, stats: MedusaStats, timer):
         """Prefill and Medusa rounds for one batch (a direct call, or one window of the base's generate);
         returns (tokens generated per row, the prompt)."""
-        on_cuda = self.backbone.base.device.type == "cuda"
+        on_cuda, graphs = self.backbone.base.device.type == "cuda", self._replays_graphs(cuda_graph)
         captured = on_cuda if cuda_graph is None else bool(cuda_graph)  # off CUDA: fixed shapes, no capture
         fixed_shape = captured or compile
         if fixed_shape:
@@ -396,11 +395,11 @@ class MedusaForASR(PreTrainedModel):
         candidates = self.draft_policy.candidates(draft)
         slack = self.draft_policy.cache_slack(candidates)
         pool = self.round_cache.pool if fixed_shape else None
-        capture = self.round_cache.calls if captured and on_cuda else None
+        capture = self.round_cache.calls if graphs else None
         state, max_new, prompt = self.backbone.prefill(plan.inputs, plan.max_new_tokens, slack, plan.rules,
                                                        cache_pool=pool, capture=capture)
         timer.lap("prefill_seconds")
-        tree = self._choose_draft(candidates, state, plan.rules, captured and on_cuda, compile)
+        tree = self._choose_draft(candidates, state, plan.rules, graphs, compile)
         window = MedusaStats(draft=tree.name)
         rounds = self._rounds(state, tree, plan.rules, compile, captured, fixed_shape)
         timer.lap("setup_seconds")  # choosing the draft (timed once per shape) and loading the rounds
@@ -410,6 +409,10 @@ class MedusaForASR(PreTrainedModel):
             self.draft_policy.observe(tree, window)
         stats.add(window)
         return generated, prompt
+
+    def _replays_graphs(self, cuda_graph) -> bool:
+        """Whether this call replays CUDA graphs: on a CUDA base, unless ``cuda_graph=False``."""
+        return self.backbone.base.device.type == "cuda" and cuda_graph is not False
 
     def _captured_calls(self, fuse: bool):
         """The round cache's captured calls, after dropping every capture made with weights since replaced; with

@@ -299,17 +299,15 @@ def segment_scores(segments: list[dict]) -> list:
     """The scores at each token of a row's segments, in order, then at the EOS that ended the last window: a
     segment's tokens are positions ``idxs`` of its window's output (``result``: sequences with the decoder prompt,
     scores of the new tokens only)."""
-    out = []
+    out, scores, after = [], [], 0
     for segment in segments:
-        result = segment["result"]
-        offset = result["sequences"].shape[-1] - len(result["scores"])
+        scores = segment["result"]["scores"]
+        offset = segment["result"]["sequences"].shape[-1] - len(scores)  # the window's decoder prompt
         start, end = segment["idxs"]
-        out.extend(result["scores"][start - offset:end - offset])
-    if segments:
-        result, end = segments[-1]["result"], segments[-1]["idxs"][1]
-        offset = result["sequences"].shape[-1] - len(result["scores"])
-        if end - offset < len(result["scores"]):
-            out.append(result["scores"][end - offset])  # the step after the last kept token: EOS, or the next window's
+        out.extend(scores[start - offset:end - offset])
+        after = end - offset
+    if after < len(scores):
+        out.append(scores[after])  # the step after the last kept token: EOS, or the next window's
     return out
 
 

@@ -68,9 +68,6 @@ def verify_cost_table(model, backbone, sizes, compile_sizes, report):
     embeds = backbone.prompt_embeddings(inputs["input_ids"], inputs["input_features"])
     from transformers import DynamicCache
 
-    def ours_pass(n):
-        return verify_pass(backbone, inputs, n)
-
     for n in sizes:
         row = {"tokens": n}
         ids = torch.randint(2, 200000, (1, n), device=device)
@@ -82,14 +79,14 @@ def verify_cost_table(model, backbone, sizes, compile_sizes, report):
             cache.crop(-n)
 
         row["hf_eager_ms"] = time_cuda(hf_eager, repeats=15)
-        ours = ours_pass(n)
+        ours = verify_pass(backbone, inputs, n)
         row["ours_eager_ms"] = time_cuda(ours, repeats=15)
         row["ours_graph_ms"] = graph_ms(ours)
         rows.append(row)
         report(rows)
     if backbone.fuse_projections():
         for row in rows:
-            ours = ours_pass(row["tokens"])
+            ours = verify_pass(backbone, inputs, row["tokens"])
             row["fused_graph_ms"] = graph_ms(ours)
             if row["tokens"] in compile_sizes:
                 row.update(compiled_graph_ms(ours, "fused_compiled_graph_ms"))

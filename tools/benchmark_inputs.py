@@ -139,9 +139,10 @@ def base_precision(base_folder: str | None, dtype_name: str, int4_kernel: bool =
     info = Path(base_folder) / "quantise_info.json" if base_folder else None
     if info is not None and info.is_file():
         recipe = json.loads(info.read_text())["recipe"]
-        kernel = (f"aten._weight_int4pack_mm{'' if device.startswith('cuda') else '_for_cpu'} on the checkpoint's "
-                  "4-bit values (scales in bf16)" if int4_kernel else
-                  "dense matmul on the 4-bit weights decompressed at load (no 4-bit kernel here)")
+        kernel = "dense matmul on the 4-bit weights decompressed at load (no 4-bit kernel here)"
+        if int4_kernel:
+            op = "_weight_int4pack_mm" if device.startswith("cuda") else "_weight_int4pack_mm_for_cpu"
+            kernel = f"aten.{op} on the checkpoint's 4-bit values (scales in bf16)"
         return {"precision": f"{recipe['scheme'].lower()}-gptq", "kernel": kernel}
     return {"precision": PRECISION_NAMES[dtype_name], "kernel": "dense"}
 
