@@ -25,19 +25,24 @@ GPU_ROW_MULTIPLE = 64  # a GPU projection's rows are padded to this multiple whe
 
 class DerivedCopy:
     """``derive(*tensors)`` kept until any of the tensors is replaced or changed in place (a transposed,
-    padded or int8 copy of a weight)."""
+    padded or int8 copy of a weight). A tensor made under ``torch.inference_mode`` has no version counter:
+    only its replacement is seen."""
 
     def __init__(self, derive):
         self.derive, self.value, self._source = derive, None, None
 
     def __call__(self, *tensors):
-        source = tuple(None if t is None else (t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
+        source = tuple(None if t is None else (t.data_ptr(), _version(t), t.dtype, t.device) for t in tensors)
         if self._source != source:
             self.value, self._source = self.derive(*tensors), source
         return self.value
 
     def clear(self):
         self.value, self._source = None, None
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    return None if tensor.is_inference() else tensor._version
 
 
 class Projection:

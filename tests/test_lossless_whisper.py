@@ -445,3 +445,24 @@ def test_captured_calls_copy_inputs_clone_outputs_and_run_eagerly_what_cannot_be
     with pytest.warns(UserWarning, match="runs eagerly"):
         assert calls(("synced",), double, torch.ones(2))[1].tolist() == [2.0, 2.0]
     assert calls(("synced",), double, torch.zeros(2))[0].tolist() == [0.0, 0.0]  # eagerly, no second try
+
+
+def test_generate_under_inference_mode_equals_the_base_greedy(tmp_path_factory):
+    """Users often call generate inside ``torch.inference_mode``: the derived copies the drafter and the
+    projection keep (int8 rows on a CPU, a gathered draft vocabulary) are then inference tensors, which have
+    no version counter."""
+    from configuration_medusa import MedusaConfig
+    from modeling_medusa import MedusaForASR
+
+    fresh = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path_factory.mktemp("inference"), seed=5)),
+                                   medusa_num_heads=4)
+    config = MedusaConfig(**{**fresh.config.to_dict(), "head_kind": "path", "speech_attention": True})
+    model = MedusaForASR(config, base=fresh.base, processor=fresh.processor).eval()
+    model.set_draft_vocab(list(range(0, 120, 3)))
+    randomize_heads(model, 2, std=0.2)
+    features = random_features(2, 11)
+    expected = model.generate(input_features=features, max_new_tokens=12, use_medusa=False)
+    for draft in ("chain", "tree"):
+        with torch.inference_mode():
+            got = model.generate(input_features=features, max_new_tokens=12, draft=draft)
+        assert torch.equal(expected, got), draft
