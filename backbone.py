@@ -4,6 +4,8 @@ device-laid-out output projection (plus the few-query speech attention) the adap
 from __future__ import annotations
 
 import contextlib
+import statistics
+import time
 
 import torch
 
@@ -133,7 +135,8 @@ class ScreenedArgmax:
         shape, vocab = hidden.shape[:-1], weight.shape[0]
         h = hidden.reshape(-1, hidden.shape[-1]).float()
         x = h.to(torch.bfloat16)
-        screened = torch.nn.functional.linear(x, low)  # [R, blocks * width] (padding rows score 0)
+        # [R, blocks * width] (padding rows score 0)
+        screened = few_rows_product(x, low) if x.shape[0] <= CPU_FEW_ROWS else torch.nn.functional.linear(x, low)
         screened[:, vocab:] = float("-inf")
         if bias is not None:
             screened[:, :vocab] += bias.to(screened.dtype)
@@ -264,27 +267,71 @@ def pad_rows(weight: torch.Tensor, bias: torch.Tensor | None, multiple: int) -> 
     return padded, padded_bias
 
 
-CPU_FEW_ROWS = 8  # rows of a decoder chunk that ``linear`` multiplies through MKL's kernel for a few columns
+class FastestForm:
+    """Forms of one product that compute the same dot products (equal up to float rounding), and the one this
+    machine runs fastest: timed on first use for each key (the operands' shapes and dtypes), the choice kept for
+    the process. Which wins depends on the CPU, so it is measured, not assumed: for a few float32 rows through
+    tiny.en's fc1, ``W @ x.T`` beat ``F.linear`` on a 2-core AMD EPYC (one row 114 us against 214, five rows 153
+    against 302; weights not in cache), while on a 2-core Intel Xeon with AMX ``F.linear`` wins up to three rows
+    (one row 45 us against 86) and ``W @ x.T`` from 9 to 16 (85 against 124)."""
+
+    def __init__(self, **forms):
+        self.forms = forms
+        self.chosen: dict = {}
+
+    def __call__(self, key, *operands):
+        name = self.chosen.get(key)
+        if name is None:
+            name = self.chosen[key] = self._fastest(operands)
+        return self.forms[name](*operands)
+
+    def _fastest(self, operands) -> str:
+        seconds = {name: [] for name in self.forms}
+        for _ in range(FORM_TIMING_TURNS):  # in turn, so drift falls on every form alike
+            for name, form in self.forms.items():
+                start = time.perf_counter()
+                form(*operands)
+                seconds[name].append(time.perf_counter() - start)
+        return min(seconds, key=lambda name: statistics.median(seconds[name][1:]))  # (the first turn warms up)
+
+
+FORM_TIMING_TURNS = 7
+
+
+def _rows_product(x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+def _columns_product(x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+    """``x @ weight.T + bias`` as ``weight @ x.T`` with at least two columns (one row is doubled), contiguous."""
+    rows = x.shape[0]
+    columns = (x if rows > 1 else torch.cat([x, x])).T
+    out = torch.mm(weight, columns) if bias is None else torch.addmm(bias[:, None], weight, columns)
+    return out[:, :rows].T.contiguous()  # (strided, it sent the attention's next product to a slow kernel)
+
+
+FEW_ROWS_PRODUCT = FastestForm(rows=_rows_product, columns=_columns_product)
+CPU_FEW_ROWS = 16  # rows of a product on a CPU that ``FEW_ROWS_PRODUCT`` times its forms for
+
+
+def few_rows_product(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for x [R, in] with R <= ``CPU_FEW_ROWS`` on a CPU, in the form this machine
+    runs fastest for these shapes (``FastestForm``)."""
+    key = (tuple(weight.shape), weight.dtype, x.shape[0], bias is not None)
+    return FEW_ROWS_PRODUCT(key, x, weight, bias)
 
 
 def linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` for the base's ``nn.Linear`` layers in a decode chunk. On a CPU, a few float32 rows through a
-    layer at least as wide out as in are multiplied as ``W @ x.T`` with at least two columns (one row is
-    doubled): MKL's kernel for that is much faster here than the ones ``F.linear`` picks for a few rows
-    (2-core development CPU, weights not in cache, us per call: tiny.en's fc1 one row 214 -> 114, five rows
-    302 -> 153; its 384 x 384 projections five rows 82 -> 51; base's fc1 one row 337 -> 210). The same dot
-    products: equal to ``F.linear`` up to float rounding."""
+    """``module(x)`` for the base's ``nn.Linear`` layers in a decode chunk: on a CPU, a few float32 rows go
+    through ``few_rows_product``."""
     weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
     rows = x.numel() // x.shape[-1]
     if (x.device.type != "cpu" or x.dtype != torch.float32 or rows > CPU_FEW_ROWS or type(module) is not torch.nn.Linear
-            or not is_dense(weight) or weight.dtype != torch.float32 or weight.shape[0] < weight.shape[1]
+            or not is_dense(weight) or weight.dtype != torch.float32
             or module._forward_hooks or module._forward_pre_hooks or torch.is_grad_enabled()
             or torch.compiler.is_compiling()):
         return module(x)
-    flat = x.reshape(rows, x.shape[-1])
-    columns = (flat if rows > 1 else torch.cat([flat, flat])).T
-    out = torch.mm(weight, columns) if bias is None else torch.addmm(bias[:, None], weight, columns)
-    return out[:, :rows].T.reshape(*x.shape[:-1], weight.shape[0])
+    return few_rows_product(x.reshape(rows, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
 def attend_memory(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None = None):

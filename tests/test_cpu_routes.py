@@ -121,15 +121,45 @@ def test_only_rules_that_block_tokens_are_screened():
         assert not ScreenedArgmax.applies(hidden, weight, LogitsRules())
 
 
-def test_linear_for_a_few_rows_equals_the_layer():
+@pytest.mark.parametrize("form", ["rows", "columns"])
+def test_linear_for_a_few_rows_equals_the_layer_in_either_form(form, monkeypatch):
+    from backbone import CPU_FEW_ROWS, FastestForm, FEW_ROWS_PRODUCT
+
+    # every key takes this form, as if it had been timed fastest
+    monkeypatch.setattr(FEW_ROWS_PRODUCT, "chosen", {}, raising=False)
+    monkeypatch.setattr(FastestForm, "_fastest", lambda self, operands: form)
     torch.manual_seed(2)
     for out_features, in_features, bias in ((384, 384, True), (1536, 384, True), (384, 1536, False), (64, 8, False)):
         layer = torch.nn.Linear(in_features, out_features, bias=bias)
-        for shape in ((1, 1), (1, 5), (2, 3), (1, 9)):  # (batch, chunk): one row, a chain, a batch, past the route
+        # (batch, chunk): one row, a chain, a batch, a 16-node tree, past the route
+        for shape in ((1, 1), (1, 5), (2, 3), (1, CPU_FEW_ROWS), (1, CPU_FEW_ROWS + 1)):
             x = torch.randn(*shape, in_features)
             with torch.no_grad():
                 got = linear(layer, x)
-            assert got.shape == (*shape, out_features)
+            assert got.shape == (*shape, out_features) and got.is_contiguous()
             assert torch.allclose(got, layer(x), rtol=1e-5, atol=1e-5)
+    assert set(FEW_ROWS_PRODUCT.chosen.values()) == {form}
     with torch.enable_grad():  # training keeps the layer's own forward (and its gradient)
         assert linear(layer, torch.randn(1, 2, 8)).requires_grad
+
+
+def test_fastest_form_times_each_key_once_and_keeps_the_faster():
+    import time
+
+    from backbone import FastestForm
+
+    calls = {"slow": 0, "fast": 0}
+
+    def form(name, pause):
+        def run(x):
+            calls[name] += 1
+            time.sleep(pause)
+            return (name, x)
+        return run
+
+    chooser = FastestForm(slow=form("slow", 0.004), fast=form("fast", 0.0))
+    assert chooser("key", 1) == ("fast", 1)
+    timed = dict(calls)
+    assert timed["slow"] >= 3 and timed["fast"] >= 3  # both were timed, in turn
+    assert chooser("key", 2) == ("fast", 2) and calls == {"slow": timed["slow"], "fast": timed["fast"] + 1}
+    assert chooser.chosen == {"key": "fast"}
