@@ -188,6 +188,18 @@ def test_gpu_summary_rows_come_from_the_results_files(tmp_path):
     assert has_table_row(report.render_markdown(results), "32", "tree-32")
 
 
+def test_a_gpu_batching_run_keeps_the_rows_it_does_not_measure_again():
+    """Batch sizes measured in parts (each within a device call's limit): a run of batch 64 compiled keeps batch
+    16's rows and batch 64's graph rows, and replaces batch 64's compiled rows and the library's batch-64 rows."""
+    from tools.benchmark_gpu import rows_not_measured_again
+
+    rows = [{"batch": 16, "method": "ours", "rounds_mode": "compiled"}, {"batch": 16, "method": "hf_static"},
+            {"batch": 64, "method": "ours", "rounds_mode": "graph"}, {"batch": 64, "method": "ours", "rounds_mode": "compiled"},
+            {"batch": 64, "method": "hf_static"}]
+    assert rows_not_measured_again(rows, {64}, {64}) == rows[:3]
+    assert rows_not_measured_again(rows, {64}, set()) == [rows[0], rows[1], rows[3]]
+
+
 def test_draft_option_takes_the_named_drafts_and_sized_trees():
     import argparse
 

@@ -359,6 +359,17 @@ def parse_args(argv=None):
     return args
 
 
+def rows_not_measured_again(rows: list[dict], batches: set, compile_batches: set) -> list[dict]:
+    """Earlier batching rows a run keeps: other batch sizes, and its own sizes' rows in the other rounds mode (so
+    batch sizes can be measured in parts, each within a device call's time limit)."""
+    def measured_again(row):
+        if row["batch"] not in batches:
+            return False
+        mode = "compiled" if row["batch"] in compile_batches else "graph"
+        return row.get("rounds_mode", mode) == mode  # (the library's rows have no mode: measured again)
+    return [row for row in rows if not measured_again(row)]
+
+
 def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -389,13 +400,13 @@ def main(argv=None):
     command = shlex.join(["python", "-m", "tools.benchmark_gpu", *(sys.argv[1:] if argv is None else argv)])
     print({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, flush=True)
 
-    def section(name):
+    def section(name, kept=()):
         result.setdefault("commands", {})[name] = command
-        result[name] = []
+        result[name] = list(kept)
 
         def write(rows):
             print(rows[-1], flush=True)
-            result[name] = list(rows)
+            result[name] = list(kept) + [{**row, "command": row.get("command", command)} for row in rows]
             write_json_atomic(path, result)  # a run cut short keeps every finished row
         return write
 
@@ -418,7 +429,8 @@ def main(argv=None):
             drafts = args.batch_drafts.split(",")
             by_batch = {b: [d for d in drafts if not d.startswith("tree-") or b * int(d[5:]) <= args.max_verify_tokens]
                         for b in ints(args.batches)}
-            bench.start_section(section("batching"))
+            kept = rows_not_measured_again(result.get("batching", []), set(by_batch), compile_batches)
+            bench.start_section(section("batching", kept))
             batching_table(bench, profiles[SEED_PROFILE], by_batch, args.batch_new_tokens, compile_batches)
     write_json_atomic(path, result)
     table = report_gpu.render_markdown(result)

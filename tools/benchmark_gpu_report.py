@@ -19,7 +19,7 @@ VERIFY_METHODS = {"hf_eager_ms": "hf_eager", "ours_eager_ms": "ours_eager", "our
                   "fused_graph_ms": "ours_fused_graph", "fused_compiled_graph_ms": "ours_fused_compiled_graph"}
 DECODE_FIELDS = ("shape", "profile", "batch", "method", "draft", "rounds_mode", "new_tokens", "call_tok_per_s",
                  "loop_tok_per_s", "outside_rounds_ms", "time_to_first_token_ms", "tokens_per_round", "exact",
-                 "matches_our_greedy", "peak_memory_allocated_GB")
+                 "matches_our_greedy", "peak_memory_allocated_GB", "command")
 
 
 def read_results(path: Path) -> dict:
