@@ -475,6 +475,22 @@ def test_demo_reports_speed_up(tmp_path, capsys, monkeypatch):
     assert len(model.batches) == 2  # timed plain + timed Medusa; warm-ups use few tokens
 
 
+def test_transformers_generate_notices_are_kept_only_with_verbose(tmp_path, capsys):
+    """The base's generate logs the same deprecation notices on every call (the demo printed five): the command
+    keeps transformers' errors only, unless --verbose."""
+    import transformers
+
+    before = transformers.logging.get_verbosity()
+    clip = write_wav(tmp_path / "clip.wav", seconds=2.0)
+    try:
+        for argv, verbosity in (([clip], transformers.logging.ERROR), ([clip, "--verbose"], transformers.logging.WARNING)):
+            transformers.logging.set_verbosity_warning()
+            code, _, _, _ = run(argv, capsys=capsys)
+            assert code == 0 and transformers.logging.get_verbosity() == verbosity
+    finally:
+        transformers.logging.set_verbosity(before)
+
+
 @pytest.mark.skipif(shutil.which("flite") is None, reason="flite is not installed")
 def test_default_clip_is_synthesised_once_into_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MEDUSA_ASR_CACHE", str(tmp_path / "cache"))

@@ -486,10 +486,7 @@ def _main(args, argv=None) -> int:
         args.max_new_tokens = model.default_max_new_tokens
     load_seconds = time.perf_counter() - started
     rss_after_load = peak_rss_bytes()
-    if not args.verbose:  # the base's generate logs the same notices on every call; they would bury the tables
-        import transformers
-
-        transformers.logging.set_verbosity_error()
+    runtime.quiet_generate_notices(args.verbose)
     prompt_options = {k: getattr(args, k) for k in PROMPT_OPTIONS if getattr(args, k)}
     try:
         clips = load_clips(model, rows, progress=not args.quiet, prompt_options=prompt_options)

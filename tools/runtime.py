@@ -28,6 +28,16 @@ def add_device_options(parser, *, device: str = "auto", dtype: str = "auto", thr
                         help=f"torch CPU threads (default: {default_threads})")
 
 
+def quiet_generate_notices(verbose: bool) -> None:
+    """Unless ``verbose``, keep only transformers' errors: the base's own ``generate`` logs the same deprecation
+    notices on every call (a converted Whisper's ``forced_decoder_ids``, ``max_new_tokens`` beside ``max_length``),
+    which would bury a command's output."""
+    if not verbose:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+
+
 def dtype_name(name: str) -> str:
     """A ``--dtype`` value as its canonical name (``bf16`` -> ``bfloat16``), or ``auto``."""
     import argparse

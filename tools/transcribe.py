@@ -135,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="MERaLiON-2: seconds of audio per window (default 30, as its model card advises for "
                         "ASR; at most 300). Whisper always takes the whole file (its own 30 s long-form windows)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--verbose", action="store_true", help="keep transformers' per-call generate notices")
     return parser
 
 
@@ -733,6 +734,7 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
     if problem:
         log(f"error: {problem}")
         return EXIT_USER_ERROR
+    runtime.quiet_generate_notices(args.verbose)
     model_name = args.model or default_model_path()
     started = time.perf_counter()
     try:
