@@ -677,3 +677,13 @@ class TimestampRules(LogitsRules):
         rows = torch.arange(best.shape[0], device=best.device)
         return {"before_root": path.tokens[rows, best], "last_timestamp": self._last_timestamps(path)[rows, best]}
 
+    def hint_drafts(self, chunk, history):
+        """After a timestamp that closes a segment the rules allow only a timestamp no lower, or EOS; Whisper mostly
+        opens the next segment at the same time, so that timestamp is drafted (the heads never draft timestamps:
+        one more round per segment otherwise)."""
+        root, before = chunk[:, 0], history["before_root"]
+        closes = (root >= self.timestamp_begin) & (before >= 0) & (before < self.timestamp_begin)
+        hinted = chunk.clone()
+        hinted[:, 1] = torch.where(closes, root, chunk[:, 1])
+        return hinted
+

@@ -73,6 +73,11 @@ class LogitsRules:
         """The history after the round that accepted the path to ``best`` [B]."""
         return path.history
 
+    def hint_drafts(self, chunk: torch.Tensor, history: dict) -> torch.Tensor:
+        """The drafted chunk [B, N] with node 1 (the root's first child) replaced in the rows where these rules
+        know the next token better than the heads; here none. Only a draft: verification decides."""
+        return chunk
+
 
 class ChainedRules(LogitsRules):
     """Rules applied in order, as the base applies its list of processors."""
@@ -108,6 +113,11 @@ class ChainedRules(LogitsRules):
 
     def advance(self, path, best) -> dict:
         return {name: value for rule in self.rules for name, value in rule.advance(path, best).items()}
+
+    def hint_drafts(self, chunk, history):
+        for rule in self.rules:
+            chunk = rule.hint_drafts(chunk, history)
+        return chunk
 
 
 class SuppressionRules(LogitsRules):

@@ -127,6 +127,8 @@ def verify_round(backbone, drafter, process_logits, state: DecodeState, tree: Dr
     slots, accept the longest prefix equal to the base's argmax and compact its K/V in the cache.
     ``drafter(state) -> chunk [B, N]`` (None: no drafts). Host-sync free."""
     chunk = drafter(state) if drafter is not None else state.next_token[:, None]
+    if drafter is not None and tree.paths[0] == (0,):
+        chunk = process_logits.hint_drafts(chunk, state.history)
     hidden = backbone.decode(state, chunk, tt.depths, tt.ancestors, upto)
     path = ChunkPath(chunk, tt, state.history, num_generated[:, None] + tt.depths[None, :])
     predicted = backbone.predict(hidden, process_logits, path.num_generated, path)

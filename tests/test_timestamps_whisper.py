@@ -112,6 +112,23 @@ def test_first_token_rules_equal_the_base_processor():
         assert torch.equal(got[:, 0], base(prompt, logits[:, 0].clone()))
 
 
+def test_after_a_closing_timestamp_the_same_timestamp_is_drafted_first():
+    """The rules allow only a timestamp no lower, or EOS, after a timestamp that follows text: node 1 drafts that
+    timestamp again (Whisper's usual next segment start). Elsewhere the heads' drafts stay: after text, after a
+    timestamp that opens a segment, and at the first token (no token before the root)."""
+    from backbone_whisper import TimestampRules
+    from logits_rules import ChainedRules, SuppressionRules
+
+    rules = ChainedRules(SuppressionRules(VOCAB, "cpu", eos_token_ids=[EOS]),
+                         TimestampRules(base_processor(None, True, 1), VOCAB, "cpu"))
+    t1, t2 = TIMESTAMP_BEGIN + 3, TIMESTAMP_BEGIN + 7
+    chunk = torch.tensor([[t2, 5, 6], [t2, 5, 6], [7, 5, 6], [t1, 5, 6]])  # roots, then the heads' drafts
+    history = {"before_root": torch.tensor([9, t1, 9, -1]), "last_timestamp": torch.tensor([t1, t1, t1, -1])}
+    hinted = rules.hint_drafts(chunk, history)
+    assert hinted.tolist() == [[t2, t2, 6], [t2, 5, 6], [7, 5, 6], [t1, 5, 6]]
+    assert chunk[0, 1] == 5  # (the drafted chunk itself is left as it was)
+
+
 # --------------------------------------------------------------------------- generate == the base's generate
 
 
