@@ -135,8 +135,7 @@ class ScreenedArgmax:
         shape, vocab = hidden.shape[:-1], weight.shape[0]
         h = hidden.reshape(-1, hidden.shape[-1]).float()
         x = h.to(torch.bfloat16)
-        # [R, blocks * width] (padding rows score 0)
-        screened = few_rows_product(x, low) if x.shape[0] <= CPU_FEW_ROWS else torch.nn.functional.linear(x, low)
+        screened = cpu_linear(x, low)  # [R, blocks * width] (padding rows score 0)
         screened[:, vocab:] = float("-inf")
         if bias is not None:
             screened[:, :vocab] += bias.to(screened.dtype)
@@ -314,24 +313,26 @@ FEW_ROWS_PRODUCT = FastestForm(rows=_rows_product, columns=_columns_product)
 CPU_FEW_ROWS = 16  # rows of a product on a CPU that ``FEW_ROWS_PRODUCT`` times its forms for
 
 
-def few_rows_product(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for x [R, in] with R <= ``CPU_FEW_ROWS`` on a CPU, in the form this machine
+def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for x [R, in] on a CPU: up to ``CPU_FEW_ROWS`` rows in the form this machine
     runs fastest for these shapes (``FastestForm``)."""
+    if x.shape[0] > CPU_FEW_ROWS:
+        return torch.nn.functional.linear(x, weight, bias)
     key = (tuple(weight.shape), weight.dtype, x.shape[0], bias is not None)
     return FEW_ROWS_PRODUCT(key, x, weight, bias)
 
 
 def linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``module(x)`` for the base's ``nn.Linear`` layers in a decode chunk: on a CPU, a few float32 rows go
-    through ``few_rows_product``."""
+    """``module(x)`` for the base's ``nn.Linear`` layers in a decode chunk: on a CPU, float32 rows go through
+    ``cpu_linear``."""
     weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
     rows = x.numel() // x.shape[-1]
-    if (x.device.type != "cpu" or x.dtype != torch.float32 or rows > CPU_FEW_ROWS or type(module) is not torch.nn.Linear
+    if (x.device.type != "cpu" or x.dtype != torch.float32 or type(module) is not torch.nn.Linear
             or not is_dense(weight) or weight.dtype != torch.float32
             or module._forward_hooks or module._forward_pre_hooks or torch.is_grad_enabled()
             or torch.compiler.is_compiling()):
         return module(x)
-    return few_rows_product(x.reshape(rows, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+    return cpu_linear(x.reshape(rows, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
 def attend_memory(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None = None):

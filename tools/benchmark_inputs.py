@@ -141,8 +141,9 @@ def base_precision(base_folder: str | None, dtype_name: str, int4_kernel: bool =
         recipe = json.loads(info.read_text())["recipe"]
         kernel = "dense matmul on the 4-bit weights decompressed at load (no 4-bit kernel here)"
         if int4_kernel:
-            op = "_weight_int4pack_mm" if device.startswith("cuda") else "_weight_int4pack_mm_for_cpu"
-            kernel = f"aten.{op} on the checkpoint's 4-bit values (scales in bf16)"
+            from tools.weight_only import int4_op
+
+            kernel = f"aten.{int4_op(device.startswith('cuda'))} on the checkpoint's 4-bit values (scales in bf16)"
         return {"precision": f"{recipe['scheme'].lower()}-gptq", "kernel": kernel}
     return {"precision": PRECISION_NAMES[dtype_name], "kernel": "dense"}
 

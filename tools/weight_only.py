@@ -20,6 +20,11 @@ INT4_INNER_K_TILES = (8, 4, 2)  # tinygemm's layouts, the widest that fits: K mu
 PRECISIONS = ("bf16", "int8", "int4")
 
 
+def int4_op(on_cuda: bool) -> str:
+    """The aten op ``Int4WeightOnlyLinear`` multiplies with on that device."""
+    return "_weight_int4pack_mm" if on_cuda else "_weight_int4pack_mm_for_cpu"
+
+
 class Int4WeightOnlyLinear(nn.Module):
     """y = x W^T (+ b) with W held as 4-bit values in groups of ``group`` along K, each group with its own scale
     and zero point, W = (q - 8) * scale + zero with q in 0..15, multiplied packed by PyTorch's int4 kernel for the
@@ -62,12 +67,11 @@ class Int4WeightOnlyLinear(nn.Module):
         if x.is_cuda != self.on_cuda:
             raise RuntimeError("an int4 layer's packing is for the device it was built on: build it again there")
         flat = x.reshape(-1, self.in_features)
+        multiply = getattr(torch.ops.aten, int4_op(self.on_cuda))
         if self.on_cuda:
-            out = torch.ops.aten._weight_int4pack_mm(flat.to(torch.bfloat16), self.packed, self.group,
-                                                     self.scales_and_zeros)
+            out = multiply(flat.to(torch.bfloat16), self.packed, self.group, self.scales_and_zeros)
         else:  # (the CPU kernel takes float32 activations as they are)
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group,
-                                                             self.scales_and_zeros.to(flat.dtype))
+            out = multiply(flat, self.packed, self.group, self.scales_and_zeros.to(flat.dtype))
         out = out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         return out if self.bias is None else out + self.bias
 
