@@ -1,5 +1,5 @@
 """Timestamped Medusa with and without drafting the timestamp that opens the next segment (``hint_drafts``), on
-windows of several segments: the eval recordings of one source joined with 0.3 s gaps up to 29.5 s. The base's
+windows of several segments: the eval recordings of one source joined with 0.3 s gaps up to 29.5 s of speech. The base's
 own timestamped ``generate`` gives the reference ids; the two variants run interleaved, 3 repeats, medians.
 Writes one JSON file with the command.
 
@@ -14,17 +14,16 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, ".")
 import backbone_whisper  # noqa: E402
+from pipeline.quantise import GAP_SECONDS, pack_clips, window_audio  # noqa: E402
 from tools import runtime  # noqa: E402
-from tools.audio_io import load_audio  # noqa: E402
 from tools.files import write_json_atomic  # noqa: E402
 
 SOURCES = ("sonnet", "librivox", "librispeech")  # id prefixes of the eval manifest with several utterances
-GAP_SECONDS, WINDOW_SECONDS, RATE = 0.3, 29.5, 16000
+WINDOW_SECONDS, RATE = 29.5, 16000
 HINT = backbone_whisper.TimestampRules.hint_drafts
 
 
@@ -33,17 +32,13 @@ def no_hint(self, chunk, history):
 
 
 def windows(manifest: Path) -> dict:
+    """Per source, its first recordings joined into one window (``pipeline.quantise``'s packing: 0.3 s gaps)."""
     rows = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
     joined = {}
     for source in SOURCES:
-        pieces, seconds = [], 0.0
-        for row in (r for r in rows if r["id"].startswith(source)):
-            audio = load_audio(manifest.parent / row["audio"], RATE)
-            if seconds + len(audio) / RATE > WINDOW_SECONDS:
-                break
-            pieces += [audio, np.zeros(int(GAP_SECONDS * RATE), np.float32)]
-            seconds += len(audio) / RATE + GAP_SECONDS
-        joined[source] = (seconds, np.concatenate(pieces))
+        clips = [{**row, "audio": str(manifest.parent / row["audio"])} for row in rows if row["id"].startswith(source)]
+        window = pack_clips(clips, WINDOW_SECONDS)[0]
+        joined[source] = (sum(c["duration"] for c in window) + GAP_SECONDS * (len(window) - 1), window_audio(window)[0])
     return joined
 
 
