@@ -126,9 +126,7 @@ def verify_round(backbone, drafter, process_logits, state: DecodeState, tree: Dr
     """Draft from the state, run ONE decoder pass over [last token + drafts] attending to ``upto`` cache
     slots, accept the longest prefix equal to the base's argmax and compact its K/V in the cache.
     ``drafter(state) -> chunk [B, N]`` (None: no drafts). Host-sync free."""
-    chunk = drafter(state) if drafter is not None else state.next_token[:, None]
-    if drafter is not None and tree.paths[0] == (0,):
-        chunk = process_logits.hint_drafts(chunk, state.history)
+    chunk = state.next_token[:, None] if drafter is None else process_logits.hint_drafts(drafter(state), state.history)
     hidden = backbone.decode(state, chunk, tt.depths, tt.ancestors, upto)
     path = ChunkPath(chunk, tt, state.history, num_generated[:, None] + tt.depths[None, :])
     predicted = backbone.predict(hidden, process_logits, path.num_generated, path)
