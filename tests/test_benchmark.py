@@ -125,8 +125,8 @@ def test_language_and_task_reach_every_input_and_bad_ones_give_clear_errors(tiny
 
 
 def test_a_finished_run_exits_0_and_adds_its_summary_rows(tiny_medusa, tmp_path, capsys):
-    """The whole command on a manifest of real files: results written, both summary lists get this run's row
-    (pointing at its results.json), exit status 0."""
+    """The whole command on a manifest of real files: results written with the command that made them, both
+    summary lists get this run's row (pointing at its results.json, the same command), exit status 0."""
     import numpy as np
     import soundfile as sf
 
@@ -141,9 +141,10 @@ def test_a_finished_run_exits_0_and_adds_its_summary_rows(tiny_medusa, tmp_path,
     assert "# Medusa vs baseline" in capsys.readouterr().out
     results = json.loads((out / "results.json").read_text())
     assert results["summary"]["exact_match_rate"] == 1.0 and results["settings"]["clips"] == 1
+    assert results["settings"]["command"].startswith("python -m tools.benchmark --audio")
     for path in (summary, quantised):
         [row] = json.loads(path.read_text())
-        assert row["clips"] == 1 and row["command"].startswith("python -m tools.benchmark --audio")
+        assert row["clips"] == 1 and row["command"] == results["settings"]["command"]
     assert json.loads(summary.read_text())[0]["results"] == "out/results.json"
 
 

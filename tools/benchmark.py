@@ -496,12 +496,12 @@ def _main(args, argv=None) -> int:
     environment["load_average_at_end"] = load_average()
     settings = {"model": str(args.model), "model_folder": str(folder), "base_model": base,
                 "base_model_declared": declared_base, **_run_settings(args, model, len(clips), prompt_options),
-                "model_load_s": load_seconds, "timing": TIMING}
+                "model_load_s": load_seconds, "timing": TIMING, "command": benchmark_command(argv)}
     results = {"schema_version": SCHEMA_VERSION, "environment": environment, "settings": settings, **results}
     results["memory"] = memory_info(results.pop("cuda_peak_bytes"), model.device, rss_after_load)
     add_notes(results, args.threads, getattr(model, "max_audio_seconds", None))
     written = write_outputs(results, Path(args.out), plot=not args.no_plot)
-    _add_summary_rows(results, args, argv, written["json"])
+    _add_summary_rows(results, args, settings["command"], written["json"])
     print(render_markdown(results), end="")
     print(f"\nWrote {written['json']} and {written['markdown']}; plot: {written.get('plot', 'disabled')}",
           file=sys.stderr)
@@ -565,9 +565,13 @@ def _run_settings(args, model, clips: int, prompt_options: dict) -> dict:
             **base_precision(args.base, args.dtype, args.int4_kernel, str(runtime.model_device(model)))}
 
 
-def _add_summary_rows(results: dict, args, argv, results_json: str) -> None:
+def benchmark_command(argv: list[str] | None) -> str:
+    """The command line of this run, as written into results.json and the summary rows."""
+    return "python -m tools.benchmark " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+
+
+def _add_summary_rows(results: dict, args, command: str, results_json: str) -> None:
     """This run's row in the summary lists it was asked to add to (--summary, --quantised-summary)."""
-    command = "python -m tools.benchmark " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     for summary_path, make_row, key in ((args.summary, summary_row, SUMMARY_KEY),
                                         (args.quantised_summary, quantised_row, QUANTISED_SUMMARY_KEY)):
         if summary_path:
