@@ -16,7 +16,7 @@ import os
 import sys
 
 from pipeline.collect import run_cli
-from tools.files import write_atomic, write_json_atomic
+from tools.files import command_line, write_atomic, write_json_atomic
 from tools.markdown import markdown_table
 
 # name -> pipeline.train options; "medusa" is the recipe the committed heads were trained with
@@ -101,7 +101,7 @@ def main(argv=None) -> dict:
             print(f"[compare] {name} failed: {err}", file=sys.stderr)
             continue
         rows.append(comparison_row(name, metrics))
-        write_json_atomic(os.path.join(args.out, "comparison.json"), {"command": "python -m pipeline.compare_heads " + " ".join(sys.argv[1:] if argv is None else argv), "rows": rows})
+        write_json_atomic(os.path.join(args.out, "comparison.json"), {"command": command_line("pipeline.compare_heads", argv), "rows": rows})
     eval_names = [os.path.basename(os.path.normpath(d)) for d in args.eval_data]
     write_atomic(os.path.join(args.out, "comparison.md"), render(rows, eval_names))
     print(render(rows, eval_names))

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from pipeline.collect import run_cli
-from tools.files import staged_folder
+from tools.files import command_line, staged_folder
 
 RECIPE = {"scheme": "W4A16", "targets": "Linear", "ignore": ["proj_out"]}
 # GPTQ and calibration options; the defaults are the best measured on the 28 real recordings (README: none of
@@ -148,7 +148,7 @@ def quantise(base: str, out: Path, manifest: Path, samples: int = DEFAULTS["samp
                             "seconds_of_audio": round(sum(c.get("duration", 0.0) for c in clips), 1)},
             "gptq_seconds": round(seconds, 1), "llmcompressor": llmcompressor.__version__,
             "transformers": transformers.__version__, "torch": torch.__version__,
-            "command": " ".join(["python -m pipeline.quantise", *sys.argv[1:]])}
+            "command": command_line("pipeline.quantise")}
     with staged_folder(out) as staged:
         model.save_pretrained(staged, save_compressed=True)
         processor.save_pretrained(staged)

@@ -130,3 +130,11 @@ def test_to_model_moves_tensors_and_casts_only_floating_ones():
     assert str(runtime.model_device(object())) == "cpu"
     runtime.synchronize(Model())  # nothing to wait for on the CPU
     runtime.synchronize("cpu")
+
+
+def test_command_line_quotes_arguments_so_the_recorded_command_reruns(monkeypatch):
+    assert files.command_line("tools.benchmark", ["--audio", "my clips/manifest.jsonl"]) == (
+        "python -m tools.benchmark --audio 'my clips/manifest.jsonl'")
+    assert files.command_line("benchmarks/x/ab.py", []) == "python benchmarks/x/ab.py"
+    monkeypatch.setattr(sys, "argv", ["prog", "--out", "a b"])
+    assert files.command_line("tools.profile_rounds") == "python -m tools.profile_rounds --out 'a b'"

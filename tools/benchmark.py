@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 import time
 from functools import partial
 from pathlib import Path
 
 from tools import runtime
+from tools.files import command_line
 from tools.benchmark_inputs import (BenchmarkError, Clip, as_clip, base_precision, DEFAULT_MANIFEST, DEFAULT_MODEL,
                                     load_clips, load_model, read_manifest, resolve_artifact)
 from tools.benchmark_environment import environment_info, load_average, memory_info, peak_rss_bytes
@@ -496,7 +496,7 @@ def _main(args, argv=None) -> int:
     environment["load_average_at_end"] = load_average()
     settings = {"model": str(args.model), "model_folder": str(folder), "base_model": base,
                 "base_model_declared": declared_base, **_run_settings(args, model, len(clips), prompt_options),
-                "model_load_s": load_seconds, "timing": TIMING, "command": benchmark_command(argv)}
+                "model_load_s": load_seconds, "timing": TIMING, "command": command_line("tools.benchmark", argv)}
     results = {"schema_version": SCHEMA_VERSION, "environment": environment, "settings": settings, **results}
     results["memory"] = memory_info(results.pop("cuda_peak_bytes"), model.device, rss_after_load)
     add_notes(results, args.threads, getattr(model, "max_audio_seconds", None))
@@ -563,11 +563,6 @@ def _run_settings(args, model, clips: int, prompt_options: dict) -> dict:
             "threads": args.threads, "cuda_graph": args.cuda_graph, "compile": args.compile,
             "timestamps": args.timestamps,
             **base_precision(args.base, args.dtype, args.int4_kernel, str(runtime.model_device(model)))}
-
-
-def benchmark_command(argv: list[str] | None) -> str:
-    """The command line of this run, as written into results.json and the summary rows."""
-    return "python -m tools.benchmark " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
 
 
 def _add_summary_rows(results: dict, args, command: str, results_json: str) -> None:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 from tools import runtime
 from tools.benchmark_inputs import DEFAULT_MODEL, load_model, read_manifest, resolve_artifact
 from tools.benchmark_report import corpus_wer
-from tools.files import write_json_atomic
+from tools.files import command_line, write_json_atomic
 
 CT2_COMPUTE_TYPES = ("float32", "int8")
 
@@ -102,7 +101,7 @@ def main(argv=None) -> int:
     import ctranslate2
     import transformers
 
-    result = {"command": "python -m tools.benchmark_ctranslate2 " + " ".join(sys.argv[1:] if argv is None else argv),
+    result = {"command": command_line("tools.benchmark_ctranslate2", argv),
               "date": time.strftime("%Y-%m-%d"), "model": args.model, "base": declared, "device": "cpu",
               "threads": threads, "torch": torch.__version__, "transformers": transformers.__version__,
               "ctranslate2": ctranslate2.__version__, "clips": len(clips), "repeats": args.repeats,

@@ -22,12 +22,10 @@ import statistics
 import time
 from pathlib import Path
 
-import sys
-
 import torch
 
 from tools import benchmark_gpu_report as report_gpu
-from tools.files import write_atomic, write_json_atomic
+from tools.files import command_line, write_atomic, write_json_atomic
 from backbone_meralion2 import MERaLiON2Backbone
 from draft_policy import cuda_ms
 from draft_trees import DraftTree, build_tree_from_accuracy
@@ -378,8 +376,6 @@ def main(argv=None):
     args = parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("tools.benchmark_gpu needs a CUDA GPU; tools.benchmark measures the CPU.")
-    import shlex
-
     import transformers
 
     device, out = torch.device("cuda"), Path(args.out)
@@ -397,7 +393,7 @@ def main(argv=None):
         "copy_bandwidth_GBps": bandwidth / 1e9, "decoder_weight_GB": weight_bytes / 1e9, "floor_ms": floor_ms,
         "floor_tokens_per_s": 1000 / floor_ms,
     })
-    command = shlex.join(["python", "-m", "tools.benchmark_gpu", *(sys.argv[1:] if argv is None else argv)])
+    command = command_line("tools.benchmark_gpu", argv)
     print({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, flush=True)
 
     def section(name, kept=()):

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -35,7 +33,7 @@ from medusa_fast import CapturedCalls, CapturedRounds
 from medusa_heads import MedusaDrafter
 from tools.benchmark_gpu import DecodeBench, draft_trees
 from tools.benchmark_report import QUANTISED_SUMMARY_KEY, ratio, update_summary
-from tools.files import write_atomic, write_json_atomic
+from tools.files import command_line, write_atomic, write_json_atomic
 from tools.hierarchical import (ChainFromBuffer, HierarchicalStats, IntermediateRounds, run_hierarchical,
                                 slots_past_max_new)
 from tools.markdown import markdown_table, number_cell
@@ -225,7 +223,7 @@ def main(argv=None):
         raise SystemExit("tools.benchmark_hierarchical_gpu needs a CUDA GPU (the int4 kernel is CUDA-only).")
     import transformers
 
-    command = shlex.join(["python", "-m", "tools.benchmark_hierarchical_gpu", *(sys.argv[1:] if argv is None else argv)])
+    command = command_line("tools.benchmark_hierarchical_gpu", argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"results-hierarchical-{args.target}-{args.precision}{'-compiled' if args.compile else ''}.json"

@@ -20,8 +20,6 @@ import argparse
 import gc
 import json
 import platform
-import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -31,7 +29,7 @@ from backbone_meralion2 import MERaLiON2Backbone
 from draft_trees import expected_tokens_per_round
 from tools.benchmark_gpu import DecodeBench, draft_trees, graph_ms, measure_copy_bandwidth, verify_pass
 from tools.benchmark_report import QUANTISED_SUMMARY_KEY, ratio, update_summary
-from tools.files import write_atomic, write_json_atomic
+from tools.files import command_line, write_atomic, write_json_atomic
 from tools.markdown import markdown_table, number_cell
 from tools.meralion2_shaped import SEED_PROFILE, SEED_TOP1, SHAPES, build_model, make_prompt, rank_profile
 from tools.weight_only import PRECISIONS, QUANTISED, module_bytes, quantise_linears
@@ -209,7 +207,7 @@ def main(argv=None):
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = shlex.join(["python", "-m", "tools.benchmark_quantised_gpu", *(sys.argv[1:] if argv is None else argv)])
+    command = command_line("tools.benchmark_quantised_gpu", argv)
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "transformers": transformers.__version__, "python": platform.python_version(),
            "date": time.strftime("%Y-%m-%d")}

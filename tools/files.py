@@ -12,10 +12,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
+
+
+def command_line(program: str, argv: list[str] | None = None) -> str:
+    """The command a run's output files record: ``python -m <program>`` (or ``python <script.py>``) and its
+    arguments (``argv``, else this process's), quoted so that pasting it reruns the same run."""
+    runner = ["python", program] if program.endswith(".py") else ["python", "-m", program]
+    return shlex.join([*runner, *(sys.argv[1:] if argv is None else argv)])
 
 
 def write_atomic_with(path: str | os.PathLike, write: Callable[[str], None]) -> None:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from tools.files import write_json_atomic
+from tools.files import command_line, write_json_atomic
 from tools.profile_rounds import SHAPES, build_model, timed
 
 
@@ -79,7 +78,7 @@ def main(argv=None) -> int:
                 model.release_caches()
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d"),
-            "command": "python -m tools.profile_prefill " + " ".join(sys.argv[1:] if argv is None else argv)}
+            "command": command_line("tools.profile_prefill", argv)}
     write_json_atomic(Path(args.out) / "prefill_cost.json", {**meta, "rows": rows}, indent=1)
     return 0
 

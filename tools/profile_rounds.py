@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from draft_policy import cuda_ms
 from draft_trees import DraftTree, build_tree_from_accuracy
 from medusa_decoding import accept
 from medusa_fast import CapturedRounds, capture_cuda_graph
-from tools.files import write_json_atomic
+from tools.files import command_line, write_json_atomic
 
 SHAPES = {  # d_model, decoder layers, heads, ffn, vocab (the converted real models)
     "tiny.en": (384, 4, 6, 1536, 51864),
@@ -184,7 +183,7 @@ def write_rows(args, device, argv, rows: list, modes) -> None:
                 row[f"vs_plain_{mode}"] = round(row[f"round_ms_{mode}"] / plain[f"round_ms_{mode}"], 3)
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
             "torch": torch.__version__, "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d"),
-            "command": "python -m tools.profile_rounds " + " ".join(sys.argv[1:] if argv is None else argv)}
+            "command": command_line("tools.profile_rounds", argv)}
     write_json_atomic(Path(args.out) / "round_cost.json", {**meta, "rows": rows}, indent=1)
 
 

@@ -8,7 +8,6 @@ Writes one JSON file with the command.
 
 import argparse
 import json
-import shlex
 import statistics
 import sys
 import time
@@ -20,7 +19,7 @@ sys.path.insert(0, ".")
 import backbone_whisper  # noqa: E402
 from pipeline.quantise import GAP_SECONDS, pack_clips, window_audio  # noqa: E402
 from tools import runtime  # noqa: E402
-from tools.files import write_json_atomic  # noqa: E402
+from tools.files import command_line, write_json_atomic  # noqa: E402
 
 SOURCES = ("sonnet", "librivox", "librispeech")  # id prefixes of the eval manifest with several utterances
 WINDOW_SECONDS, RATE = 29.5, 16000
@@ -88,7 +87,7 @@ def main() -> None:
         row["call_speedup"] = row["heads_only"]["call_ms"] / row["with_hint"]["call_ms"]
         print(json.dumps(row), flush=True)
         rows.append(row)
-    command = shlex.join(["python", "benchmarks/timestamps_ab/ab_pair_hint.py", *sys.argv[1:]])
+    command = command_line("benchmarks/timestamps_ab/ab_pair_hint.py")
     write_json_atomic(args.out, {"command": command, "model": args.model, "draft": args.draft,
                                  "device": str(device), "dtype": str(model.dtype), "torch": torch.__version__,
                                  "date": time.strftime("%Y-%m-%d"), "rows": rows})
