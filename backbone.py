@@ -335,13 +335,23 @@ def linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return cpu_linear(x.reshape(rows, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
+MAX_FOLDED_QUERIES = 96  # batch x queries (4 x 33: 14.3 us folded against 12.8 for FlashAttention)
+
+
 def attend_memory(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None = None):
     """Attention of a few queries over a long unmasked memory (the speech), [B, heads, n, D] -> same.
-    Half precision on a GPU: FlashAttention's kernel for several queries, where cuDNN's (SDPA's default)
-    costs twice as much (H200, 1 500 frames: 19.7 vs 11.0 us for 5-33 queries; 6.6 us for one query,
-    where cuDNN's is the faster)."""
-    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and query.shape[-2] > 1:
-        return torch.ops.aten._scaled_dot_product_flash_attention(query, keys, values, scale=scale)[0]
+    Half precision on a GPU, several queries: each query becomes a head of its own over its head's keys and
+    values (grouped-query attention), so SDPA runs cuDNN's kernel for one query (H200, 1 500 frames, 6 heads,
+    compiled: 7.6-8.9 us for 2-33 queries, where FlashAttention's split-KV kernel and its combine take 10.6-11.1
+    and cuDNN's kernel for several queries 19.7; `benchmarks/round_cost/h200_speech_attention.json`). Past
+    ~100 folded queries in all FlashAttention is the faster again."""
+    batch, heads, n, width = query.shape
+    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and n > 1:
+        if batch * n > MAX_FOLDED_QUERIES:
+            return torch.ops.aten._scaled_dot_product_flash_attention(query, keys, values, scale=scale)[0]
+        folded = query.reshape(batch, heads * n, 1, width)
+        out = torch.nn.functional.scaled_dot_product_attention(folded, keys, values, scale=scale, enable_gqa=True)
+        return out.view(batch, heads, n, width)
     return torch.nn.functional.scaled_dot_product_attention(query, keys, values, scale=scale)
 
 

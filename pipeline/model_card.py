@@ -37,7 +37,8 @@ def _pct(x) -> str:
 # what an artifact's benchmark entries hold (pipeline.export), in the card's column order
 BENCHMARK_FIELDS = ("draft_ran", "decode_speedup_vs_own_greedy", "e2e_speedup_vs_own_greedy", "speedup_sum_latency",
                     "round_cost_vs_plain", "mean_accepted_per_round", "baseline_tokens_per_s", "medusa_tokens_per_s",
-                    "acceptance_rate", "exact_match_rate", "baseline_wer", "medusa_wer", "clips", "audio_seconds_total")
+                    "acceptance_rate", "exact_match_rate", "divergent_rows_at_base_near_ties", "baseline_wer",
+                    "medusa_wer", "clips", "audio_seconds_total")
 PROVENANCE_FIELDS = ("torch", "transformers", "date", "source")
 
 
@@ -216,7 +217,9 @@ def render_model_card(config, repo_id: str | None = None, license: str | None = 
         "**lossless** greedy speculative decoding: the heads guess the next tokens, the base model "
         "checks all guesses in one forward pass and keeps the longest prefix equal to its own greedy "
         "choice, so the transcript is exactly the base model's greedy transcript, produced in fewer "
-        f"decoder passes.\n\n{_heads_description(kind, speech, k, layers, hidden, cfg.get('draft_vocab_size'))} "
+        "decoder passes (float32: token for token; bfloat16: up to a first divergence where the base's own top two "
+        "scores lie within bfloat16's rounding, counted in the benchmark's `divergent_rows_at_base_near_ties`)."
+        f"\n\n{_heads_description(kind, speech, k, layers, hidden, cfg.get('draft_vocab_size'))} "
         "This repository holds only the heads (`medusa_heads.safetensors`) and the code; the base model's "
         f"weights are loaded from `{base}`" + (" under its own licence." if not license else ".")
     )

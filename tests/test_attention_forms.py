@@ -32,3 +32,19 @@ def test_grouped_attention_equals_attention_with_repeated_heads(broadcast_cache,
     got = grouped_attention(query, keys, values, mask, 0.25, softcap, broadcast_cache=broadcast_cache)
     assert got.shape == (batch, n, heads * dim)
     assert torch.allclose(got, reference(query, keys, values, mask, 0.25, softcap), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the folded form runs on a CUDA GPU in half precision")
+@pytest.mark.parametrize("batch,n", [(1, 1), (1, 2), (1, 33), (4, 17), (4, 33)])
+def test_attention_to_the_speech_folds_queries_into_heads_without_changing_it(batch, n):
+    """attend_memory: queries folded into grouped-query heads (or, past backbone.MAX_FOLDED_QUERIES, FlashAttention: 4 x 33) give
+    SDPA's attention, [B, heads, n, D] as a verify pass makes it."""
+    from backbone import attend_memory
+
+    torch.manual_seed(n)
+    query = torch.randn(batch, n, 6, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    keys, values = (torch.randn(batch, 6, 1500, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    want = torch.nn.functional.scaled_dot_product_attention(query.float(), keys.float(), values.float(), scale=0.125)
+    got = attend_memory(query, keys, values, scale=0.125)
+    assert got.shape == query.shape
+    assert torch.allclose(got.float(), want, atol=2e-3, rtol=2e-2)

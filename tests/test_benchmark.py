@@ -1,6 +1,7 @@
 """benchmark.py's core on a tiny random Whisper with zero-initialised heads: fields present, lossless."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -163,6 +164,44 @@ def test_timestamped_benchmark_compares_timestamped_decoders(tmp_path):
         assert not clip["medusa"]["fell_back_to_base"] and clip["medusa"]["stats"]["rounds"] >= 1
     sequences = model.generate(**clips[0][1], max_new_tokens=20, return_timestamps=True, use_medusa=False)
     assert (sequences >= timestamp_begin).any()  # the runs above decoded timestamp tokens
+
+
+def test_a_batched_run_summarises_its_batches_and_merging_remakes_rows_from_results(tmp_path):
+    """A run with --batch-size: its summary row is the batched section's (batch size in the row and in the key, so
+    batch 4 and 16 rows live side by side); merging a row from elsewhere remakes it from its results.json."""
+    import shutil
+
+    from tools.benchmark_report import merge_summaries, summary_row
+
+    committed = Path(__file__).resolve().parents[1] / "benchmarks/real_speech/gpu_tiny.en_batch16_graph/results.json"
+    results = json.loads(committed.read_text())
+    row = summary_row(results, "cmd")
+    batched = results["batched"]["summary"]
+    assert row["batch"] == 16 and row["tokens_per_s"] == batched["medusa_tokens_per_s"]
+    assert row["own_greedy_tokens_per_s"] == batched["greedy_tokens_per_s"] != results["summary"]["greedy_tokens_per_s"]
+
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "run16").mkdir(parents=True)
+    shutil.copy(committed, elsewhere / "run16/results.json")
+    old_format = {k: v for k, v in row.items() if k != "batch"} | {"tokens_per_s": 0.0, "results": "run16/results.json"}
+    (elsewhere / "summary.json").write_text(json.dumps([old_format]))
+    into = tmp_path / "summary.json"
+    unbatched = {**row, "batch": 1, "results": "x/results.json"}
+    into.write_text(json.dumps([unbatched]))
+    assert merge_summaries([elsewhere / "summary.json"], into) == 1
+    merged = json.loads(into.read_text())
+    assert [r["batch"] for r in merged] == [1, 16]
+    assert merged[1] == {**row, "results": "elsewhere/run16/results.json"}
+
+    results["settings"]["command"] = "python -m tools.benchmark --batch-size 16"  # a results file as the source
+    (elsewhere / "run16/results.json").write_text(json.dumps(results))
+    assert merge_summaries([elsewhere / "run16/results.json"], into) == 1
+    [_, remade] = json.loads(into.read_text())
+    assert remade["command"] == "python -m tools.benchmark --batch-size 16" and remade["batch"] == 16
+    del results["settings"]["command"]
+    (elsewhere / "run16/results.json").write_text(json.dumps(results))
+    with pytest.raises(ValueError, match="no settings.command"):
+        merge_summaries([elsewhere / "run16/results.json"], into)
 
 
 def test_gpu_summary_rows_come_from_the_results_files(tmp_path):

@@ -440,8 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "decodes inside the base's own generate, with its timestamp rules")
     parser.add_argument("--limit", type=int, default=None, help="only the first N clips of the manifest")
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (results.json, results.md, the plot)")
-    parser.add_argument("--merge-summary", action="append", default=[], metavar="SUMMARY_JSON",
-                        help="only merge these summary lists (rows measured elsewhere) into --summary, and exit")
+    parser.add_argument("--merge-summary", action="append", default=[], metavar="JSON",
+                        help="only merge these summary lists or results.json files (rows measured elsewhere) into "
+                             "--summary, and exit")
     parser.add_argument("--int4-kernel", action="store_true",
                         help="with a W4A16 GPTQ --base (pipeline.quantise): its layers on PyTorch's int4 kernel (tinygemm "
                              "on CUDA, its CPU port on the CPU), scales in bf16, instead of dense decompressed weights")
@@ -514,7 +515,10 @@ def _main(args, argv=None) -> int:
 def _merge_summaries_only(args) -> int:
     if not args.summary:
         raise BenchmarkError("--merge-summary needs --summary (the list to merge into)")
-    merged = merge_summaries([Path(p) for p in args.merge_summary], Path(args.summary))
+    try:
+        merged = merge_summaries([Path(p) for p in args.merge_summary], Path(args.summary))
+    except ValueError as err:
+        raise BenchmarkError(str(err)) from None
     print(f"merged {merged} row(s) into {args.summary}")
     return EXIT_OK
 

@@ -448,13 +448,16 @@ def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> dict:
 
 # --------------------------------------------------------------------------- the summary across runs
 
-SUMMARY_KEY = ("model", "device", "gpu", "dtype", "requested_draft", "rounds_mode", "timestamps")
+SUMMARY_KEY = ("model", "device", "gpu", "dtype", "requested_draft", "rounds_mode", "timestamps", "batch")
+SUMMARY_DEFAULTS = {"batch": 1}  # rows written before the field existed
 
 
 def summary_row(results: dict, command: str) -> dict:
     """One row of ``benchmarks/real_speech/summary.json``: this run's headline figures, all measured
-    side by side in it (the per-clip data stays in its results.json)."""
-    env, settings, summary = results["environment"], results["settings"], results["summary"]
+    side by side in it (the per-clip data stays in its results.json); a batched run's are its batched section's."""
+    env, settings = results["environment"], results["settings"]
+    batch = settings.get("batch_size") or 1
+    summary = results["batched"]["summary"] if batch > 1 and results.get("batched") else results["summary"]
     cuda = str(env["device"]).startswith("cuda")
     mode = "compiled" if settings.get("compile") else (
         "graph" if cuda and settings.get("cuda_graph") != "off" else "eager")
@@ -464,7 +467,7 @@ def summary_row(results: dict, command: str) -> dict:
         "gpu": env["device_name"] if cuda else None, "cpu": None if cuda else env["device_name"],
         "dtype": env["dtype"], "draft": summary["draft_ran"], "requested_draft": settings["draft"],
         "rounds_mode": mode, "timestamps": True if settings.get("timestamps") else None,  # (None: rows without)
-        "clips": summary["clips"], "exact_match_rate": summary["exact_match_rate"],
+        "batch": batch, "clips": summary["clips"], "exact_match_rate": summary["exact_match_rate"],
         "divergent_rows_at_base_near_ties": f"{summary['divergent_rows_at_base_near_ties']}/{summary['divergent_rows']}",
         "mean_accepted_per_round": summary["mean_accepted_per_round"],
         "tokens_per_s": summary["medusa_tokens_per_s"], "baseline_hf_tokens_per_s": summary["baseline_tokens_per_s"],
@@ -483,13 +486,22 @@ def summary_row(results: dict, command: str) -> dict:
 
 
 def merge_summaries(sources: list[Path], into: Path) -> int:
-    """Add the rows of other summary lists (e.g. written on another machine, their results folders copied
-    beside ``into``) to ``into``, with each row's results path made relative to ``into``."""
+    """Add rows to ``into`` from other summary lists (e.g. written on another machine, their results folders
+    copied beside ``into``) or straight from results files (``results.json``, with the command inside); each row's
+    results path is made relative to ``into``, and a row whose results file is there is made again from it (the
+    same figures, in this version's row format)."""
     count = 0
     for source in sources:
-        for row in json.loads(Path(source).read_text()):
+        loaded = json.loads(Path(source).read_text())
+        if isinstance(loaded, dict):  # a results file
+            if not loaded.get("settings", {}).get("command"):
+                raise ValueError(f"{source}: no settings.command (written before the benchmark recorded it)")
+            loaded = [{"results": Path(source).name, "command": loaded["settings"]["command"]}]
+        for row in loaded:
             if row.get("results"):
                 results = (Path(source).resolve().parent / row["results"]).resolve()
+                if results.exists():
+                    row = summary_row(json.loads(results.read_text()), row["command"])
                 row["results"] = os.path.relpath(results, into.resolve().parent)
             update_summary(into, row)
             count += 1
@@ -518,8 +530,11 @@ def quantised_row(results: dict, command: str) -> dict:
 def update_summary(path: Path, row: dict, key: tuple = SUMMARY_KEY) -> None:
     """Add ``row`` to the summary list, replacing an earlier row with the same ``key`` fields (model, device,
     dtype, draft and rounds mode by default); written atomically."""
+    def fields(r):
+        return tuple(r.get(k, SUMMARY_DEFAULTS.get(k)) for k in key)
+
     rows = json.loads(path.read_text()) if path.exists() else []
-    rows = [r for r in rows if tuple(r.get(k) for k in key) != tuple(row.get(k) for k in key)]
+    rows = [r for r in rows if fields(r) != fields(row)]
     rows.append(row)
-    rows.sort(key=lambda r: tuple(str(r.get(k)) for k in key))
+    rows.sort(key=lambda r: tuple(str(v) for v in fields(r)))
     write_json_atomic(path, rows, indent=1)

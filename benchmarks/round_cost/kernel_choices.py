@@ -13,39 +13,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import medusa_heads  # noqa: E402
 from medusa_heads import best_indices  # noqa: E402
+from graph_timing import graph_us  # noqa: E402
 
 medusa_heads.ITERATED_ARGMAX_MAX_K = 16  # iterated argmax for every k measured here (9 included)
 dev = torch.device("cuda")
 torch._dynamo.config.recompile_limit = 256  # one compile per shape (the first run hit the default 8)
-REPS = 20
 out = {}
-
-
-def graph_us(fn):
-    """Microseconds per call of fn inside a CUDA graph of REPS back-to-back calls."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(REPS):
-            fn()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(15):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / REPS)
-    times.sort()
-    return round(times[len(times) // 2], 2)
 
 
 def chunked_topk(x, k: int, chunk: int = 128):
