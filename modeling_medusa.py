@@ -645,6 +645,7 @@ def load_base_model(name_or_path: str, family: str | None = None, **kwargs):
         raise BaseModelNotFound(str(source), f"{type(err).__name__}: {_first_line(err)}") from err
     if adapter:
         base = _merge_adapter(base, name_or_path)
+    _undo_compressed_tensors_offloading(base)
     base.eval()
     return base, _load_processor(source, family, load_kwargs)
 
@@ -737,6 +738,18 @@ def _decompress_compressed_tensors(config, source, load_kwargs) -> None:
                   "load: decoded ids are the quantised model's own, speed is that of dense weights. Pass "
                   "quantization_config=CompressedTensorsConfig() to try the packed layers.",
                   stacklevel=3)
+
+
+def _undo_compressed_tensors_offloading(base) -> None:
+    """Some compressed-tensors versions (0.19 under transformers 5.17) keep a decompressed base's layer tensors in
+    their CPU offload cache, onloaded at each forward: ``.to(device)`` then leaves them on the CPU, and the decode
+    loop (which reads the weights) meets CPU tensors on a GPU. Make them the module's own parameters again."""
+    try:
+        from compressed_tensors.offload import OffloadCache, remove_dispatch
+    except ImportError:
+        return
+    if any(isinstance(module._parameters, OffloadCache) for module in base.modules()):
+        remove_dispatch(base)
 
 
 def _resolve_artifact(name_or_path, kwargs) -> str:

@@ -82,3 +82,21 @@ def test_w4a16_compressed_tensors_base_is_decoded_exactly(tmp_path):
             assert torch.equal(expected, got), (seed, draft)
             accepted += stats["accepted_tokens"]
     assert accepted > 0
+
+
+def test_a_base_in_compressed_tensors_offload_cache_moves_with_the_model():
+    """compressed-tensors 0.19 under transformers 5.17 (the lent GPU's) keeps a decompressed base's layers in its CPU
+    offload cache, which ``.to(device)`` cannot move: the loader makes them ordinary parameters again."""
+    offload = pytest.importorskip("compressed_tensors.offload")
+    from modeling_medusa import _undo_compressed_tensors_offloading
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    weight = model[0].weight.detach().clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        offload.offload_model(model, onload_device="cpu", offload_device="cpu")
+    assert isinstance(model[0]._parameters, offload.OffloadCache)
+    _undo_compressed_tensors_offloading(model)
+    assert torch.equal(model[0].weight, weight)
+    model.to("meta")  # what .to("cuda") does to the parameters; the offload cache raises here
+    assert {p.device.type for p in model.parameters()} == {"meta"}

@@ -442,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (results.json, results.md, the plot)")
     parser.add_argument("--merge-summary", action="append", default=[], metavar="JSON",
                         help="only merge these summary lists or results.json files (rows measured elsewhere) into "
-                             "--summary, and exit")
+                             "--summary and/or --quantised-summary, and exit")
     parser.add_argument("--int4-kernel", action="store_true",
                         help="with a W4A16 GPTQ --base (pipeline.quantise): its layers on PyTorch's int4 kernel (tinygemm "
                              "on CUDA, its CPU port on the CPU), scales in bf16, instead of dense decompressed weights")
@@ -513,14 +513,21 @@ def _main(args, argv=None) -> int:
 
 
 def _merge_summaries_only(args) -> int:
-    if not args.summary:
-        raise BenchmarkError("--merge-summary needs --summary (the list to merge into)")
-    try:
-        merged = merge_summaries([Path(p) for p in args.merge_summary], Path(args.summary))
-    except ValueError as err:
-        raise BenchmarkError(str(err)) from None
-    print(f"merged {merged} row(s) into {args.summary}")
+    targets = [(path, make_row, key) for path, make_row, key in summary_lists(args) if path]
+    if not targets:
+        raise BenchmarkError("--merge-summary needs --summary or --quantised-summary (the list to merge into)")
+    for path, make_row, key in targets:
+        try:
+            merged = merge_summaries([Path(p) for p in args.merge_summary], Path(path), make_row, key)
+        except ValueError as err:
+            raise BenchmarkError(str(err)) from None
+        print(f"merged {merged} row(s) into {path}")
     return EXIT_OK
+
+
+def summary_lists(args) -> tuple:
+    """The summary lists a run adds its row to: (path or None, the row's maker, the key that replaces a row)."""
+    return ((args.summary, summary_row, SUMMARY_KEY), (args.quantised_summary, quantised_row, QUANTISED_SUMMARY_KEY))
 
 
 def _check_options(args) -> None:
@@ -571,8 +578,7 @@ def _run_settings(args, model, clips: int, prompt_options: dict) -> dict:
 
 def _add_summary_rows(results: dict, args, command: str, results_json: str) -> None:
     """This run's row in the summary lists it was asked to add to (--summary, --quantised-summary)."""
-    for summary_path, make_row, key in ((args.summary, summary_row, SUMMARY_KEY),
-                                        (args.quantised_summary, quantised_row, QUANTISED_SUMMARY_KEY)):
+    for summary_path, make_row, key in summary_lists(args):
         if summary_path:
             row = make_row(results, command)
             row["results"] = os.path.relpath(results_json, Path(summary_path).resolve().parent)

@@ -165,8 +165,10 @@ def load_model(folder: Path, device: str, dtype, base_folder: str | None = None,
     if int4_kernel:
         from tools.weight_only import repack_gptq_linears
 
-        if not repack_gptq_linears(model.base, base_folder):
+        swapped = repack_gptq_linears(model.base, base_folder)
+        if not swapped:
             raise BenchmarkError(f"--int4-kernel: {base_folder} has no W4A16 GPTQ layers (pipeline.quantise makes them)")
+        print(f"[benchmark] --int4-kernel: {swapped} W4A16 layers on the int4 kernel", file=sys.stderr)
     return model, base, declared
 
 

@@ -485,11 +485,12 @@ def summary_row(results: dict, command: str) -> dict:
     }
 
 
-def merge_summaries(sources: list[Path], into: Path) -> int:
+def merge_summaries(sources: list[Path], into: Path, make_row=None, key: tuple | None = None) -> int:
     """Add rows to ``into`` from other summary lists (e.g. written on another machine, their results folders
     copied beside ``into``) or straight from results files (``results.json``, with the command inside); each row's
-    results path is made relative to ``into``, and a row whose results file is there is made again from it (the
-    same figures, in this version's row format)."""
+    results path is made relative to ``into``, and a row whose results file is there is made again from it by
+    ``make_row`` (the same figures, in this version's row format; default ``summary_row``, keyed by ``SUMMARY_KEY``)."""
+    make_row, key = make_row or summary_row, key or SUMMARY_KEY
     count = 0
     for source in sources:
         loaded = json.loads(Path(source).read_text())
@@ -501,9 +502,9 @@ def merge_summaries(sources: list[Path], into: Path) -> int:
             if row.get("results"):
                 results = (Path(source).resolve().parent / row["results"]).resolve()
                 if results.exists():
-                    row = summary_row(json.loads(results.read_text()), row["command"])
+                    row = make_row(json.loads(results.read_text()), row["command"])
                 row["results"] = os.path.relpath(results, into.resolve().parent)
-            update_summary(into, row)
+            update_summary(into, row, key)
             count += 1
     return count
 
@@ -519,6 +520,7 @@ def quantised_row(results: dict, command: str) -> dict:
             "base": settings.get("base_model"), "device": row["device"], "gpu": row["gpu"], "dtype": row["dtype"],
             "batch": settings.get("batch_size") or 1, "draft": row["draft"], "requested_draft": row["requested_draft"],
             "clips": row["clips"], "exact_match_rate": row["exact_match_rate"],
+            "divergent_rows_at_base_near_ties": row["divergent_rows_at_base_near_ties"],
             "mean_accepted_per_round": row["mean_accepted_per_round"], "wer": row["wer_hf"], "wer_ours": row["wer_ours"],
             "tokens_per_s": row["tokens_per_s"], "own_greedy_tokens_per_s": row["own_greedy_tokens_per_s"],
             "speedup_vs_own_greedy": row["e2e_speedup_vs_own_greedy"],
