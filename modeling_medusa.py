@@ -35,7 +35,8 @@ try:
     from .medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds, verify_round
     from .medusa_fast import CapturedRounds, capture_cuda_graph
     from .medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
-                               build_heads, int8_drafting_copy, int8_drafting_supported)
+                               FusedPathDrafter, FusedPathWeights, build_heads, int8_drafting_copy,
+                               int8_drafting_supported)
 except ImportError:
     from backbone import Backbone
     from backbone_meralion2 import MERaLiON2Backbone
@@ -49,7 +50,8 @@ except ImportError:
     from medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds, verify_round
     from medusa_fast import CapturedRounds, capture_cuda_graph
     from medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
-                              build_heads, int8_drafting_copy, int8_drafting_supported)
+                              FusedPathDrafter, FusedPathWeights, build_heads, int8_drafting_copy,
+                              int8_drafting_supported)
 
 HEADS_FILE = "medusa_heads.safetensors"
 DRAFT_VOCAB_KEY = "draft_vocab"  # int64 [V_draft]: the token ids the heads project onto (optional)
@@ -98,6 +100,9 @@ class MedusaForASR(PreTrainedModel):
         # Draft on a CPU with int8 weight-only copies of the heads and the draft projection (drafts only
         # propose; verification stays in the base's precision). False: draft in the heads' own precision.
         self.int8_cpu_drafting = True
+        # Draft on a GPU with path heads rearranged into fewer, larger products per depth (FusedPathWeights).
+        self.fused_path_drafting = True
+        self._fused_path_weights = None
         if base is not None:
             self.generation_config = base.generation_config  # what callers such as the ASR pipeline read
             self.main_input_name = self.backbone.required_inputs[0]
@@ -281,15 +286,29 @@ class MedusaForASR(PreTrainedModel):
         if tree.num_nodes == 1:
             return None
         int8 = self.int8_cpu_drafting and int8_drafting_supported(device)
-        # an int8 drafter holds a copy of the heads: a new one once they change (training, a reload)
-        heads_version = tuple((p.data_ptr(), p._version) for p in self.medusa_heads.parameters()) if int8 else None
-        key = (tree, str(device), id(self.drafter), heads_version)
+        fused = (self.fused_path_drafting and torch.device(device).type == "cuda" and self.drafter is None
+                 and FusedPathWeights.supports(self.medusa_heads, self.draft_vocab))
+        # an int8 or fused drafter holds derived copies of the heads: a new one once they change (training, a reload)
+        heads_version = tuple((p.data_ptr(), p._version) for p in self.medusa_heads.parameters()) \
+            if int8 or fused else None
+        key = (tree, str(device), id(self.drafter), heads_version, fused)
         if key not in self._drafters:
             self._drafters = {k: d for k, d in self._drafters.items() if k[3] in (None, heads_version)}
-            self._drafters[key] = self._build_drafter(tree, device, int8)
+            self._drafters[key] = self._build_drafter(tree, device, int8, fused)
         return self._drafters[key]
 
-    def _build_drafter(self, tree: DraftTree, device, int8: bool = False):
+    def _fused_weights(self, projection: DraftProjection) -> FusedPathWeights:
+        """The heads rearranged for fused drafting, shared by every tree's drafter; made again when the heads or
+        the draft rows change (a new base's weights give new rows)."""
+        rows = projection.weight()
+        version = (tuple((p.data_ptr(), p._version) for p in self.medusa_heads.parameters()), rows.data_ptr())
+        if self._fused_path_weights is None or self._fused_path_weights[0] != version:
+            with torch.no_grad():
+                weights = FusedPathWeights(self.medusa_heads, rows, self.draft_vocab, self.backbone.embed)
+            self._fused_path_weights = (version, weights)
+        return self._fused_path_weights[1]
+
+    def _build_drafter(self, tree: DraftTree, device, int8: bool = False, fused: bool = False):
         if self.drafter is not None:  # a stand-in for the heads: full-vocabulary logits per head
             return MedusaDrafter(tree, device, self.drafter)
         if tree.depth > self.config.medusa_num_heads:
@@ -300,6 +319,9 @@ class MedusaForASR(PreTrainedModel):
         if self.config.head_kind == "medusa":
             return MedusaDrafter(tree, device, lambda hidden: projection.logits(heads(hidden)), projection.token_ids)
         speech = self.backbone.speech_memory if self.config.speech_attention else None
+        if fused:
+            return FusedPathDrafter(tree, device, heads, projection, self.backbone.embed, speech,
+                                    self._fused_weights(projection))
         return PathDrafter(tree, device, heads, projection, self.backbone.embed, speech)
 
     def draft_tree(self, draft="auto") -> DraftTree:

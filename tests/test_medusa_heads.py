@@ -163,3 +163,38 @@ def test_int8_matmul_takes_any_width_and_several_rows():
         dequantised = rows[:, :width].float() * scales.float()[:, None]
         expected = x.to(torch.bfloat16).float() @ dequantised.T
         assert torch.allclose(int8_matmul(x, rows, scales), expected, rtol=2e-2, atol=2e-2 * expected.abs().max())
+
+
+@pytest.mark.parametrize("tree", [TREE, DraftTree.chain(3)], ids=["tree", "chain"])
+@pytest.mark.parametrize("seed", range(3))
+def test_fused_path_drafter_drafts_what_the_path_drafter_drafts(tree, seed):
+    """FusedPathWeights' rearranged products (block-diagonal query + stack, [Wo; W1 Wo], token tables, the next
+    merge's state half on the projection) give the PathDrafter's drafts (float32, random heads and speech)."""
+    from medusa_heads import FusedPathDrafter, FusedPathWeights
+
+    torch.manual_seed(seed)
+    vocab, hidden = 64, 16
+    heads = PathHeads(num_heads=3, num_layers=2, hidden_size=hidden, speech_heads=2)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.3)
+
+    class Backbone:
+        output_projection = torch.nn.Linear(hidden, vocab, bias=False)
+        embedding = torch.nn.Embedding(vocab, hidden)
+
+        def embed(self, tokens):
+            return self.embedding(tokens)
+
+    backbone = Backbone()
+    vocab_ids = torch.randperm(vocab)[:24]
+    projection = DraftProjection(backbone, vocab_ids)
+    memory = tuple(torch.randn(2, 2, 30, hidden // 2) for _ in range(2))
+    state = DecodeState(cache=None, lengths=None, first_slot=None, hidden=torch.randn(2, hidden),
+                        next_token=torch.tensor([3, 40]))
+    with torch.no_grad():
+        weights = FusedPathWeights(heads, projection.weight(), vocab_ids, backbone.embed)
+        plain = PathDrafter(tree, "cpu", heads, projection, backbone.embed, lambda s: memory)(state)
+        fused = FusedPathDrafter(tree, "cpu", heads, projection, backbone.embed, lambda s: memory, weights)(state)
+    assert FusedPathWeights.supports(heads, vocab_ids) and not FusedPathWeights.supports(heads, None)
+    assert torch.equal(fused, plain)

@@ -176,8 +176,8 @@ def write_rows(args, device, argv, rows: list, modes) -> None:
     import transformers
 
     for row in rows:
-        plain = next((r for r in rows if (r["shape"], r["dtype"], r["attention"], r["draft"])
-                      == (row["shape"], row["dtype"], row["attention"], "none")), None)
+        plain = next((r for r in rows if (r["shape"], r["dtype"], r["attention"], r.get("fused_drafting"), r["draft"])
+                      == (row["shape"], row["dtype"], row["attention"], row.get("fused_drafting"), "none")), None)
         for mode in modes:
             if plain and f"round_ms_{mode}" in row and f"round_ms_{mode}" in plain:
                 row[f"vs_plain_{mode}"] = round(row[f"round_ms_{mode}"] / plain[f"round_ms_{mode}"], 3)
@@ -200,6 +200,7 @@ def main(argv=None) -> int:
     p.add_argument("--iterated-argmax-max-k", type=int, default=medusa_heads.ITERATED_ARGMAX_MAX_K,
                    help="drafts' top-k as iterated argmax up to this k (0: always torch.topk)")
     p.add_argument("--drafts", default="none,chain4,tree16,tree32")
+    p.add_argument("--fused-drafting", default="on", help="path heads' fused drafting (GPU) to time: on,off")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="kernel tables of the compiled rounds (CUDA)")
     p.add_argument("--profile-shapes", default="tiny.en", help="shapes whose kernel tables are taken")
@@ -214,15 +215,18 @@ def main(argv=None) -> int:
         for shape in args.shapes.split(","):
             for dtype_name in args.dtypes.split(","):
                 dtype = getattr(torch, dtype_name)
-                for kind, attention in [(k, a) for k in args.head_kinds.split(",") for a in args.attention.split(",")]:
+                variants = [(k, a, f) for k in args.head_kinds.split(",") for a in args.attention.split(",")
+                            for f in args.fused_drafting.split(",")]
+                for kind, attention, fused in variants:
                     model = build_model(shape, dtype, device, kind, args.draft_vocab)
                     model.backbone.half_attention = attention
+                    model.fused_path_drafting = fused == "on"
                     for name, tree in drafts_for(4).items():
                         if name not in args.drafts.split(","):
                             continue
                         state, process = prefilled_state(model, device, dtype, args.batch, 2 * tree.num_nodes)
                         row = {"shape": shape, "dtype": dtype_name, "heads": kind, "attention": attention, "draft": name,
-                               "nodes": tree.num_nodes, "batch": args.batch,
+                               "fused_drafting": fused, "nodes": tree.num_nodes, "batch": args.batch,
                                "iterated_argmax_max_k": args.iterated_argmax_max_k,
                                "stages_ms": stage_costs(model, state, process, tree, device, device.type == "cuda")}
                         dtype_modes = [m for m in modes if m != "compiled" or dtype_name in args.compile_dtypes.split(",")]
@@ -233,10 +237,11 @@ def main(argv=None) -> int:
                         write_rows(args, device, argv, rows, modes)  # so far: a run cut short keeps its rows
                     model.release_caches()
     write_rows(args, device, argv, rows, modes)
-    print(f"\n{'shape':8s} {'dtype':9s} {'heads':7s} {'attn':7s} {'draft':7s} "
+    print(f"\n{'shape':8s} {'dtype':9s} {'heads':7s} {'attn':7s} {'fused':5s} {'draft':7s} "
           + " ".join(f"{m + ' ms':>12s} {'x plain':>8s}" for m in modes))
     for row in rows:
-        print(f"{row['shape']:8s} {row['dtype']:9s} {row['heads']:7s} {row['attention']:7s} {row['draft']:7s} "
+        print(f"{row['shape']:8s} {row['dtype']:9s} {row['heads']:7s} {row['attention']:7s} {row['fused_drafting']:5s} "
+              f"{row['draft']:7s} "
               + " ".join(f"{row.get(f'round_ms_{m}', float('nan')):12.3f} {row.get(f'vs_plain_{m}', float('nan')):8.2f}"
                          for m in modes))
     return 0
