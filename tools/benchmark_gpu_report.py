@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 from pathlib import Path
 
-from tools.files import write_atomic, write_json_atomic
+from tools.files import command_line, write_atomic, write_json_atomic
 from tools.markdown import markdown_table
 
 VERIFY_METHODS = {"hf_eager_ms": "hf_eager", "ours_eager_ms": "ours_eager", "ours_graph_ms": "ours_graph",
@@ -174,7 +173,7 @@ def main(argv=None):
     out = Path(args.out)
     for path in sorted(out.glob("results-*.json")):
         write_atomic(path.with_suffix(".md"), render_markdown(read_results(path)))
-    write_summary(out, shlex.join(["python", *sys.argv]))
+    write_summary(out, command_line("tools.benchmark_gpu_report", argv))
 
 
 if __name__ == "__main__":
