@@ -288,12 +288,15 @@ def test_tokens_per_round_counts_only_emitted_tokens(whisper_medusa):
     assert cut_inside_a_round > 0, "no case ended inside a round: the cut-off cases were not exercised"
 
 
-@pytest.mark.parametrize("speech", [False, True], ids=["path-heads", "path-heads-with-speech-attention"])
-def test_path_heads_equal_the_base_greedy(speech, tmp_path_factory):
+@pytest.mark.parametrize("speech, fused", [(False, False), (True, False), (True, True)],
+                         ids=["path-heads", "path-heads-with-speech-attention", "fused-path-drafter"])
+def test_path_heads_equal_the_base_greedy(speech, fused, tmp_path_factory):
     """Sequentially dependent heads (each node drafted from its own path), with and without attention to
     the speech, and a draft vocabulary: random weights, chains and trees, batches, eager and fixed-shape
-    rounds: the base's greedy ids every time."""
+    rounds: the base's greedy ids every time; also through the fused drafter a GPU uses, here on the CPU."""
     from configuration_medusa import MedusaConfig
+    from draft_trees import DraftTree
+    from medusa_heads import FusedPathDrafter
     from modeling_medusa import MedusaForASR
 
     folder = build_tiny_whisper(tmp_path_factory.mktemp("path"), seed=3)
@@ -301,6 +304,8 @@ def test_path_heads_equal_the_base_greedy(speech, tmp_path_factory):
     config = MedusaConfig(**{**fresh.config.to_dict(), "head_kind": "path", "speech_attention": speech})
     model = MedusaForASR(config, base=fresh.base, processor=fresh.processor).eval()
     model.set_draft_vocab(list(range(0, 120, 2)) + [112, 113])
+    model.fused_path_drafting = ("cuda", "cpu") if fused else ()
+    assert isinstance(model.make_drafter(DraftTree.chain(2), "cpu"), FusedPathDrafter) == fused
     rng = random.Random(8)
     for index in range(10):
         case = draw_case(rng, 4)

@@ -220,7 +220,7 @@ def main(argv=None) -> int:
                 for kind, attention, fused in variants:
                     model = build_model(shape, dtype, device, kind, args.draft_vocab)
                     model.backbone.half_attention = attention
-                    model.fused_path_drafting = fused == "on"
+                    model.fused_path_drafting = ("cuda",) if fused == "on" else ()
                     for name, tree in drafts_for(4).items():
                         if name not in args.drafts.split(","):
                             continue
