@@ -240,6 +240,18 @@ def test_a_gpu_batching_run_keeps_the_rows_it_does_not_measure_again():
     assert rows_not_measured_again(rows, {64}, set()) == [rows[0], rows[1], rows[3]]
 
 
+
+def test_a_gpu_lengths_run_of_one_method_group_keeps_the_other_groups_rows():
+    """The library's rows measured apart from ours (each within a device call's limit): a run of "hf" keeps every
+    row of our loop and replaces the library's rows; a run of both replaces everything."""
+    from tools.benchmark_gpu import length_rows_kept
+
+    rows = [{"method": "ours", "new_tokens": 16}, {"method": "ours_greedy", "new_tokens": 16},
+            {"method": "seed_style_eager_chain"}, {"method": "hf_static", "new_tokens": 16}, {"method": "hf_dynamic"}]
+    assert length_rows_kept(rows, ["hf"]) == rows[:3]
+    assert length_rows_kept(rows, ["ours"]) == rows[3:]
+    assert length_rows_kept(rows, ["ours", "hf"]) == []
+
 def test_draft_option_takes_the_named_drafts_and_sized_trees():
     import argparse
 

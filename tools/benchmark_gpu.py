@@ -307,17 +307,29 @@ def draft_trees(profile, names):
     return trees
 
 
-def lengths_table(bench, profiles, drafts, lengths, compile):
-    """Batch 1 at realistic ASR output lengths: every method, whole calls."""
-    for profile_name, profile in profiles.items():
-        for name, tree in draft_trees(profile, drafts).items():
-            if name == "none" and profile_name != SEED_PROFILE:
-                continue
-            method = "ours_greedy" if name == "none" else "ours"
-            bench.ours(method, name, tree, profile_name if name != "none" else "none", profile, 1, lengths, compile)
-        bench.seed_style(profile_name, profile)
-    for method in ("hf_static", "hf_dynamic"):
-        bench.hf(method, 1, lengths)
+LENGTH_GROUPS = ("ours", "hf")  # the lengths section's rows, measured in one run or in parts
+
+
+def lengths_table(bench, profiles, drafts, lengths, compile, groups=LENGTH_GROUPS):
+    """Batch 1 at realistic ASR output lengths, whole calls: our loop's rows (drafts, greedy, the seed-style
+    chain) and/or the library's generate (``groups``)."""
+    if "ours" in groups:
+        for profile_name, profile in profiles.items():
+            for name, tree in draft_trees(profile, drafts).items():
+                if name == "none" and profile_name != SEED_PROFILE:
+                    continue
+                method = "ours_greedy" if name == "none" else "ours"
+                bench.ours(method, name, tree, profile_name if name != "none" else "none", profile, 1, lengths, compile)
+            bench.seed_style(profile_name, profile)
+    if "hf" in groups:
+        for method in ("hf_static", "hf_dynamic"):
+            bench.hf(method, 1, lengths)
+
+
+def length_rows_kept(rows: list[dict], groups) -> list[dict]:
+    """Earlier lengths rows a run keeps: those of the method groups it does not measure ("hf": the library's
+    generate, "ours": every row of our loop), so the section can be measured in parts."""
+    return [row for row in rows if ("hf" if row.get("method", "").startswith("hf_") else "ours") not in groups]
 
 
 def batching_table(bench, profile, drafts_by_batch, new_tokens, compile_batches):
@@ -342,6 +354,9 @@ def parse_args(argv=None):
     parser.add_argument("--compile-sizes", default="5,64", help="verify: sizes also compiled")
     parser.add_argument("--lengths", default="16,32,64,128", help="lengths: new tokens per call, batch 1")
     parser.add_argument("--length-drafts", default="none,chain,tree-32")
+    parser.add_argument("--length-methods", default=",".join(LENGTH_GROUPS),
+                        help="lengths: ours (our loop's rows) and/or hf (the library's generate); the earlier rows "
+                             "of a group not named are kept")
     parser.add_argument("--batches", default="4,16,64", help="batching (batch 1 is the lengths section)")
     parser.add_argument("--batch-drafts", default="none,chain,tree-8,tree-32")
     parser.add_argument("--batch-new-tokens", type=int, default=64)
@@ -354,6 +369,9 @@ def parse_args(argv=None):
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
         parser.error(f"--sections: unknown {sorted(unknown)}; use any of {', '.join(SECTIONS)}.")
+    unknown = {g for g in args.length_methods.split(",") if g} - set(LENGTH_GROUPS)
+    if unknown:
+        parser.error(f"--length-methods: unknown {sorted(unknown)}; use any of {', '.join(LENGTH_GROUPS)}.")
     return args
 
 
@@ -420,8 +438,9 @@ def main(argv=None):
         max_new = max(lengths + [args.batch_new_tokens])
         bench = DecodeBench(model, backbone, args.shape, max_new, args.repeats)
         if "lengths" in args.sections:
-            bench.start_section(section("lengths"))
-            lengths_table(bench, profiles, args.length_drafts.split(","), lengths, 1 in compile_batches)
+            groups = [g for g in args.length_methods.split(",") if g]
+            bench.start_section(section("lengths", length_rows_kept(result.get("lengths", []), groups)))
+            lengths_table(bench, profiles, args.length_drafts.split(","), lengths, 1 in compile_batches, groups)
         if "batching" in args.sections:
             drafts = args.batch_drafts.split(",")
             by_batch = {b: [d for d in drafts if not d.startswith("tree-") or b * int(d[5:]) <= args.max_verify_tokens]
