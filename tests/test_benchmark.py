@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import has_table_row, requires_transformers5
@@ -260,3 +261,33 @@ def test_draft_option_takes_the_named_drafts_and_sized_trees():
     for value in ("tree-", "tree-x", "chain-4", "trees"):
         with pytest.raises(argparse.ArgumentTypeError, match="tree-N"):
             benchmark.draft_option(value)
+
+
+def test_segment_comparison_measures_boundaries_against_the_known_sentences():
+    """compare_segments: each decoder's segments against the sentences' known places (seconds from each segment
+    start/end to the nearest sentence start/end), its WER, and whether ours holds the base's ids."""
+    from tools import compare_segments
+
+    rate = compare_segments.SAMPLE_RATE
+    sentences = [("the cat sat", 0, 2 * rate), ("on a red mat", 3 * rate, 5 * rate)]
+    outputs = {"ours": ([(0.1, 2.0, "the cat sat"), (3.0, 5.4, "on a red mat")], [1, 2, 3]),
+               "base": ([(0.1, 2.0, "the cat sat"), (3.0, 5.4, "on a red mat")], [1, 2, 3]),
+               "other": ([(0.0, 5.0, "the cat sat on a mat")], None)}
+    calls = []
+
+    def decoder(name):
+        def run(samples):
+            calls.append(name)
+            return outputs[name]
+        return run
+
+    rows = compare_segments.compare({name: decoder(name) for name in outputs}, np.zeros(5 * rate), sentences, 2)
+    assert len(calls) == 3 * 3  # a warm-up and two timed runs each
+    assert rows["ours"]["ids_equal_base"] is True and "ids_equal_base" not in rows["other"]
+    assert rows["ours"]["segments"] == 2 and rows["other"]["segments"] == 1
+    assert rows["ours"]["start_error"] == {"median_s": pytest.approx(0.05), "max_s": pytest.approx(0.1)}
+    assert rows["ours"]["end_error"] == {"median_s": pytest.approx(0.2), "max_s": pytest.approx(0.4)}
+    assert rows["ours"]["wer"] == 0.0 and rows["other"]["wer"] == pytest.approx(1 / 7)
+    assert "| other" in compare_segments.render({"model": "m", "seconds_of_audio": 5, "sentences": 2, "device": "cpu",
+                                                 "dtype": "float32", "repeats": 2, "command": "c",
+                                                 "conditions": {"clean": rows}})
