@@ -270,9 +270,10 @@ def test_segment_comparison_measures_boundaries_against_the_known_sentences():
 
     rate = compare_segments.SAMPLE_RATE
     sentences = [("the cat sat", 0, 2 * rate), ("on a red mat", 3 * rate, 5 * rate)]
-    outputs = {"ours": ([(0.1, 2.0, "the cat sat"), (3.0, 5.4, "on a red mat")], [1, 2, 3]),
-               "base": ([(0.1, 2.0, "the cat sat"), (3.0, 5.4, "on a red mat")], [1, 2, 3]),
-               "other": ([(0.0, 5.0, "the cat sat on a mat")], None)}
+    stats = {"draft": "chain of 4", "mean_accepted_per_round": 2.5, "rounds": 4, "drafted_tokens": 16}
+    outputs = {"ours": ([(0.1, 2.0, "the cat sat"), (3.0, 5.4, "on a red mat")], [1, 2, 3], stats),
+               "base": ([(0.1, 2.0, "the cat sat"), (3.0, 5.4, "on a red mat")], [1, 2, 3], None),
+               "other": ([(0.0, 5.0, "the cat sat on a mat")], None, None)}
     calls = []
 
     def decoder(name):
@@ -284,6 +285,7 @@ def test_segment_comparison_measures_boundaries_against_the_known_sentences():
     rows = compare_segments.compare({name: decoder(name) for name in outputs}, np.zeros(5 * rate), sentences, 2)
     assert len(calls) == 3 * 3  # a warm-up and two timed runs each
     assert rows["ours"]["ids_equal_base"] is True and "ids_equal_base" not in rows["other"]
+    assert rows["ours"]["mean_accepted_per_round"] == 2.5 and "drafted_tokens" not in rows["ours"]
     assert rows["ours"]["segments"] == 2 and rows["other"]["segments"] == 1
     assert rows["ours"]["start_error"] == {"median_s": pytest.approx(0.05), "max_s": pytest.approx(0.1)}
     assert rows["ours"]["end_error"] == {"median_s": pytest.approx(0.2), "max_s": pytest.approx(0.4)}

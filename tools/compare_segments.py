@@ -9,7 +9,7 @@ The recording is ``pipeline.long_recording``'s: public-domain sentences read by 
 0.6 s pauses, so each sentence's start and end are known; it is decoded clean and under pink noise at
 ``--snr-db``. Each decoder takes the whole recording and returns its segments (start, end, text), greedy,
 temperature 0 only, no conditioning on the previous window's text, no VAD: ours (``draft="auto"``) and the base
-through Whisper's long-form ``generate(return_timestamps=True, return_segments=True)`` (their ids must be equal),
+through Whisper's long-form ``generate(return_timestamps=True, return_segments=True)`` (their ids must be equal; ours also says its draft and tokens per verify pass),
 faster-whisper through its ``transcribe`` over the same weights (CTranslate2 float32, beam 1, its own features,
 so its text may differ). Reported per decoder: seconds (median of ``--repeats``, interleaved), segment count and
 durations, how far each segment's start and end lie from the nearest sentence start and end, and WER against the
@@ -36,13 +36,15 @@ SAMPLE_RATE = 16000
 
 
 def ours_decoder(model, use_medusa: bool):
-    """Whisper's long-form generate (ours or the base's own): the segments and the ids they hold."""
+    """Whisper's long-form generate (ours or the base's own): the segments, the ids they hold and (ours) the
+    tokens each verify pass emitted."""
     def transcribe(samples):
         inputs = runtime.to_model(model.prepare_audio_inputs([samples]), model)
-        output = model.generate(**inputs, return_timestamps=True, return_segments=True, use_medusa=use_medusa)
+        output, stats = model.generate(**inputs, return_timestamps=True, return_segments=True, use_medusa=use_medusa,
+                                       return_stats=True)
         runtime.synchronize(model)
         ids = [token for segment in output["segments"][0] for token in segment["tokens"].tolist()]
-        return model.segments(output)[0], ids
+        return model.segments(output)[0], ids, stats
 
     return transcribe
 
@@ -59,7 +61,7 @@ def faster_whisper_decoder(hub_id: str, threads: int):
     def transcribe(samples):
         segments, _ = model.transcribe(samples, beam_size=1, best_of=1, temperature=0.0, vad_filter=False,
                                        condition_on_previous_text=False, without_timestamps=False)
-        return [(s.start, s.end, s.text.strip()) for s in segments], None
+        return [(s.start, s.end, s.text.strip()) for s in segments], None, None
 
     return transcribe
 
@@ -99,6 +101,8 @@ def compare(decoders: dict, samples: np.ndarray, sentences: list, repeats: int) 
             seconds[name].append(time.perf_counter() - start)
     rows = {name: describe(outputs[name][0], sentences, seconds[name]) for name in names}
     rows["ours"]["ids_equal_base"] = outputs["ours"][1] == outputs["base"][1]
+    stats = outputs["ours"][2] or {}
+    rows["ours"].update({k: stats[k] for k in ("draft", "mean_accepted_per_round", "rounds") if k in stats})
     return rows
 
 
@@ -111,11 +115,12 @@ def render(results: dict) -> str:
     for condition, rows in results["conditions"].items():
         body = [[name, f"{r['seconds']:.2f}", r["segments"], _f(r["median_segment_s"]), _f(r["max_segment_s"]),
                  _f(r["start_error"]["median_s"]), _f(r["end_error"]["median_s"]), f"{100 * r['wer']:.1f} %",
-                 {True: "yes", False: "no"}.get(r.get("ids_equal_base"), "")]
+                 {True: "yes", False: "no"}.get(r.get("ids_equal_base"), ""),
+                 f"{r['draft']}, {r['mean_accepted_per_round']:.2f}" if "draft" in r else ""]
                 for name, r in rows.items()]
         lines += [f"## {condition}", "", markdown_table(
             ["decoder", "seconds", "segments", "median segment s", "longest s", "start error s (median)",
-             "end error s (median)", "WER", "ids = base's"], body), ""]
+             "end error s (median)", "WER", "ids = base's", "draft, tokens per round"], body), ""]
     lines += [f"Command: `{results['command']}`", ""]
     return "\n".join(lines)
 
