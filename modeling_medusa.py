@@ -295,21 +295,22 @@ class MedusaForASR(PreTrainedModel):
         key = (tree, str(device), id(self.drafter), heads_version, fused)
         if key not in self._drafters:
             self._drafters = {k: d for k, d in self._drafters.items() if k[3] in (None, heads_version)}
-            self._drafters[key] = self._build_drafter(tree, device, int8, fused)
+            self._drafters[key] = self._build_drafter(tree, device, int8, heads_version if fused else None)
         return self._drafters[key]
 
-    def _fused_weights(self, projection: DraftProjection) -> FusedPathWeights:
+    def _fused_weights(self, projection: DraftProjection, heads_version) -> FusedPathWeights:
         """The heads rearranged for fused drafting, shared by every tree's drafter; made again when the heads or
         the draft rows change (a new base's weights give new rows)."""
         rows = projection.weight()
-        version = (tuple((p.data_ptr(), p._version) for p in self.medusa_heads.parameters()), rows.data_ptr())
+        version = (heads_version, rows.data_ptr())
         if self._fused_path_weights is None or self._fused_path_weights[0] != version:
             with torch.no_grad():
                 weights = FusedPathWeights(self.medusa_heads, rows, self.draft_vocab, self.backbone.embed)
             self._fused_path_weights = (version, weights)
         return self._fused_path_weights[1]
 
-    def _build_drafter(self, tree: DraftTree, device, int8: bool = False, fused: bool = False):
+    def _build_drafter(self, tree: DraftTree, device, int8: bool = False, fused_heads_version=None):
+        """The drafter for ``tree``; with ``fused_heads_version`` (the heads' version), the fused path drafter."""
         if self.drafter is not None:  # a stand-in for the heads: full-vocabulary logits per head
             return MedusaDrafter(tree, device, self.drafter)
         if tree.depth > self.config.medusa_num_heads:
@@ -320,9 +321,9 @@ class MedusaForASR(PreTrainedModel):
         if self.config.head_kind == "medusa":
             return MedusaDrafter(tree, device, lambda hidden: projection.logits(heads(hidden)), projection.token_ids)
         speech = self.backbone.speech_memory if self.config.speech_attention else None
-        if fused:
+        if fused_heads_version is not None:
             return FusedPathDrafter(tree, device, heads, projection, self.backbone.embed, speech,
-                                    self._fused_weights(projection))
+                                    self._fused_weights(projection, fused_heads_version))
         return PathDrafter(tree, device, heads, projection, self.backbone.embed, speech)
 
     def draft_tree(self, draft="auto") -> DraftTree:

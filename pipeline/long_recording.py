@@ -53,9 +53,8 @@ LONG_TEXT = [
 ]
 
 
-
 class FliteMissing(RuntimeError):
-    pass
+    """No flite binary on this machine."""
 
 
 def flite(text: str, path: Path, voice: str = "slt") -> np.ndarray:

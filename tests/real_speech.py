@@ -15,11 +15,16 @@ from pipeline.long_recording import with_noise  # noqa: F401  (the tests' import
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def flite(text: str, path: Path, voice: str = "slt") -> np.ndarray:
+def _or_skip(make, *args):
+    """``make(*args)``, the test skipped where flite is not installed."""
     try:
-        return material.flite(text, path, voice)
+        return make(*args)
     except material.FliteMissing as missing:
         pytest.skip(str(missing))
+
+
+def flite(text: str, path: Path, voice: str = "slt") -> np.ndarray:
+    return _or_skip(material.flite, text, path, voice)
 
 
 def long_recording(folder: Path, seconds: float = 120.0, pause: float = 0.6) -> np.ndarray:
@@ -29,10 +34,7 @@ def long_recording(folder: Path, seconds: float = 120.0, pause: float = 0.6) -> 
 
 def long_recording_with_sentences(folder: Path, seconds: float = 120.0, pause: float = 0.6):
     """``long_recording`` and, for each sentence in it, ``(text, first sample, end sample)``."""
-    try:
-        return material.long_recording_with_sentences(folder, seconds, pause)
-    except material.FliteMissing as missing:
-        pytest.skip(str(missing))
+    return _or_skip(material.long_recording_with_sentences, folder, seconds, pause)
 
 
 def converted_tiny_en() -> Path:

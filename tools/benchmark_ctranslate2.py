@@ -26,17 +26,30 @@ from tools.files import command_line, write_json_atomic
 CT2_COMPUTE_TYPES = ("float32", "int8")
 
 
-def ctranslate2_decoder(hub_id: str, compute_type: str, threads: int):
-    from faster_whisper import WhisperModel
-
+def faster_whisper_segments(hub_id: str, compute_type: str, threads: int, timestamps: bool):
+    """``samples -> [faster-whisper segment]``: faster-whisper over ``hub_id``'s CTranslate2 weights on the CPU,
+    greedy (beam 1, temperature 0 only), no previous-text conditioning, no VAD."""
+    try:
+        from faster_whisper import WhisperModel
+    except ImportError as missing:
+        raise SystemExit(f"this comparison needs faster-whisper ({missing}): pip install faster-whisper") from None
     from pipeline.real_whisper import ensure_ct2_folder
 
     model = WhisperModel(str(ensure_ct2_folder(hub_id)), device="cpu", compute_type=compute_type, cpu_threads=threads)
 
-    def transcribe(samples) -> str:
-        segments, _ = model.transcribe(samples, beam_size=1, best_of=1, temperature=0.0, without_timestamps=True,
+    def transcribe(samples) -> list:
+        segments, _ = model.transcribe(samples, beam_size=1, best_of=1, temperature=0.0, without_timestamps=not timestamps,
                                        condition_on_previous_text=False, vad_filter=False)
-        return " ".join(segment.text.strip() for segment in segments)
+        return list(segments)
+
+    return transcribe
+
+
+def ctranslate2_decoder(hub_id: str, compute_type: str, threads: int):
+    segments_of = faster_whisper_segments(hub_id, compute_type, threads, timestamps=False)
+
+    def transcribe(samples) -> str:
+        return " ".join(segment.text.strip() for segment in segments_of(samples))
 
     return transcribe
 

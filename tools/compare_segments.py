@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from tools import runtime
+from tools.benchmark_ctranslate2 import faster_whisper_segments
 from tools.benchmark_inputs import load_model, resolve_artifact
 from tools.benchmark_report import corpus_wer
 from tools.files import command_line, write_atomic, write_json_atomic
@@ -50,18 +51,10 @@ def ours_decoder(model, use_medusa: bool):
 
 
 def faster_whisper_decoder(hub_id: str, threads: int):
-    try:
-        from faster_whisper import WhisperModel
-    except ImportError as missing:
-        raise SystemExit(f"compare_segments needs faster-whisper ({missing}): pip install faster-whisper") from None
-    from pipeline.real_whisper import ensure_ct2_folder
-
-    model = WhisperModel(str(ensure_ct2_folder(hub_id)), device="cpu", compute_type="float32", cpu_threads=threads)
+    segments_of = faster_whisper_segments(hub_id, "float32", threads, timestamps=True)
 
     def transcribe(samples):
-        segments, _ = model.transcribe(samples, beam_size=1, best_of=1, temperature=0.0, vad_filter=False,
-                                       condition_on_previous_text=False, without_timestamps=False)
-        return [(s.start, s.end, s.text.strip()) for s in segments], None, None
+        return [(s.start, s.end, s.text.strip()) for s in segments_of(samples)], None, None
 
     return transcribe
 
