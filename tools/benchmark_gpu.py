@@ -29,6 +29,7 @@ from tools.files import command_line, write_atomic, write_json_atomic
 from backbone_meralion2 import MERaLiON2Backbone
 from draft_policy import cuda_ms
 from draft_trees import DraftTree, build_tree_from_accuracy
+from kv_cache import CachePool
 from medusa_fast import capture_cuda_graph
 from tools.meralion2_shaped import (SEED_PROFILE, SEED_TOP1, SHAPES, ReplayDrafter, ReplayedRunner,
                                    build_model, decoder_bytes, make_prompt, plain_continuation, prefill, rank_profile)
@@ -93,10 +94,12 @@ def verify_cost_table(model, backbone, sizes, compile_sizes, report):
 
 
 def verify_pass(backbone, inputs, n):
-    """One verify pass of ``n`` tokens (decoder + output projection) on a prefilled prompt, as a function to time."""
+    """One verify pass of ``n`` tokens (decoder + output projection) on a prefilled prompt, as a function to time.
+    The cache comes from a ``CachePool`` as in ``generate``: its capacity rounded up to 128 slots (an odd capacity
+    sends the attention's products to cuBLAS's unaligned kernels)."""
     device = inputs["input_ids"].device
     ids = torch.randint(2, 200000, (1, n), device=device)
-    state, _ = prefill(backbone, inputs, 8, 2 * n)
+    state, _ = prefill(backbone, inputs, 8, 2 * n, cache_pool=CachePool())
     tt = (DraftTree.chain(n - 1) if n > 1 else DraftTree(())).tensors(device)
     upto = state.cache.capacity  # the captured rounds attend over the whole cache
     return lambda: backbone.logits(backbone.decode(state, ids, tt.depths, tt.ancestors, upto))

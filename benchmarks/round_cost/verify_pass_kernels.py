@@ -1,0 +1,89 @@
+"""Where a MERaLiON-2 verify pass spends its time on the GPU: the fused, compiled and captured pass of
+``tools.benchmark_gpu`` (random weights of the full shape), its kernels grouped by kind (weight products, attention,
+Triton-fused elementwise, other) with torch.profiler, for inductor's default choice of product kernels and for its
+autotuned choice (``max_autotune_gemm``: Triton templates timed against cuBLAS). Writes one JSON with the command.
+
+    python benchmarks/round_cost/verify_pass_kernels.py --shape meralion2-3b --tokens 1,5 \
+        --out benchmarks/round_cost/h200_meralion2-3b_verify_kernels.json
+"""
+
+import argparse
+import collections
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+from backbone_meralion2 import MERaLiON2Backbone  # noqa: E402
+from medusa_fast import capture_cuda_graph  # noqa: E402
+from tools.benchmark_gpu import measure_copy_bandwidth, time_cuda, verify_pass  # noqa: E402
+from tools.files import command_line, write_json_atomic  # noqa: E402
+from tools.meralion2_shaped import build_model, decoder_bytes, make_prompt  # noqa: E402
+
+KINDS = (("product", ("gemm", "gemv", "nvjet", "cutlass", "sm90_xmma", "splitk", "triton_tem")),
+         ("attention", ("flash", "fmha", "attention", "sdpa")),
+         ("triton", ("triton_",)))
+
+
+def kind(name: str) -> str:
+    lowered = name.lower()
+    return next((k for k, marks in KINDS if any(m in lowered for m in marks)), "other")
+
+
+def kernel_table(replay, replays: int = 20) -> dict:
+    """us per pass by kernel kind, the kernel count per pass and the 12 costliest kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            replay()
+        torch.cuda.synchronize()
+    per_kind, per_kernel, count = collections.Counter(), collections.Counter(), 0
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA or "memcpy" in event.name.lower():
+            continue
+        us = event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+        per_kind[kind(event.name)] += us / replays
+        per_kernel[event.name[:90]] += us / replays
+        count += 1
+    return {"us_by_kind": dict(per_kind), "kernels_per_pass": count / replays,
+            "top_kernels_us": dict(per_kernel.most_common(12))}
+
+
+def measure(backbone, inputs, n: int, autotune: bool) -> dict:
+    import torch._inductor.config as inductor
+
+    torch._dynamo.reset()
+    inductor.max_autotune_gemm = autotune
+    graph = capture_cuda_graph(torch.compile(verify_pass(backbone, inputs, n), dynamic=False), warmups=3)
+    row = {"tokens": n, "autotuned_products": autotune, "pass_ms": time_cuda(graph.replay), **kernel_table(graph.replay)}
+    del graph
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shape", default="meralion2-3b")
+    parser.add_argument("--tokens", default="1,5")
+    parser.add_argument("--autotune", default="off,on")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    model = build_model(torch.device("cuda"), torch.bfloat16, args.shape, None)
+    backbone = MERaLiON2Backbone(model)
+    backbone.fuse_projections()
+    floor_ms = decoder_bytes(model) / measure_copy_bandwidth(torch.device("cuda")) * 1000
+    inputs = make_prompt(model, 1, model.device)
+    rows = []
+    for n in (int(t) for t in args.tokens.split(",")):
+        for autotune in args.autotune.split(","):
+            row = measure(backbone, inputs, n, autotune == "on")
+            row["x_floor"] = row["pass_ms"] / floor_ms
+            rows.append(row)
+            print(row, flush=True)
+            write_json_atomic(args.out, {"command": command_line("benchmarks/round_cost/verify_pass_kernels.py"), "device": torch.cuda.get_device_name(),
+                                         "torch": torch.__version__, "shape": args.shape, "floor_ms": floor_ms,
+                                         "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
