@@ -2,9 +2,10 @@
 ``transformers.pipeline("automatic-speech-recognition", model=<artifact>, trust_remote_code=True)``.
 
 The library's own pipeline does everything (audio decoding and resampling, chunking, batching, timestamps,
-segment merging); this subclass only tells it that the model decodes like Whisper, hands it the base's
-processor (the artifact folder holds none), and keeps greedy decoding as the default
-(the pipeline's own default is a 5-beam search, which Medusa does not accelerate: pass ``num_beams=5`` for it)."""
+segment merging); this subclass only tells it that the model decodes like Whisper, hands it the processor (the
+base's, loaded with the model, else the copy an exported artifact ships), and keeps greedy decoding as the default
+(the pipeline's own default is a 5-beam search, which Medusa does not accelerate: pass ``num_beams=5`` for it).
+A MERaLiON-2 artifact is refused in one line: its processor builds an instruction prompt the pipeline does not."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from transformers import AutomaticSpeechRecognitionPipeline, GenerationConfig
 
 
 class MedusaSpeechRecognitionPipeline(AutomaticSpeechRecognitionPipeline):
-    _load_tokenizer = False  # the artifact has none of its own: the base's processor is used
+    _load_tokenizer = False  # the model's processor is used (see __init__)
     _load_feature_extractor = False
     _default_generation_config = GenerationConfig(max_new_tokens=256)  # greedy: what Medusa accelerates
 
@@ -20,7 +21,7 @@ class MedusaSpeechRecognitionPipeline(AutomaticSpeechRecognitionPipeline):
         if getattr(model, "family", None) != "whisper":
             raise ValueError(f"The ASR pipeline runs Whisper-family artifacts; this one's base is "
                              f"{getattr(model, 'family', type(model).__name__)}: use model.generate (see the model card).")
-        processor = model.processor
+        processor = model.processor or (None if tokenizer and feature_extractor else _shipped_processor(model))
         if processor is None and (tokenizer is None or feature_extractor is None):
             raise ValueError("The base was loaded without a processor: pass tokenizer= and feature_extractor= "
                              "(e.g. WhisperProcessor.from_pretrained(<base>)'s).")
@@ -30,3 +31,13 @@ class MedusaSpeechRecognitionPipeline(AutomaticSpeechRecognitionPipeline):
         # Timestamps: the parent's postprocess reads the encoder length from the model's config (Medusa's here)
         model.config.max_source_positions = model.base.config.max_source_positions
 
+
+
+def _shipped_processor(model):
+    """The processor files an exported artifact ships beside its config (None when there are none)."""
+    from transformers import WhisperProcessor
+
+    try:
+        return WhisperProcessor.from_pretrained(model.config.name_or_path)
+    except (OSError, ValueError, TypeError):
+        return None

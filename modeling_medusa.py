@@ -59,6 +59,7 @@ CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.
               "medusa_heads.py", "draft_policy.py", "draft_trees.py", "kv_cache.py", "logits_rules.py", "backbone.py",
               "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py")
 # transformers.pipeline("automatic-speech-recognition", model=<artifact>, trust_remote_code=True) builds this class
+# (for a family it does not run, it says so in one line)
 ASR_PIPELINE = {"impl": "asr_pipeline.MedusaSpeechRecognitionPipeline", "pt": ["AutoModel"], "tf": [], "type": "audio"}
 BACKBONES: dict[str, type[Backbone]] = {backbone.family: backbone for backbone in (WhisperBackbone, MERaLiON2Backbone)}
 BASE_LOAD_KWARGS = ("torch_dtype", "dtype", "device_map", "attn_implementation", "quantization_config",
@@ -189,12 +190,11 @@ class MedusaForASR(PreTrainedModel):
         try:
             if target.is_dir():
                 shutil.copytree(target, tmp, dirs_exist_ok=True)
-            self.config.auto_map = {"AutoConfig": "configuration_medusa.MedusaConfig",
-                                    "AutoModel": "modeling_medusa.MedusaForASR"}
-            self.config.architectures = ["MedusaForASR"]
-            if BACKBONES[self.family].asr_pipeline:
-                self.config.custom_pipelines = {"automatic-speech-recognition": ASR_PIPELINE}
+            for name, value in loading_fields(self.family).items():
+                setattr(self.config, name, value)
             self.config.save_pretrained(tmp)
+            if self.processor is not None and BACKBONES[self.family].asr_pipeline:
+                self.processor.save_pretrained(tmp)  # the tokenizer and feature extractor the ASR pipeline loads
             heads = {k: v.detach().contiguous().cpu() for k, v in self.medusa_heads.state_dict().items()}
             if self.draft_vocab is not None:
                 heads[DRAFT_VOCAB_KEY] = self.draft_vocab.detach().to("cpu", torch.long).contiguous()
@@ -457,7 +457,11 @@ class MedusaForASR(PreTrainedModel):
             plan = self.backbone.window_plan(input_ids, logits_processor, stopping_criteria, generation_config,
                                              model_kwargs)
             if isinstance(plan, str):
-                if not generation_config.do_sample:  # (a sampled temperature-fallback retry is the base's by design)
+                if generation_config.do_sample:
+                    warnings.warn(f"Temperature fallback: a window its thresholds rejected is retried at temperature "
+                                  f"{generation_config.temperature:g} by the base's own sampling (Medusa decodes the "
+                                  f"greedy attempts only).", stacklevel=2)
+                else:
                     warnings.warn(f"Medusa decoding does not support {plan}; this window uses the base's own decoding.")
                 return GenerationMixin._sample(model, input_ids, logits_processor, stopping_criteria,
                                                generation_config, **model_kwargs)
@@ -691,6 +695,17 @@ def resolve_base(name_or_path: str) -> str:
 def converted_base_folder(hub_id: str) -> Path:
     """Where ``pipeline.real_whisper`` converts ``hub_id`` (``cache_dir()/<last part of the id>``)."""
     return cache_dir() / str(hub_id).rstrip("/").split("/")[-1]
+
+
+def loading_fields(family: str) -> dict:
+    """config.json's fields that tell transformers how to load an artifact of ``family``: its classes (for
+    Whisper also as ``AutoModelForSpeechSeq2Seq``, the class the ASR pipeline and Whisper users reach for) and
+    the ASR pipeline's class."""
+    auto_map = {"AutoConfig": "configuration_medusa.MedusaConfig", "AutoModel": "modeling_medusa.MedusaForASR"}
+    if BACKBONES[family].asr_pipeline:
+        auto_map["AutoModelForSpeechSeq2Seq"] = "modeling_medusa.MedusaForASR"
+    return {"auto_map": auto_map, "architectures": ["MedusaForASR"],
+            "custom_pipelines": {"automatic-speech-recognition": ASR_PIPELINE}}
 
 
 def _merge_adapter(base, adapter_path):

@@ -6,13 +6,15 @@
 ``huggingface-cli upload`` publishes every file of the folder it is given and follows links, so a
 ``heads/*`` folder of this repository (whose code files are links to the root's) is never uploaded as it
 is. This writes exactly the published files: the artifact's own (config, heads, model card, training
-records) and real copies of the remote code and of the short example (the full transcription command and
-the other tools stay in the repository's ``tools`` package).
+records), real copies of the remote code and of the short example (the full transcription command and
+the other tools stay in the repository's ``tools`` package), and for a Whisper base its processor's files
+(tokenizer and feature extractor, which the ASR pipeline loads; the repository keeps no copy of them).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -42,17 +44,42 @@ def published_files(artifact: Path) -> list[str]:
     return sorted({*ARTIFACT_FILES, *records, *code_files(), *COMMAND_FILES})
 
 
-def write_hub_folder(artifact: Path, out: Path) -> list[str]:
+def base_processor(artifact: Path):
+    """The processor the ASR pipeline of ``artifact`` loads: the files the artifact holds, else its Whisper
+    base's (the converted copy or the Hugging Face cache, offline); None for a base the pipeline does not run."""
+    from transformers import WhisperProcessor
+
+    from modeling_medusa import resolve_base
+
+    config = json.loads((artifact / "config.json").read_text(encoding="utf-8"))
+    if config.get("base_family") != "whisper":
+        return None
+    base = config["base_model_name_or_path"]
+    for source in (artifact, resolve_base(base)):
+        try:
+            return WhisperProcessor.from_pretrained(str(source))
+        except (OSError, ValueError, TypeError):
+            continue
+    raise SystemExit(f"{artifact}: cannot load the processor of its base {base} offline; convert the base first "
+                     f"(python -m pipeline.real_whisper {base}) or download it")
+
+
+def write_hub_folder(artifact: Path, out: Path, processor=None) -> list[str]:
     """Copy the published files of ``artifact`` into a fresh ``out`` (links resolved: the code from the
-    repository root, so a stale copy inside the artifact is never published); returns their names."""
+    repository root, so a stale copy inside the artifact is never published), with ``processor``'s files
+    (default: ``base_processor(artifact)``); returns their names."""
     names = published_files(artifact)
     if out.resolve() == artifact.resolve():
         raise SystemExit(f"{out}: the upload folder must not be the artifact itself")
+    processor = processor if processor is not None else base_processor(artifact)
     source_code = {*code_files(), *COMMAND_FILES}
     with staged_folder(out, "upload") as staged:
         for name in names:
             source = ROOT / name if name in source_code else artifact / name
             shutil.copyfile(source, staged / name)  # contents only: a link becomes a real file
+        if processor is not None:
+            processor.save_pretrained(staged)  # (tokenizer and processor files: no name of the artifact's)
+            names = sorted(p.name for p in staged.iterdir())
     return names
 
 

@@ -3,8 +3,10 @@
     python -m pipeline.update_card heads/whisper-base benchmarks/real_speech/gpu_base_*/results.json
 
 Each ``results.json`` (written by ``tools.benchmark``) replaces the artifact's ``config.json`` benchmark entry
-with the same label (device, dtype, draft, rounds mode) or adds one; the README.md model card is then
-rendered again from the updated config. Heads, tree and training provenance are left as exported.
+with the same label (device, dtype, draft, rounds mode) or adds one; the fields that tell transformers how to
+load the artifact (``auto_map``, the ASR pipeline) are written as ``save_pretrained`` writes them today (with
+no results, only they are refreshed); the README.md model card is then rendered again from the updated config.
+Heads, tree and training provenance are left as exported.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ def update_benchmarks(artifact: str, results: list[str]) -> list[str]:
         raise SystemExit(f"{artifact}: no config.json (pass an exported artifact folder)")
     with open(config_path, encoding="utf-8") as f:
         config = json.load(f)
+    from modeling_medusa import loading_fields
+
+    config.update(loading_fields(config["base_family"]))
     labels = []
     for path in results:
         label, row = compact_benchmark(path)
@@ -41,7 +46,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m pipeline.update_card", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("artifact", help="exported artifact folder (holds config.json)")
-    p.add_argument("results", nargs="+", help="tools.benchmark results.json files")
+    p.add_argument("results", nargs="*", help="tools.benchmark results.json files")
     args = p.parse_args(argv)
     for label in update_benchmarks(args.artifact, args.results):
         print(f"[update_card] {args.artifact}: {label}")

@@ -6,6 +6,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -77,11 +78,26 @@ def test_remote_code_imports_only_what_transformers_and_torch_bring():
         assert packages <= {"torch", "transformers", "safetensors", "huggingface_hub"}, (name, packages)
 
 
-def test_save_pretrained_writes_config_heads_and_code_only(artifact):
+def processor_files(processor, folder: Path) -> list[str]:
+    """The names ``processor.save_pretrained`` writes (this transformers version's)."""
+    processor.save_pretrained(folder)
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_save_pretrained_writes_config_heads_code_and_the_pipelines_processor(artifact, base_folder, tmp_path):
+    """A Whisper artifact also ships its base's processor files (the ASR pipeline loads them) and names its class
+    for ``AutoModelForSpeechSeq2Seq``; a MERaLiON-2 artifact neither (the pipeline refuses it in one line)."""
+    from modeling_medusa import ASR_PIPELINE, MedusaForASR
+
+    whisper = base_folder[1] == "whisper"
+    shipped = processor_files(MedusaForASR.from_pretrained(str(artifact)).processor, tmp_path) if whisper else []
     names = sorted(p.name for p in artifact.iterdir())
-    assert names == sorted(["config.json", "medusa_heads.safetensors", *CODE_FILES])
+    assert names == sorted(["config.json", "medusa_heads.safetensors", *CODE_FILES, *shipped])
+    assert not whisper or {"tokenizer_config.json"} <= set(shipped)
     config = json.loads((artifact / "config.json").read_text())
     assert config["auto_map"]["AutoModel"] == "modeling_medusa.MedusaForASR"
+    assert ("AutoModelForSpeechSeq2Seq" in config["auto_map"]) == whisper
+    assert config["custom_pipelines"] == {"automatic-speech-recognition": ASR_PIPELINE}
     heads_bytes = (artifact / "medusa_heads.safetensors").stat().st_size
     hidden = config["hidden_size"]
     assert heads_bytes < 4 * (hidden * hidden + hidden) * 4 + 10_000  # heads only, no vocabulary matrix
@@ -100,6 +116,32 @@ def test_automodel_loads_the_artifact_with_trust_remote_code(artifact, base_fold
     assert all(p.shape[0] != projection.shape[0] for p in model.medusa_heads.parameters())
     assert model.backbone.output_projection is (model.base.proj_out if base_folder[1] == "whisper"
                                                 else model.base.text_decoder.lm_head)
+
+
+def test_asr_pipeline_runs_whisper_artifacts_and_refuses_meralion2_in_one_line(artifact, base_folder):
+    """``pipeline("automatic-speech-recognition", model=<artifact>, trust_remote_code=True)``: a Whisper artifact
+    loads (through ``AutoModelForSpeechSeq2Seq`` too) and transcribes with the model's processor or, where the
+    model has none, the processor files the artifact ships (the same text); MERaLiON-2's is refused, naming
+    what to use instead."""
+    from transformers import pipeline
+
+    from asr_pipeline import MedusaSpeechRecognitionPipeline
+
+    if base_folder[1] != "whisper":
+        with pytest.raises(ValueError, match="runs Whisper-family artifacts.*use model.generate"):
+            pipeline("automatic-speech-recognition", model=str(artifact), trust_remote_code=True)
+        return
+    from transformers import AutoModelForSpeechSeq2Seq
+
+    model = AutoModelForSpeechSeq2Seq.from_pretrained(str(artifact), trust_remote_code=True)
+    assert type(model).__name__ == "MedusaForASR"
+    audio = {"raw": np.random.default_rng(3).standard_normal(16000).astype(np.float32) * 0.1, "sampling_rate": 16000}
+    ours = pipeline("automatic-speech-recognition", model=str(artifact), trust_remote_code=True)
+    assert type(ours).__name__ == "MedusaSpeechRecognitionPipeline"
+    want = ours(dict(audio), generate_kwargs={"max_new_tokens": 8})
+    model.processor = None
+    shipped = MedusaSpeechRecognitionPipeline(model)
+    assert shipped(dict(audio), generate_kwargs={"max_new_tokens": 8}) == want
 
 
 def test_save_pretrained_folder_keeps_the_umask(artifact, tmp_path):

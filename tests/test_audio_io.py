@@ -232,6 +232,17 @@ def test_meralion_length_windows_cover_long_audio():
     assert len(windows) == 3
 
 
+def test_pause_windows_fall_back_to_quiet_points_without_silero(monkeypatch):
+    """Without the silero-vad package the windows are energy's (``plan_windows``): every sample covered, cut in a gap."""
+    def missing():
+        raise ImportError("voice-activity detection needs silero-vad: pip install silero-vad")
+
+    monkeypatch.setattr(audio_io, "_silero", missing)
+    samples = speech_like(120.0)
+    assert audio_io.pause_windows(samples, 30.0) == audio_io.plan_windows(samples, 30.0)
+    assert audio_io.pause_windows(samples[: SR * 20], 30.0) == [Window(0, SR * 20)]
+
+
 @needs_flite
 def test_cuts_in_real_speech_fall_between_words(speech_wav):
     speech = audio_io.load_audio(speech_wav)

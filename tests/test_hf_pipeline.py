@@ -71,3 +71,12 @@ def test_pipeline_chunked_long_audio_equals_the_base_pipeline(pipelines, tmp_pat
     want = base({"raw": audio, "sampling_rate": 16000}, **options)
     assert got["text"] == want["text"] and got["chunks"] == want["chunks"]
     assert len(got["text"].split()) > 100
+
+
+def test_pipeline_word_timestamps_equal_the_base_pipeline(pipelines, clips):
+    """``return_timestamps="word"``: Medusa decodes, the base's cross-attention times the words, as in the
+    library's pipeline over the base."""
+    ours, base = pipelines
+    got = _medusa_ran(lambda: ours({"raw": clips[0], "sampling_rate": 16000}, return_timestamps="word"))
+    want = base({"raw": clips[0], "sampling_rate": 16000}, return_timestamps="word")
+    assert got["chunks"] == want["chunks"] and len(got["chunks"]) >= 10

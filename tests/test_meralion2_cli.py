@@ -1,5 +1,6 @@
-"""The transcription command on a MERaLiON-2 artifact (tiny stand-in, transformers 4.51): multi-chunk audio
-goes through the processor's chunked prompt, and the transcript is the same with and without Medusa."""
+"""The transcription command on a MERaLiON-2 artifact (tiny stand-in, transformers 4.51): 40 s of audio in the
+default 30 s windows (cut at voice-activity pauses), or with ``--window-seconds 60`` in one window through the
+processor's multi-chunk prompt; either way the transcript is the same with and without Medusa."""
 
 import json
 
@@ -12,7 +13,8 @@ pytestmark = pytest.mark.skipif(not transformers_below_452(),
                                 reason="MERaLiON-2's remote code runs on transformers ~4.51 only")
 
 
-def test_cli_transcribes_multi_chunk_audio_identically_with_and_without_medusa(tmp_path):
+@pytest.mark.parametrize("window_seconds", [None, 60.0])
+def test_cli_transcribes_multi_chunk_audio_identically_with_and_without_medusa(tmp_path, window_seconds):
     import soundfile as sf
 
     from tools import transcribe
@@ -25,7 +27,8 @@ def test_cli_transcribes_multi_chunk_audio_identically_with_and_without_medusa(t
     for name, seconds in (("long.wav", 40.0), ("short.wav", 4.0)):
         sf.write(tmp_path / name, (rng.standard_normal(int(16000 * seconds)) * 0.1).astype(np.float32), 16000)
     common = [str(tmp_path / "long.wav"), str(tmp_path / "short.wav"), "--model", str(tmp_path / "artifact"),
-              "--format", "json", "--batch-size", "2", "--max-new-tokens", "24"]
+              "--format", "json", "--batch-size", "2", "--max-new-tokens", "24",
+              *(["--window-seconds", str(window_seconds)] if window_seconds else [])]
     assert transcribe.main(common + ["--output", str(tmp_path / "medusa")]) == 0
     assert transcribe.main(common + ["--output", str(tmp_path / "plain"), "--no-medusa"]) == 0
     for name in ("long.json", "short.json"):

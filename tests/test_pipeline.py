@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 torch.set_num_threads(1)
 
-from conftest import has_table_row  # noqa: E402
+from conftest import has_table_row, requires_transformers5  # noqa: E402
 from configuration_medusa import MedusaConfig  # noqa: E402
 from modeling_medusa import MedusaForASR  # noqa: E402
 from pipeline import collect, export, train, update_card  # noqa: E402
@@ -733,21 +733,31 @@ def test_base_folder_resolves_known_whisper_ids_offline(tmp_path, monkeypatch):
     assert calls == ["openai/whisper-tiny.en", "tiny.en"]
 
 
+@requires_transformers5  # (Whisper's processor: the tiny Whisper's tokenizer is transformers 5's)
 def test_hub_folder_holds_real_files_of_each_shipped_artifact(tmp_path):
-    """What ``huggingface-cli upload`` would publish for heads/*: the artifact's own files and real copies of
-    the remote code and the transcription command (no links, none of the tools), importable on their own."""
+    """What ``huggingface-cli upload`` would publish for heads/*: the artifact's own files, real copies of the
+    remote code and the transcription command (no links, none of the tools), importable on their own, and the
+    base's processor files (here a tiny Whisper's processor stands in for the real bases')."""
     import subprocess
+
+    from tiny_models import build_tiny_whisper
 
     from modeling_medusa import CODE_FILES
     from pipeline import hub_folder
 
+    processor = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path / "tiny", seed=1)), family="whisper").processor
+    processor.save_pretrained(tmp_path / "processor")
+    processor_files = {p.name for p in (tmp_path / "processor").iterdir()}
     root = Path(ROOT)
     for name in ("whisper-tiny.en", "whisper-base"):
         artifact, out = root / "heads" / name, tmp_path / name
-        names = hub_folder.write_hub_folder(artifact, out)
+        names = hub_folder.write_hub_folder(artifact, out, processor=processor)
         assert set(names) == {"config.json", "medusa_heads.safetensors", "README.md", "training_metrics.json",
-                              "collect_info.json", *CODE_FILES, "example_inference.py"}
+                              "collect_info.json", *CODE_FILES, "example_inference.py", *processor_files}
         assert sorted(p.name for p in out.iterdir()) == names
+        for file in processor_files:
+            assert (out / file).read_bytes() == (tmp_path / "processor" / file).read_bytes(), file
+        names = [n for n in names if n not in processor_files]
         assert not any(p.is_symlink() or not p.is_file() for p in out.iterdir())
         for file in names:
             source = root / file if file.endswith(".py") else artifact / file
@@ -755,6 +765,28 @@ def test_hub_folder_holds_real_files_of_each_shipped_artifact(tmp_path):
     env = {**os.environ, "PYTHONPATH": ""}
     subprocess.run([sys.executable, "-c", "import modeling_medusa, example_inference, asr_pipeline"],
                    cwd=tmp_path / "whisper-tiny.en", env=env, check=True)
+
+
+@requires_transformers5
+def test_hub_folder_takes_the_processor_the_artifact_ships_else_says_how_to_get_the_bases(tmp_path):
+    """``base_processor``: a Whisper artifact's own processor files first, else its base's; a base it cannot load
+    offline is one line saying how to convert it; a MERaLiON-2 artifact has none to publish (no ASR pipeline)."""
+    from tiny_models import build_tiny_whisper
+
+    from pipeline import hub_folder
+
+    artifact = tmp_path / "artifact"
+    artifact.mkdir()
+    config = {"base_family": "whisper", "base_model_name_or_path": "nobody/no-such-whisper"}
+    (artifact / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit, match="cannot load the processor of its base nobody/no-such-whisper offline.*"
+                                         "python -m pipeline.real_whisper nobody/no-such-whisper"):
+        hub_folder.base_processor(artifact)
+    tiny = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path / "tiny", seed=1)), family="whisper")
+    tiny.processor.save_pretrained(artifact)
+    assert hub_folder.base_processor(artifact).tokenizer.get_vocab() == tiny.processor.tokenizer.get_vocab()
+    (artifact / "config.json").write_text(json.dumps({**config, "base_family": "meralion2"}))
+    assert hub_folder.base_processor(artifact) is None
 
 
 def test_quantise_says_where_llm_compressor_lives_and_keeps_a_finished_folder(tmp_path, capsys):

@@ -123,6 +123,23 @@ def test_long_audio_keeps_its_words(model, three_minutes, noise, tmp_path, capsy
         assert whole_wer < 0.25, f"the long-form loop is back: WER {whole_wer:.3f} (one by one {alone_wer:.3f})"
 
 
+def test_windows_of_a_long_noisy_recording_are_cut_in_its_pauses(three_minutes):
+    """The windows a model without its own long-form (MERaLiON-2) gets: 30 s at most, every sample covered, each cut
+    at a pause of the speech by Silero's probability, under continuous pink noise at 10 dB too (no quiet point by
+    energy there)."""
+    from tools import audio_io
+
+    clean, _ = three_minutes
+    windows = audio_io.pause_windows(with_noise(clean, snr_db=10.0), max_seconds=30.0)
+    assert windows[0].start == 0 and windows[-1].end == len(clean) and len(windows) >= 6
+    assert all(w.end == after.start for w, after in zip(windows, windows[1:]))
+    assert all(w.num_samples <= 30 * SR for w in windows)
+    speech_level = np.sqrt(np.mean(clean[np.abs(clean) > 0] ** 2))
+    for window in windows[:-1]:
+        around = clean[window.end - SR // 20 : window.end + SR // 20]  # 50 ms either side of the cut
+        assert np.sqrt(np.mean(around**2)) < 0.05 * speech_level, window.end / SR
+
+
 def test_vad_cuts_a_long_noisy_recording_in_its_pauses(three_minutes):
     """Silero's regions asked to fit 30 s windows, under continuous pink noise at 10 dB (no quiet point by energy,
     and Silero hears no silence either: the whole file is one region): every part fits a window, and every cut

@@ -251,12 +251,16 @@ def test_temperature_fallback_equals_the_base(timestamp_model, threshold):
         torch.manual_seed(index)
         expected = timestamp_model.generate(**inputs, use_medusa=False)
         randomize_heads(timestamp_model, case["head_seed"])
-        with warnings.catch_warnings():  # greedy windows in the Medusa loop; only sampled retries in the base's
+        with warnings.catch_warnings(record=True) as caught:  # greedy windows in the Medusa loop; only sampled
+            warnings.simplefilter("always")  # retries in the base's, each said in a warning
             warnings.filterwarnings("error", message="Medusa decoding does not support")
             torch.manual_seed(index)
             got, stats = timestamp_model.generate(**inputs, draft=case["draft"], return_stats=True)
         assert_same_output(expected, got, f"case {index} {case} frames={frames}")
         assert stats["rounds"] > 0, "no window was decoded by Medusa"
+        retries = [str(w.message) for w in caught if str(w.message).startswith("Temperature fallback")]
+        assert bool(retries) == (threshold < 1), retries  # a retry where the threshold rejects, and only there
+        assert all("temperature 0.5" in r or "temperature 1" in r for r in retries), retries
 
 
 # --------------------------------------------------------------------------- token timestamps (word times)

@@ -355,24 +355,58 @@ def speech_regions(samples: np.ndarray, sample_rate: int = TARGET_SAMPLE_RATE,
     """Sample ranges ``[start, end)`` that hold speech, found by Silero VAD (the optional silero-vad package,
     whose model ships in its wheel). With ``max_seconds``, a longer region is split where Silero is least sure
     of speech (``split_at_pauses``), so that each part fits ``max_seconds``."""
-    try:
-        import torch
-        from silero_vad import get_speech_timestamps, load_silero_vad
-    except ImportError as error:
-        raise ImportError("voice-activity detection (--vad) needs silero-vad: pip install silero-vad") from error
-    if not _VAD_MODEL:
-        _VAD_MODEL.append(load_silero_vad())
-    audio = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
-    found = get_speech_timestamps(audio, _VAD_MODEL[0], sampling_rate=sample_rate, speech_pad_ms=VAD_PAD_MS,
+    from silero_vad import get_speech_timestamps
+
+    model, audio = _silero(), _as_tensor(samples)
+    found = get_speech_timestamps(audio, model, sampling_rate=sample_rate, speech_pad_ms=VAD_PAD_MS,
                                   min_silence_duration_ms=VAD_MIN_SILENCE_MS)
     regions = [(int(r["start"]), int(r["end"])) for r in found]
     limit = None if max_seconds is None else int((max_seconds - VAD_SPLIT_MARGIN_SECONDS) * sample_rate)
     if limit is None or all(end - start <= limit for start, end in regions):
         return regions
+    scores = pause_scores(samples, sample_rate)
+    return [part for region in regions for part in split_at_pauses(region, scores, limit)]
+
+
+def pause_windows(samples: np.ndarray, max_seconds: float, sample_rate: int = TARGET_SAMPLE_RATE) -> list[Window]:
+    """Contiguous windows of at most ``max_seconds`` that cover every sample, each cut at a pause of the speech
+    (``split_at_pauses`` over Silero's speech probability: a pause between sentences or words even under noise or
+    music, where energy finds no quiet point); with silero-vad not installed, at energy's quiet points
+    (``plan_windows``)."""
+    total, max_len = int(samples.shape[0]), int(max_seconds * sample_rate)
+    if total <= max_len:
+        return [Window(0, total, sample_rate)]
+    try:
+        scores = pause_scores(samples, sample_rate)
+    except ImportError:
+        return plan_windows(samples, max_seconds, sample_rate)
+    return [Window(start, end, sample_rate) for start, end in split_at_pauses((0, total), scores, max_len)]
+
+
+def pause_scores(samples: np.ndarray, sample_rate: int = TARGET_SAMPLE_RATE) -> np.ndarray:
+    """Silero's speech probability per ``VAD_FRAME`` samples, averaged over ``VAD_PAUSE_FRAMES`` frames."""
+    import torch
+
     with torch.no_grad():
-        probabilities = _VAD_MODEL[0].audio_forward(audio, sample_rate)[0].numpy()  # one per VAD_FRAME samples
-    pause_scores = np.convolve(probabilities, np.ones(VAD_PAUSE_FRAMES) / VAD_PAUSE_FRAMES, mode="same")
-    return [part for region in regions for part in split_at_pauses(region, pause_scores, limit)]
+        probabilities = _silero().audio_forward(_as_tensor(samples), sample_rate)[0].numpy()
+    return np.convolve(probabilities, np.ones(VAD_PAUSE_FRAMES) / VAD_PAUSE_FRAMES, mode="same")
+
+
+def _silero():
+    """Silero VAD's model (loaded once; its weights ship in the silero-vad wheel)."""
+    try:
+        from silero_vad import load_silero_vad
+    except ImportError as error:
+        raise ImportError("voice-activity detection needs silero-vad: pip install silero-vad") from error
+    if not _VAD_MODEL:
+        _VAD_MODEL.append(load_silero_vad())
+    return _VAD_MODEL[0]
+
+
+def _as_tensor(samples: np.ndarray):
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
 
 
 def split_at_pauses(region: tuple[int, int], pause_scores: np.ndarray, limit: int) -> list[tuple[int, int]]:

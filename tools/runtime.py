@@ -31,11 +31,15 @@ def add_device_options(parser, *, device: str = "auto", dtype: str = "auto", thr
 def quiet_generate_notices(verbose: bool) -> None:
     """Unless ``verbose``, keep only transformers' errors: the base's own ``generate`` logs the same deprecation
     notices on every call (a converted Whisper's ``forced_decoder_ids``, ``max_new_tokens`` beside ``max_length``),
-    which would bury a command's output."""
+    which would bury a command's output. The commands ask for Whisper's temperature fallback by an option, so
+    its warning on each sampled retry is kept for ``verbose`` too."""
     if not verbose:
+        import warnings
+
         import transformers
 
         transformers.logging.set_verbosity_error()
+        warnings.filterwarnings("ignore", message="Temperature fallback")
 
 
 def dtype_name(name: str) -> str:

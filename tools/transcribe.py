@@ -515,12 +515,12 @@ class TranscriptionRun:
         """With ``regions`` (``--vad``): the speech cut into windows at its pauses, each decoded on its own (for
         Whisper instead of its long-form windows, which can loop and lose speech under continuous noise or music).
         Else a model that times its own segments takes the whole file (Whisper's own long-form windows), and any
-        other gets windows of ``max_seconds`` cut at quiet points."""
+        other (MERaLiON-2) gets windows of ``max_seconds`` that cover every sample, cut at voice-activity pauses."""
         if regions is not None:
             return audio_io.windows_in_regions(samples, regions, self.max_seconds)
         if self.whole_files:
             return [Window(0, len(samples))]
-        return audio_io.plan_windows(samples, self.max_seconds)
+        return audio_io.pause_windows(samples, self.max_seconds)
 
     def task_kind(self, window: Window) -> str:
         """"window" (text only), or for a model that times its segments "short" / "long" (long-form): a batch
