@@ -21,7 +21,9 @@ class MedusaSpeechRecognitionPipeline(AutomaticSpeechRecognitionPipeline):
         if getattr(model, "family", None) != "whisper":
             raise ValueError(f"The ASR pipeline runs Whisper-family artifacts; this one's base is "
                              f"{getattr(model, 'family', type(model).__name__)}: use model.generate (see the model card).")
-        processor = model.processor or (None if tokenizer and feature_extractor else _shipped_processor(model))
+        processor = model.processor
+        if processor is None and (tokenizer is None or feature_extractor is None):
+            processor = _shipped_processor(model)
         if processor is None and (tokenizer is None or feature_extractor is None):
             raise ValueError("The base was loaded without a processor: pass tokenizer= and feature_extractor= "
                              "(e.g. WhisperProcessor.from_pretrained(<base>)'s).")
@@ -30,7 +32,6 @@ class MedusaSpeechRecognitionPipeline(AutomaticSpeechRecognitionPipeline):
         self.type = "seq2seq_whisper"  # the parent decided from config.model_type, which is Medusa's
         # Timestamps: the parent's postprocess reads the encoder length from the model's config (Medusa's here)
         model.config.max_source_positions = model.base.config.max_source_positions
-
 
 
 def _shipped_processor(model):

@@ -355,9 +355,9 @@ def speech_regions(samples: np.ndarray, sample_rate: int = TARGET_SAMPLE_RATE,
     """Sample ranges ``[start, end)`` that hold speech, found by Silero VAD (the optional silero-vad package,
     whose model ships in its wheel). With ``max_seconds``, a longer region is split where Silero is least sure
     of speech (``split_at_pauses``), so that each part fits ``max_seconds``."""
+    model, audio = _silero(), _as_tensor(samples)  # (first: says how to install silero-vad where it is missing)
     from silero_vad import get_speech_timestamps
 
-    model, audio = _silero(), _as_tensor(samples)
     found = get_speech_timestamps(audio, model, sampling_rate=sample_rate, speech_pad_ms=VAD_PAD_MS,
                                   min_silence_duration_ms=VAD_MIN_SILENCE_MS)
     regions = [(int(r["start"]), int(r["end"])) for r in found]
