@@ -84,6 +84,35 @@ def test_w4a16_compressed_tensors_base_is_decoded_exactly(tmp_path):
     assert accepted > 0
 
 
+@pytest.mark.parametrize("scheme", ["int8", "nf4"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_bitsandbytes_base_is_decoded_exactly(scheme, batch, tmp_path):
+    """A bitsandbytes base (LLM.int8 or NF4 weights, ``BitsAndBytesConfig``) on the CPU: our decoder calls its
+    ``Linear8bitLt`` / ``Linear4bit`` layers, and Medusa equals the quantised base's own greedy generate for chains
+    and trees. bitsandbytes is optional here (not in the requirements: its CPU kernels differ by CPU, its one-row
+    4-bit product runs in bf16 on CPUs with AVX-512 BF16); 128 wide, as its 4-bit blocks of 64 need."""
+    pytest.importorskip("bitsandbytes")
+    from transformers import BitsAndBytesConfig
+
+    from modeling_medusa import MedusaForASR
+
+    config = (BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=["proj_out"]) if scheme == "int8" else
+              BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32,
+                                 llm_int8_skip_modules=["proj_out"]))
+    model = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path, seed=2, width=128)), quantization_config=config)
+    layer = type(model.base.model.decoder.layers[0].fc1).__name__
+    assert layer == {"int8": "Linear8bitLt", "nf4": "Linear4bit"}[scheme], layer
+    randomize_heads(model, 1)
+    for seed in range(5):
+        features = random_features(batch, seed)
+        expected = model.generate(input_features=features, max_new_tokens=14, use_medusa=False)
+        for draft in ("chain", [[0], [1], [0, 0], [1, 0], [0, 0, 0]]):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)  # no fallback: Medusa itself decoded
+                got = model.generate(input_features=features, max_new_tokens=14, draft=draft, cuda_graph=False)
+            assert torch.equal(expected, got), (seed, draft)
+
+
 def test_a_base_in_compressed_tensors_offload_cache_moves_with_the_model():
     """compressed-tensors 0.19 under transformers 5.17 (the lent GPU's) keeps a decompressed base's layers in its CPU
     offload cache, which ``.to(device)`` cannot move: the loader makes them ordinary parameters again."""

@@ -11,8 +11,10 @@ WHISPER_VOCAB = 120  # ids: 0..111 text, 112 eot, 113 sot, then English-only: 11
 
 
 def build_tiny_whisper(folder: Path, seed: int = 0, logit_scale: float = 4.0, multilingual: bool = False,
-                       hub_prompt: bool = False, timestamps: int = 0, timestamp_scale: float = 1.0) -> Path:
-    """A 2-layer random Whisper saved with its generation config (English-only layout by default).
+                       hub_prompt: bool = False, timestamps: int = 0, timestamp_scale: float = 1.0,
+                       width: int = 32) -> Path:
+    """A 2-layer random Whisper saved with its generation config (English-only layout by default), ``width``
+    wide (its feed-forward layers twice that).
 
     ``timestamps`` > 0: that many timestamp tokens right after <|notimestamps|> end the vocabulary (0 keeps
     the 120-token layout, whose last ids double as a few timestamps); ``timestamp_scale`` scales their output
@@ -24,8 +26,8 @@ def build_tiny_whisper(folder: Path, seed: int = 0, logit_scale: float = 4.0, mu
     notimestamps = 118 if multilingual else 116
     vocab_size = notimestamps + 1 + timestamps if timestamps else WHISPER_VOCAB
     config = WhisperConfig(
-        vocab_size=vocab_size, d_model=32, encoder_layers=1, decoder_layers=2,
-        encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        vocab_size=vocab_size, d_model=width, encoder_layers=1, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=2 * width, decoder_ffn_dim=2 * width,
         num_mel_bins=80, max_source_positions=1500, max_target_positions=64,
         decoder_start_token_id=sot, eos_token_id=eot, pad_token_id=eot, bos_token_id=eot,
         tie_word_embeddings=False,  # untied: a tied random model just repeats its last input token
