@@ -15,7 +15,6 @@ from tiny_models import build_tiny_whisper, random_features
 pytestmark = requires_transformers5
 
 
-
 def quantised_medusa(folder, config, keep_projection: bool):
     from transformers import TorchAoConfig
 
@@ -26,6 +25,20 @@ def quantised_medusa(folder, config, keep_projection: bool):
                                                                                  modules_to_not_convert=skip))
 
 
+def assert_medusa_equals_own_greedy(model, batch: int):
+    """Medusa itself (no fallback warning) gives the quantised base's own greedy ids: random heads, 5 inputs, a
+    chain and a tree."""
+    randomize_heads(model, 1)
+    for seed in range(5):
+        features = random_features(batch, seed)
+        expected = model.generate(input_features=features, max_new_tokens=14, use_medusa=False)
+        for draft in ("chain", [[0], [1], [0, 0], [1, 0], [0, 0, 0]]):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)
+                got = model.generate(input_features=features, max_new_tokens=14, draft=draft, cuda_graph=False)
+            assert torch.equal(expected, got), (seed, draft)
+
+
 @pytest.mark.parametrize("keep_projection", [True, False], ids=["16-bit-projection", "int8-projection"])
 def test_int8_weight_only_base_is_decoded_exactly(keep_projection, tmp_path):
     pytest.importorskip("torchao")
@@ -34,15 +47,7 @@ def test_int8_weight_only_base_is_decoded_exactly(keep_projection, tmp_path):
     model = quantised_medusa(build_tiny_whisper(tmp_path, seed=2), Int8WeightOnlyConfig(), keep_projection)
     fc1 = model.base.model.decoder.layers[0].fc1.weight
     assert type(fc1).__name__ != "Parameter", "the base was not quantised"
-    randomize_heads(model, 1)
-    for seed in range(5):
-        features = random_features(2, seed)
-        expected = model.generate(input_features=features, max_new_tokens=14, use_medusa=False)
-        for draft in ("chain", [[0], [1], [0, 0], [1, 0], [0, 0, 0]]):
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", UserWarning)  # no fallback: Medusa itself decoded
-                got = model.generate(input_features=features, max_new_tokens=14, draft=draft, cuda_graph=False)
-            assert torch.equal(expected, got), (seed, draft)
+    assert_medusa_equals_own_greedy(model, batch=2)
 
 
 def test_activation_quantised_base_falls_back_to_its_own_generate(tmp_path):
@@ -102,15 +107,7 @@ def test_bitsandbytes_base_is_decoded_exactly(scheme, batch, tmp_path):
     model = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path, seed=2, width=128)), quantization_config=config)
     layer = type(model.base.model.decoder.layers[0].fc1).__name__
     assert layer == {"int8": "Linear8bitLt", "nf4": "Linear4bit"}[scheme], layer
-    randomize_heads(model, 1)
-    for seed in range(5):
-        features = random_features(batch, seed)
-        expected = model.generate(input_features=features, max_new_tokens=14, use_medusa=False)
-        for draft in ("chain", [[0], [1], [0, 0], [1, 0], [0, 0, 0]]):
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", UserWarning)  # no fallback: Medusa itself decoded
-                got = model.generate(input_features=features, max_new_tokens=14, draft=draft, cuda_graph=False)
-            assert torch.equal(expected, got), (seed, draft)
+    assert_medusa_equals_own_greedy(model, batch)
 
 
 def test_a_base_in_compressed_tensors_offload_cache_moves_with_the_model():
