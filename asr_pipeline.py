@@ -24,9 +24,9 @@ class MedusaSpeechRecognitionPipeline(AutomaticSpeechRecognitionPipeline):
         processor = model.processor
         if processor is None and (tokenizer is None or feature_extractor is None):
             processor = _shipped_processor(model)
-        if processor is None and (tokenizer is None or feature_extractor is None):
-            raise ValueError("The base was loaded without a processor: pass tokenizer= and feature_extractor= "
-                             "(e.g. WhisperProcessor.from_pretrained(<base>)'s).")
+            if processor is None:
+                raise ValueError("The base was loaded without a processor: pass tokenizer= and feature_extractor= "
+                                 "(e.g. WhisperProcessor.from_pretrained(<base>)'s).")
         super().__init__(model, feature_extractor=feature_extractor or processor.feature_extractor,
                          tokenizer=tokenizer or processor.tokenizer, **kwargs)
         self.type = "seq2seq_whisper"  # the parent decided from config.model_type, which is Medusa's
