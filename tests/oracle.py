@@ -42,4 +42,4 @@ class OracleDrafter:
             for head in range(min(self.num_heads, len(future))):
                 if torch.rand((), generator=gen) >= self.error_rate:
                     logits[row, head, future[head]] = 1e4
-        return logits.reshape(*hidden.shape[:-1], self.num_heads, self.vocab_size).to(hidden.dtype)
+        return logits.reshape(*hidden.shape[:-1], self.num_heads, self.vocab_size).to(hidden.device, hidden.dtype)

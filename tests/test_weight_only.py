@@ -107,3 +107,64 @@ def test_a_gptq_w4a16_checkpoint_runs_on_the_int4_kernel_exactly(tmp_path):
     bound = (x.abs() @ fc1.weight.abs().T) * 2.0**-8 + 1e-5
     assert ((model.base.model.decoder.layers[0].fc1(x) - dense_out).abs() <= bound).all()
     assert_medusa_equals_the_base(model, cases=3)
+
+
+def _gemlite_available() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import gemlite  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+requires_gemlite = pytest.mark.skipif(not _gemlite_available(), reason="GemLite's kernels need CUDA and gemlite")
+
+
+@requires_gemlite
+@pytest.mark.parametrize("rows", [1, 5, 16, 64])  # GemLite's matrix-vector, split-K and GEMM kernels
+def test_gemlite_layers_multiply_their_packed_weights_like_their_dequantised_copy(rows):
+    from tools.weight_only import GemliteInt4Linear, GemliteInt8Linear
+
+    torch.manual_seed(rows)
+    dense = torch.nn.Linear(256, 128).cuda().bfloat16()
+    x = torch.randn(rows, 256, device="cuda", dtype=torch.bfloat16)
+    q, scale, lo = _int4_quantise(dense.weight, 128)
+    int4 = (lo[..., None] + q.reshape(128, 2, 128) * scale[..., None]).reshape(128, 256)
+    weight = dense.weight.float()
+    int8_scale = weight.abs().amax(dim=1, keepdim=True) / 127
+    int8 = (weight / int8_scale).round() * int8_scale
+    for layer, dequantised in ((GemliteInt4Linear(dense), int4), (GemliteInt8Linear(dense), int8)):
+        expected = x.float() @ dequantised.T + dense.bias.float()
+        assert torch.allclose(layer(x).float(), expected, atol=0.05, rtol=0.02), layer.kernel
+        assert not any(p.shape == dense.weight.shape and p.is_floating_point() for p in layer.parameters())
+
+
+@requires_gemlite
+def test_a_base_on_gemlite_int4_layers_is_decoded_like_its_own_greedy_generate(tmp_path):
+    """bf16 on the GPU, GemLite's 4-bit decoder layers (its kernel changes with the rows verified): each row equals
+    that base's own greedy generate, or leaves it only at one of its own near-ties (bf16_ties.py); chains and a
+    tree, batches of 1 and 2."""
+    from modeling_medusa import MedusaForASR
+    from oracle import OracleDrafter
+    from pipeline.bf16_ties import check_bf16_batch
+    from tiny_models import build_tiny_whisper, random_features
+
+    folder = build_tiny_whisper(tmp_path / "w", seed=4, width=128)  # GemLite's 4-bit groups need 128 columns
+    model = MedusaForASR.from_base(str(folder), medusa_num_heads=3, torch_dtype=torch.bfloat16, device_map="cuda")
+    assert quantise_linears(model.base.model.decoder, "int4-gemlite") > 0
+    accepted = 0
+    for case in range(4):
+        inputs = {"input_features": random_features(1 + case % 2, case).to("cuda", torch.bfloat16),
+                  "max_new_tokens": 16}
+        expected = model.generate(**inputs, use_medusa=False)
+        scores = model.base.generate(**inputs, output_scores=True, return_dict_in_generate=True).scores
+        model.drafter = OracleDrafter(model, model.collect_hidden_states(**inputs), model.backbone.vocab_size,
+                                      0.3, seed=case)
+        for draft in ("chain", [[0], [1], [0, 0], [0, 1], [0, 0, 0]]):
+            got, stats = model.generate(**inputs, draft=draft, return_stats=True, cuda_graph=False)  # (host oracle)
+            assert not check_bf16_batch(expected.tolist(), got.tolist(), scores)
+            accepted += stats["accepted_tokens"]
+        model.drafter = None
+    assert accepted > 0

@@ -1,5 +1,6 @@
 """Verify cost by weight precision on MERaLiON-2-shaped decoders (random weights: speed only), and the draft
-``auto``'s rule picks from it: bf16, int8 and int4 weight-only (``tools.weight_only``: PyTorch's own kernels).
+``auto``'s rule picks from it: bf16, int8 and int4 weight-only (``tools.weight_only``: PyTorch's own kernels, and
+GemLite's Triton kernels as ``int8-gemlite`` / ``int4-gemlite`` where the gemlite package is installed).
 
 For each precision, on the same random model quantised in place (``lm_head`` kept in bf16):
 - the weight GEMMs of a verify pass alone (every layer's seven projections, one CUDA graph) and the whole pass
@@ -12,6 +13,7 @@ For each precision, on the same random model quantised in place (``lm_head`` kep
 Writes ``OUT/results-SHAPE.json`` (+ ``.md``) and adds one row per precision to ``OUT/summary.json``.
 
     python -m tools.benchmark_quantised_gpu --shape meralion2-3b
+    python -m tools.benchmark_quantised_gpu --shape meralion2-3b --precisions bf16,int8-gemlite,int4,int4-gemlite
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from tools.benchmark_report import QUANTISED_SUMMARY_KEY, ratio, update_summary
 from tools.files import command_line, write_atomic, write_json_atomic
 from tools.markdown import markdown_table, number_cell
 from tools.meralion2_shaped import SEED_PROFILE, SEED_TOP1, SHAPES, build_model, make_prompt, rank_profile
-from tools.weight_only import PRECISIONS, QUANTISED, module_bytes, quantise_linears
+from tools.weight_only import PRECISIONS, QUANTISED, bits, module_bytes, quantise_linears
 
 SUMMARY_SIZES = (1, 5, 16, 64)  # verify_ms_by_tokens in the summary rows
 
@@ -112,7 +114,7 @@ def summary_row(shape, result, env, command) -> dict:
     decode = {row["draft"]: row for row in result["decode"] if row.get("method") in ("ours", "ours_greedy")}
     pick, greedy = decode.get(result["auto_pick"], {}), decode.get("none", {})
     ours = [row for row in decode.values() if "exact" in row]
-    return {"model": shape, "precision": result["precision"], "kernel": result["kernel"], "device": "cuda",
+    return {"model": shape, "precision": bits(result["precision"]), "kernel": result["kernel"], "device": "cuda",
             "gpu": env["device"], "dtype": "bfloat16", "batch": 1, "draft": result["auto_pick"],
             "auto_first_pick": result["auto_first_pick"], "requested_draft": "auto",
             "rounds_mode": "compiled" if result.get("compiled") else "graph", "new_tokens": greedy.get("new_tokens"),
@@ -178,6 +180,8 @@ def parse_args(argv=None):
                              "this command wrote (each keeps the command that measured it)")
     parser.add_argument("--compile", action="store_true", help="decode rounds compiled (about a minute each at 3B)")
     parser.add_argument("--text-layers", type=int, default=None, help="fewer decoder layers, for a smoke test")
+    parser.add_argument("--tag", default="", help="added to the results file's name (results-SHAPE[-compiled]-TAG), so "
+                                                  "a run of other precisions keeps the earlier files")
     args = parser.parse_args(argv)
     args.precisions = [p for p in args.precisions.split(",") if p]
     if unknown := set(args.precisions) - set(PRECISIONS):
@@ -215,7 +219,7 @@ def main(argv=None):
     results = {"shape": args.shape, **env, "command": command, "copy_bandwidth_GBps": bandwidth / 1e9,
                "profile": SEED_PROFILE, "new_tokens": args.new_tokens, "compiled": args.compile,
                "precisions": []}
-    path = out / f"results-{args.shape}{'-compiled' if args.compile else ''}.json"
+    path = out / f"results-{args.shape}{'-compiled' if args.compile else ''}{'-' + args.tag if args.tag else ''}.json"
     for precision in args.precisions:
         result = precision_rows(args.shape, precision, [int(n) for n in args.sizes.split(",")],
                                 args.drafts.split(","), args.new_tokens, args.repeats, bandwidth, args.text_layers,

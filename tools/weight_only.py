@@ -1,7 +1,9 @@
-"""Weight-only quantised linear layers for GPU verifiers, on the kernels PyTorch itself ships: int4 through
+"""Weight-only quantised linear layers for GPU verifiers. On the kernels PyTorch itself ships: int4 through
 ``aten._weight_int4pack_mm`` (the tinygemm kernel gpt-fast uses: groups of 128, bf16 scales and zero points)
-and int8 through ``aten._weight_int8pack_mm`` (per-output-channel scales). The layers keep their weights packed
-and multiply them packed: nothing is dequantised to a dense copy. ``quantise_linears`` swaps a model's
+and int8 through ``aten._weight_int8pack_mm`` (per-output-channel scales). On GemLite's Triton kernels (the
+optional ``gemlite`` package, CUDA only): int4 in groups of 128 and int8 per channel, with a kernel chosen by the
+number of rows (matrix-vector up to 4 rows, split-K GEMM up to 63, GEMM beyond). The layers keep their weights
+packed and multiply them packed: nothing is dequantised to a dense copy. ``quantise_linears`` swaps a model's
 ``nn.Linear`` layers in place, so a base's own forward and ours both run them.
 
 Used by ``tools.benchmark_quantised_gpu`` (verify cost by precision on MERaLiON-2-shaped decoders). Not the drafting
@@ -17,7 +19,7 @@ from medusa_heads import replace_linears
 
 INT4_GROUP = 128  # the seed's W4A16 recipe (llm-compressor GPTQ, group 128)
 INT4_INNER_K_TILES = (8, 4, 2)  # tinygemm's layouts, the widest that fits: K must be a multiple of 16 x this
-PRECISIONS = ("bf16", "int8", "int4")
+PRECISIONS = ("bf16", "int8", "int4", "int8-gemlite", "int4-gemlite")
 
 
 def int4_op(on_cuda: bool) -> str:
@@ -161,7 +163,65 @@ class Int8WeightOnlyLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
-QUANTISED = {"int8": Int8WeightOnlyLinear, "int4": Int4WeightOnlyLinear}
+class GemliteLinear(nn.Module):
+    """A GemLite layer (weights packed, multiplied by GemLite's Triton kernels) built from a dense CUDA layer.
+    GemLite tunes its kernel per shape and row count on first use: call the layer once per row count before
+    capturing a CUDA graph (the tuning synchronises the device)."""
+
+    kernel = "GemLite (Triton)"
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        if not linear.weight.is_cuda:
+            raise RuntimeError("GemLite's kernels are Triton kernels for CUDA: move the model to the GPU first")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.inner = self._pack(linear, _gemlite_helpers())
+
+    def _pack(self, linear: nn.Linear, helpers):
+        raise NotImplementedError
+
+    def forward(self, x):
+        return self.inner(x.to(torch.bfloat16)).to(x.dtype)
+
+
+class GemliteInt4Linear(GemliteLinear):
+    """4-bit weights in groups of 128, asymmetric min-max rounding (as ``Int4WeightOnlyLinear``), bf16 scales."""
+
+    kernel = "GemLite A16W4 (Triton), group 128"
+
+    def _pack(self, linear, helpers):
+        q, scale, lo = _int4_quantise(linear.weight.detach(), INT4_GROUP)
+        bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        # GemLite's form: W = (q - zero) * scale, so zero = -lo / scale
+        return helpers.A16W4_HQQ_INT(device=linear.weight.device, dtype=torch.bfloat16).from_weights(
+            q.to(torch.uint8), scale.to(torch.bfloat16), (-lo / scale).to(torch.bfloat16), bias=bias)
+
+
+class GemliteInt8Linear(GemliteLinear):
+    """8-bit weights, symmetric per output channel."""
+
+    kernel = "GemLite A16W8 (Triton), per-channel scales"
+
+    def _pack(self, linear, helpers):
+        return helpers.A16W8_INT8(device=linear.weight.device, dtype=torch.bfloat16).from_linear(linear,
+                                                                                               del_orig=False)
+
+
+def _gemlite_helpers():
+    try:
+        from gemlite import helper
+    except ImportError as err:
+        raise RuntimeError("the *-gemlite precisions need GemLite's kernels: pip install gemlite") from err
+    return helper
+
+
+QUANTISED = {"int8": Int8WeightOnlyLinear, "int4": Int4WeightOnlyLinear,
+             "int8-gemlite": GemliteInt8Linear, "int4-gemlite": GemliteInt4Linear}
+
+
+def bits(precision: str) -> str:
+    """The weight precision a ``PRECISIONS`` entry names, whatever its kernel: ``"int4-gemlite"`` -> ``"int4"``."""
+    return precision.split("-")[0]
 
 
 def quantise_linears(module: nn.Module, precision: str, skip=("lm_head",)) -> int:
