@@ -60,7 +60,8 @@ class LogitsRules:
 
     def screen_parts(self):
         """``(masks, begin, finish)`` when the base's argmax can be found through a screen of the output
-        projection: ``masks(logits, num_generated, path)`` only blocks tokens, and ``finish`` (None: nothing) is a
+        projection: ``masks(logits, num_generated, path)`` only blocks tokens (in place where it can: it returns the
+        blocked logits, ``logits`` itself or a new tensor), and ``finish`` (None: nothing) is a
         rule applied after them to each row alone, ``finish(logits [R, V])``, that blocks every token below
         ``begin`` or none (Whisper's "a timestamp where the timestamps' total probability beats every text
         token"); None when the rules are not of that form."""
@@ -136,20 +137,27 @@ class SuppressionRules(LogitsRules):
         self.key = ("suppress", *(tuple(t.tolist()) for t in (self.suppress, self.begin, self.eos)), min_new_tokens)
 
     def __call__(self, logits, num_generated, path=None):
-        blocked = float("-inf")
+        return self.block_in_place(logits.clone(), num_generated, path)
+
+    def screen_parts(self):
+        # (the screen's scores are the screen's own: blocking them in place saves copies of a vocabulary per row)
+        return self.block_in_place, None, None
+
+    def block_in_place(self, logits, num_generated, path=None):
+        """What ``self(logits, ...)`` returns, written into ``logits`` itself (returned)."""
         if self.suppress.numel():
-            logits = logits.index_fill(-1, self.suppress, blocked)
+            logits.index_fill_(-1, self.suppress, float("-inf"))
         if self.begin.numel():
-            logits = _block_where(logits, self.begin, num_generated == 0)
+            _block_where_(logits, self.begin, num_generated == 0)
         if self.min_new_tokens and self.eos.numel():
-            logits = _block_where(logits, self.eos, num_generated < self.min_new_tokens)
+            _block_where_(logits, self.eos, num_generated < self.min_new_tokens)
         return logits
 
 
-def _block_where(logits: torch.Tensor, ids: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    """-inf for ``ids`` at the positions ``where`` [...] holds."""
-    return logits.scatter(-1, ids.expand(*logits.shape[:-1], -1),
-                          torch.where(where[..., None], float("-inf"), logits[..., ids]))
+def _block_where_(logits: torch.Tensor, ids: torch.Tensor, where: torch.Tensor) -> None:
+    """-inf for ``ids`` at the positions ``where`` [...] holds, in place (an index put: ``scatter_`` copies a
+    strided ``logits``, such as the screen's, to a contiguous tensor and back)."""
+    logits[..., ids] = torch.where(where[..., None], float("-inf"), logits[..., ids])
 
 
 def _token_ids(token_ids, vocab: int, device) -> torch.Tensor:

@@ -163,3 +163,27 @@ def test_fastest_form_times_each_key_once_and_keeps_the_faster():
     assert timed["slow"] >= 3 and timed["fast"] >= 3  # both were timed, in turn
     assert chooser("key", 2) == ("fast", 2) and calls == {"slow": timed["slow"], "fast": timed["fast"] + 1}
     assert chooser.chosen == {"key": "fast"}
+
+
+def test_transposed_copy_is_the_contiguous_transpose():
+    from backbone import transposed_copy
+
+    for dtype in (torch.float32, torch.bfloat16):
+        for rows, columns in ((51968, 5), (1536, 2), (384, 1), (7, 3)):
+            matrix = torch.randn(rows, columns).to(dtype)
+            for source in (matrix, torch.randn(rows, columns + 1).to(dtype)[:, :columns]):  # (contiguous, strided)
+                copy = transposed_copy(source)
+                assert copy.is_contiguous() and torch.equal(copy, source.T)
+
+
+def test_suppression_blocks_the_screens_scores_in_place_as_its_call_blocks_a_copy():
+    vocab = 300
+    rules = SuppressionRules(vocab, "cpu", eos_token_ids=[vocab - 1], min_new_tokens=3, always=[0, 5, 17],
+                             at_begin=[1, 2])
+    num_generated = torch.tensor([[0, 1, 2, 3, 4]])
+    masks = rules.screen_parts()[0]
+    padded = torch.randn(5, vocab + 12).to(torch.bfloat16)  # (the screen's rows: padded, so its logits are strided)
+    logits = padded[:, :vocab].view(1, 5, vocab)
+    expected = rules(logits, num_generated)
+    assert not torch.equal(expected, logits)  # (the call leaves its input as it is)
+    assert masks(logits, num_generated) is logits and torch.equal(logits, expected)
