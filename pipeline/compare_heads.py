@@ -27,6 +27,8 @@ VARIANTS = {
     "path-speech": ["--head-kind", "path", "--speech-attention", "--soft-labels", "0.5", "--draft-vocab", "8192"],
     "path-speech-2l": ["--head-kind", "path", "--speech-attention", "--layers", "2", "--soft-labels", "0.5",
                        "--draft-vocab", "8192"],
+    "path-speech-3l": ["--head-kind", "path", "--speech-attention", "--layers", "3", "--soft-labels", "0.5",
+                       "--draft-vocab", "8192"],
 }
 
 

@@ -808,3 +808,17 @@ def test_quantise_says_where_llm_compressor_lives_and_keeps_a_finished_folder(tm
     assert quantise.main(["openai/whisper-tiny.en", str(out), "--calibration", str(manifest)]) == 0
     assert "nothing to do" in capsys.readouterr().out
     assert quantise.calibration_clips(manifest, 4)[0]["audio"] == str((tmp_path / "a.wav").resolve())
+
+
+def test_every_compare_heads_variant_is_a_valid_training_recipe():
+    from pipeline import compare_heads
+
+    args = compare_heads.build_parser().parse_args(["--base", "B", "--data", "D", "--eval-data", "E", "--out", "O"])
+    for name in compare_heads.VARIANTS:
+        parsed = train.build_parser().parse_args(compare_heads.train_args(args, name))
+        assert (parsed.base, parsed.data, parsed.out, parsed.eval_data) == ("B", "D", os.path.join("O", name), ["E"])
+        if name.startswith("path-speech"):
+            assert parsed.head_kind == "path" and parsed.speech_attention
+    layers = {name: train.build_parser().parse_args(compare_heads.train_args(args, name)).layers
+              for name in ("path-speech", "path-speech-2l", "path-speech-3l")}
+    assert layers["path-speech-2l"] == 2 and layers["path-speech-3l"] == 3 and layers["path-speech"] == 1
