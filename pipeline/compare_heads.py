@@ -19,16 +19,15 @@ from pipeline.collect import run_cli
 from tools.files import command_line, write_atomic, write_json_atomic
 from tools.markdown import markdown_table
 
-# name -> pipeline.train options; "medusa" is the recipe the committed heads were trained with
+PATH_SPEECH = ["--head-kind", "path", "--speech-attention", "--soft-labels", "0.5", "--draft-vocab", "8192"]
+# name -> pipeline.train options; "medusa" is the earliest recipe, "path-speech" the shipped heads'
 VARIANTS = {
     "medusa": [],
     "medusa-soft": ["--soft-labels", "0.5", "--draft-vocab", "8192"],
     "path": ["--head-kind", "path", "--soft-labels", "0.5", "--draft-vocab", "8192"],
-    "path-speech": ["--head-kind", "path", "--speech-attention", "--soft-labels", "0.5", "--draft-vocab", "8192"],
-    "path-speech-2l": ["--head-kind", "path", "--speech-attention", "--layers", "2", "--soft-labels", "0.5",
-                       "--draft-vocab", "8192"],
-    "path-speech-3l": ["--head-kind", "path", "--speech-attention", "--layers", "3", "--soft-labels", "0.5",
-                       "--draft-vocab", "8192"],
+    "path-speech": PATH_SPEECH,
+    "path-speech-2l": PATH_SPEECH + ["--layers", "2"],
+    "path-speech-3l": PATH_SPEECH + ["--layers", "3"],
 }
 
 

@@ -814,11 +814,10 @@ def test_every_compare_heads_variant_is_a_valid_training_recipe():
     from pipeline import compare_heads
 
     args = compare_heads.build_parser().parse_args(["--base", "B", "--data", "D", "--eval-data", "E", "--out", "O"])
-    for name in compare_heads.VARIANTS:
-        parsed = train.build_parser().parse_args(compare_heads.train_args(args, name))
-        assert (parsed.base, parsed.data, parsed.out, parsed.eval_data) == ("B", "D", os.path.join("O", name), ["E"])
+    parsed = {name: train.build_parser().parse_args(compare_heads.train_args(args, name))
+              for name in compare_heads.VARIANTS}
+    for name, recipe in parsed.items():
+        assert (recipe.base, recipe.data, recipe.out, recipe.eval_data) == ("B", "D", os.path.join("O", name), ["E"])
         if name.startswith("path-speech"):
-            assert parsed.head_kind == "path" and parsed.speech_attention
-    layers = {name: train.build_parser().parse_args(compare_heads.train_args(args, name)).layers
-              for name in ("path-speech", "path-speech-2l", "path-speech-3l")}
-    assert layers["path-speech-2l"] == 2 and layers["path-speech-3l"] == 3 and layers["path-speech"] == 1
+            assert recipe.head_kind == "path" and recipe.speech_attention
+    assert [parsed[name].layers for name in ("path-speech", "path-speech-2l", "path-speech-3l")] == [1, 2, 3]

@@ -1,32 +1,18 @@
 #!/usr/bin/env bash
-# Call D: rebuild tiny.en from the carried fp16 parts, synthesise, collect, compare head capacities.
-# The base travelled as three float16 parts (.gpu/pa, .gpu/pb, .gpu/pc, one per call, each copied to /tmp/w) and
-# was joined here by inline Python since made into tools.carry_weights (same steps, same SHA-256 check); to rerun:
-#   python -m tools.carry_weights split ~/.cache/medusa-asr/whisper-tiny.en .gpu/p --parts 3   (here; then pa=p1 ...)
+# On the lent GPU, one call: synthesise and collect 8 000 utterances, then compare head capacities.
 set -euo pipefail
+bash benchmarks/heads_comparison/whisper-tiny.en/gpu_data.sh 8000
 START=$(date +%s); elapsed() { echo $(( $(date +%s) - START )); }
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-W=/tmp/w; mkdir -p $W; cp -r .gpu/pd/. $W/pd/
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $W/pd/*.whl
-export PYTHONPATH=/tmp/site:$PWD
-python3 -m tools.carry_weights join $W/pa $W/pb $W/pc --out $W/tiny
-cp $W/pd/tokenizer.json $W/tiny/
-tar -C $W -xJf $W/pd/flite.tar.xz; xz -dc $W/pd/sentences.txt.xz > $W/sentences.txt; cp $W/pd/sentences.txt.source.json $W/
-echo "ready at $(elapsed) s"
-python3 -m pipeline.synth_speech --out $W/speech --num-utterances 8000 --workers 15 --flite-bin $W/flitebundle/bin/flite \
-    --text-file $W/sentences.txt --voices slt:3,rms:2,awb:2,kal16:2,kal:1 --quiet 2>&1 | tail -3
-echo "synth done at $(elapsed) s"; cp $W/speech/*.json $OUT/ 2>/dev/null || true
-python3 -m pipeline.collect --base $W/tiny --audio $W/speech --out $W/collect --speech --device cuda --dtype bfloat16 --batch-size 96 2>&1 | tail -3
-python3 -m pipeline.collect --base $W/tiny --audio $W/pd/eval/manifest.jsonl --out $W/collect_real --speech --device cuda --dtype bfloat16 --batch-size 96 2>&1 | tail -3
-echo "collect done at $(elapsed) s"; cp $W/collect/collect_info.json $OUT/ 2>/dev/null || true
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/site:$PWD
+W=/tmp/w
 COMPARE="python3 -m pipeline.compare_heads --base $W/tiny --data $W/collect --eval-data $W/collect_real --out $W/compare --epochs 15 --batch-size 64 --lr 2e-3 --device cuda --keep-going"
 save() { mkdir -p $OUT/compare; cp $W/compare/comparison.* $OUT/compare/ 2>/dev/null || true
   for v in $W/compare/*/; do n=$(basename $v); cp $v/metrics.json $OUT/compare/${n}_metrics.json 2>/dev/null || true
     cp $v/best.safetensors $OUT/compare/${n}_best.safetensors 2>/dev/null || true; done; }
 $COMPARE --variants path-speech,path-speech-2l 2>&1 | grep -v "it/s\]" | tail -15; save
 echo "two variants done at $(elapsed) s"
-if [ "$(elapsed)" -lt 400 ]; then
-  timeout $(( 560 - $(elapsed) )) $COMPARE --variants path-speech,path-speech-2l,path-speech-3l 2>&1 | grep -v "it/s\]" | tail -15 || echo "3l cut by the time limit"
+if [ "$(elapsed)" -lt 160 ]; then  # (as run: 400 s counted from before the data step, which took 240)
+  timeout $(( 320 - $(elapsed) )) $COMPARE --variants path-speech,path-speech-2l,path-speech-3l 2>&1 | grep -v "it/s\]" | tail -15 || echo "3l cut by the time limit"
   save
 fi
 echo "all done at $(elapsed) s"
