@@ -51,6 +51,14 @@ SMALLER_DRAFT_MARGIN = 0.05
 REFINED_CANDIDATES = 3
 REFINED_SHARE = 0.8
 CPU_CACHE_EVICTION_BYTES = 64 * 2**20  # read before each timed pass on a CPU (see evict_cpu_caches)
+# A CPU chain drafts past a depth only while its drafts' joint probability is at least CHAIN_STOP_SCALE x (what one
+# more depth adds to a pass) / (a pass's cost per expected token): a likelier draft earns more than its depth costs.
+# Fitted on 300 synthetic clips (not the evaluation recordings) on a 2-core Intel VM, where a depth costs ~1.1 ms
+# (tiny.en) / ~1.7 ms (base): 1.5 puts both near their best replayed threshold (0.4 / 0.45; flat over 0.3-0.6;
+# benchmarks/round_cost/cpu_*_chain_confidence_dev_synthetic.json). Where depths cost nearly nothing (the AMD VM of
+# 2026-12-02: 13.6 -> 13.8 ms a pass from 1 to 4 drafts) the threshold falls to ~0 and the full chain is drafted.
+CHAIN_STOP_SCALE = 1.5
+CHAIN_STOP_MAX = 0.9
 
 
 PRIOR_ROUNDS = 64  # weight of the artifact's own measurement against the rounds observed since
@@ -206,27 +214,40 @@ class DraftPolicy:
         ranked = sorted(candidates, key=rates.get, reverse=True)[:REFINED_CANDIDATES]
         return [tree for tree in ranked if rates[tree] >= REFINED_SHARE * rates[ranked[0]]]
 
-    def _time_untimed(self, candidates: list[DraftTree], key: TimingKey, timer) -> None:
+    def _time_untimed(self, candidates: list[DraftTree], key: TimingKey, timer, drop_slow: bool = True) -> None:
         untimed = [tree for tree in candidates if (key, tree) not in self.verify_seconds]
         if untimed:
-            self._time(untimed, key, timer)
+            self._time(untimed, key, timer, drop_slow)
 
-    def _time(self, trees: list[DraftTree], key: tuple, pass_timer) -> None:
+    def _time(self, trees: list[DraftTree], key: tuple, pass_timer, drop_slow: bool = True) -> None:
         """Time ``trees`` in turn, one pass each per turn: a warm-up turn (first uses build copies and caches),
-        then a turn that leaves out the trees promising less than ``KEPT_AFTER_FIRST_TURN`` of the best one's
-        tokens per second (a 32- or 64-node tree on a CPU), whose slow passes would only cost time; the rest go on
-        for ``TIMED_PASSES`` timed turns in all, and keep the median."""
+        then (``drop_slow``) a turn that leaves out the trees promising less than ``KEPT_AFTER_FIRST_TURN`` of the
+        best one's tokens per second (a 32- or 64-node tree on a CPU), whose slow passes would only cost time; the
+        rest go on for ``TIMED_PASSES`` timed turns in all, and keep the median."""
         timers = {tree: pass_timer(tree) for tree in trees}
         for timer in timers.values():
             timer()
         seconds = {tree: [timer()] for tree, timer in timers.items()}
         best = max(self.expected_tokens(tree) / seconds[tree][0] for tree in trees)
-        kept = [tree for tree in trees if self.expected_tokens(tree) / seconds[tree][0] >= KEPT_AFTER_FIRST_TURN * best]
+        kept = [tree for tree in trees
+                if not drop_slow or self.expected_tokens(tree) / seconds[tree][0] >= KEPT_AFTER_FIRST_TURN * best]
         for turn in range(TIMED_PASSES - 1):
             for tree in kept:
                 seconds[tree].append(timers[tree]())
         for tree in trees:
             self.verify_seconds[key, tree] = statistics.median(seconds[tree])
+
+    def chain_stop(self, chain: DraftTree, key: TimingKey, pass_timer) -> float:
+        """The joint draft probability below which ``chain`` stops drafting (``PathDrafter``) for ``key``: from the
+        verify passes of a one-draft chain and of ``chain``, timed as ``choose`` times its candidates (see
+        ``CHAIN_STOP_SCALE``)."""
+        if chain.depth < 2:
+            return 0.0
+        first = DraftTree.chain(1)
+        self._time_untimed([first, chain], key, pass_timer, drop_slow=False)
+        per_depth = (self.verify_seconds[key, chain] - self.verify_seconds[key, first]) / (chain.depth - 1)
+        per_token = self.verify_seconds[key, chain] / self.expected_tokens(chain)
+        return min(max(CHAIN_STOP_SCALE * per_depth / per_token, 0.0), CHAIN_STOP_MAX)
 
     def observe(self, tree: DraftTree, stats: MedusaStats):
         """Count what ``tree`` emitted per round in a call, so ``auto`` adapts when the audio is harder

@@ -106,6 +106,12 @@ def accept(chunk: torch.Tensor, predicted: torch.Tensor, tree: TreeTensors):
     return best, tree.depths[best]
 
 
+def chain_prefix(tt: TreeTensors, nodes: int) -> TreeTensors:
+    """A chain's tensors cut to its first ``nodes`` nodes (the root included): the shorter chain's own."""
+    return TreeTensors(tt.parents[:nodes], tt.depths[:nodes], tt.ranks[:nodes], tt.ancestors[:nodes, :nodes],
+                       tt.path_nodes[:nodes, :nodes])
+
+
 @dataclass
 class VerifiedRound:
     hidden: torch.Tensor  # [B, N, H] for every verified node
@@ -122,11 +128,17 @@ class VerifiedRound:
 
 
 def verify_round(backbone, drafter, process_logits, state: DecodeState, tree: DraftTree, tt: TreeTensors,
-                 num_generated: torch.Tensor, upto: int) -> VerifiedRound:
+                 num_generated: torch.Tensor, upto: int, chain_stop: float = 0.0) -> VerifiedRound:
     """Draft from the state, run ONE decoder pass over [last token + drafts] attending to ``upto`` cache
     slots, accept the longest prefix equal to the base's argmax and compact its K/V in the cache.
-    ``drafter(state) -> chunk [B, N]`` (None: no drafts). Host-sync free."""
-    chunk = state.next_token[:, None] if drafter is None else process_logits.hint_drafts(drafter(state), state.history)
+    ``drafter(state) -> chunk [B, N]`` (None: no drafts). Host-sync free, except with ``chain_stop``: a chain
+    drafter then stops where its drafts' probability falls below it (``PathDrafter``), verifying a shorter chain."""
+    if drafter is None:
+        chunk = state.next_token[:, None]
+    else:
+        chunk = process_logits.hint_drafts(drafter(state, chain_stop) if chain_stop else drafter(state), state.history)
+        if chunk.shape[1] < tree.num_nodes:
+            tt = chain_prefix(tt, chunk.shape[1])
     hidden = backbone.decode(state, chunk, tt.depths, tt.ancestors, upto)
     path = ChunkPath(chunk, tt, state.history, num_generated[:, None] + tt.depths[None, :])
     predicted = backbone.predict(hidden, process_logits, path.num_generated, path)
@@ -156,8 +168,10 @@ class EagerRounds:
     """Rounds on the live rows only: a finished row leaves the batch (its cache row is dropped), and the
     decoder attends to the valid prefix only (its length is known on the host from the token counts)."""
 
-    def __init__(self, backbone, drafter, process_logits, state: DecodeState, tree: DraftTree, prompt_length: int):
+    def __init__(self, backbone, drafter, process_logits, state: DecodeState, tree: DraftTree, prompt_length: int,
+                 chain_stop: float = 0.0):
         self.backbone, self.drafter, self.process_logits = backbone, drafter, process_logits
+        self.chain_stop = chain_stop if tree.is_chain and getattr(drafter, "stops_early", False) else 0.0
         self.state, self.tree, self.tt = state, tree, tree.tensors(state.lengths.device)
         self.prompt_length = prompt_length
         self.rows = list(range(state.next_token.shape[0]))  # call rows still in the state
@@ -173,7 +187,8 @@ class EagerRounds:
         upto = min(self.prompt_length + max(self.generated[r] for r in self.rows) - 1 + self.tree.num_nodes,
                    st.cache.capacity)
         num_generated = st.lengths - self.prompt_length + 1
-        step = verify_round(self.backbone, self.drafter, self.process_logits, st, self.tree, self.tt, num_generated, upto)
+        step = verify_round(self.backbone, self.drafter, self.process_logits, st, self.tree, self.tt, num_generated, upto,
+                            self.chain_stop)
         st.lengths = st.lengths + step.accepted + 1
         st.hidden, st.next_token, st.history = step.best_hidden, step.next_token, step.history
         accepted, emitted = step.accepted.tolist(), step.emitted.tolist()  # the round's one host sync
@@ -199,15 +214,13 @@ def run_rounds(rounds, first_tokens: list[int], max_new_tokens: int, eos_token_i
     eos = set(int(e) for e in eos_token_ids)
     outputs = [[int(t)] for t in first_tokens]
     active = [not finished(o, eos, max_new_tokens) for o in outputs]
-    depth = rounds.tree.depth
     while any(active):
         result = rounds.step(active)
         stats.rounds += 1
         for row, is_active in enumerate(active):
             if not is_active:
                 continue
-            added = record_round(outputs[row], result.accepted[row], result.emitted[row], eos, max_new_tokens,
-                                 stats, depth)
+            added = record_round(outputs[row], result.accepted[row], result.emitted[row], eos, max_new_tokens, stats)
             if hidden_log is not None:
                 hidden_log[row].extend(result.path_hidden(row, added))
             active[row] = not finished(outputs[row], eos, max_new_tokens)
@@ -215,10 +228,10 @@ def run_rounds(rounds, first_tokens: list[int], max_new_tokens: int, eos_token_i
     return outputs
 
 
-def record_round(tokens: list, accepted: int, emitted: list, eos, max_new_tokens: int, stats: MedusaStats,
-                 depth: int) -> int:
+def record_round(tokens: list, accepted: int, emitted: list, eos, max_new_tokens: int, stats: MedusaStats) -> int:
     """Append one row's accepted drafts and the base's own next token, stopping at EOS or the
-    length limit; returns how many tokens were appended (what the stats count)."""
+    length limit; returns how many tokens were appended (what the stats count). ``emitted`` holds one
+    entry per depth the round drafted, then the base's own token."""
     before = len(tokens)
     for token in emitted[:accepted] + [emitted[-1]]:
         if finished(tokens, eos, max_new_tokens):
@@ -226,7 +239,7 @@ def record_round(tokens: list, accepted: int, emitted: list, eos, max_new_tokens
         tokens.append(token)
     added = len(tokens) - before
     stats.row_rounds += 1
-    stats.drafted_tokens += depth
+    stats.drafted_tokens += len(emitted) - 1
     stats.accepted_tokens += min(accepted, added)
     stats.emitted_tokens += added
     return added

@@ -254,11 +254,6 @@ def best_indices(logits: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat(best, dim=-1)
 
 
-def topk_tokens(projection: DraftProjection, states: torch.Tensor, k: int) -> torch.Tensor:
-    """[..., H] -> the k best draft tokens [..., k] (base vocabulary ids)."""
-    return projection.token_ids(best_indices(projection.logits(states), k))
-
-
 class TreeDrafter:
     """Fills the draft tree for a round: ``drafter(state) -> chunk [B, N]`` (root token + draft tokens in
     tree order), read from ``state.hidden`` (which produced the root ``state.next_token``)."""
@@ -290,7 +285,10 @@ class MedusaDrafter(TreeDrafter):
 
 class PathDrafter(TreeDrafter):
     """Sequential heads: depth by depth, each node with children gets its own state from its parent's
-    state and its own token, and its children are the top-k of that state's projection."""
+    state and its own token, and its children are the top-k of that state's projection. A chain may stop
+    early (``stops_early``): see ``__call__``."""
+
+    stops_early = True
 
     def __init__(self, tree, device, heads: PathHeads, projection: DraftProjection, embed, speech=None):
         super().__init__(tree, device)
@@ -309,15 +307,24 @@ class PathDrafter(TreeDrafter):
             self.levels.append(tuple(_index(v, device) for v in (nodes, parent_rows, children, picks)) + (k,))
             previous = nodes
 
-    def __call__(self, state) -> torch.Tensor:
+    def __call__(self, state, stop_below: float = 0.0) -> torch.Tensor:
+        """With ``stop_below`` (a chain only), drafting stops after the first depth where, in every row, the
+        product of the drafts' probabilities so far (each the softmax maximum of its draft logits) is below
+        it: the chunk then holds the root and the drafts up to that depth (a host sync per depth)."""
         speech = self.speech(state) if self.speech is not None else None
         tokens = self.root_chunk(state)
         parent_states = state.hidden[:, None]  # [B, 1, H]: the root's parent state is the base's hidden
+        confidence = torch.ones(tokens.shape[0], 1, device=tokens.device)
         for depth, (nodes, parent_rows, children, picks, k) in enumerate(self.levels):
             states = self.heads.blocks[depth](parent_states[:, parent_rows], self.embed(tokens[:, nodes]), speech)
-            top = topk_tokens(self.projection, states, k)  # [B, len(nodes), k]
+            logits = self.projection.logits(states)
+            top = self.projection.token_ids(best_indices(logits, k))  # [B, len(nodes), k]
             tokens[:, children] = top.flatten(1)[:, picks]
             parent_states = states
+            if stop_below and depth + 1 < len(self.levels):
+                confidence = confidence * torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+                if bool((confidence < stop_below).all()):
+                    return tokens[:, : depth + 2]
         return tokens
 
 
@@ -364,7 +371,10 @@ class FusedPathWeights:
 
 
 class FusedPathDrafter(PathDrafter):
-    """``PathDrafter`` on ``FusedPathWeights``: the same drafts up to rounding, fewer kernels per depth."""
+    """``PathDrafter`` on ``FusedPathWeights``: the same drafts up to rounding, fewer kernels per depth (the
+    whole tree: its rounds are a GPU's fixed shapes)."""
+
+    stops_early = False
 
     def __init__(self, tree, device, heads: PathHeads, projection: DraftProjection, embed, speech,
                  weights: FusedPathWeights):

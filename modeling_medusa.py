@@ -104,6 +104,12 @@ class MedusaForASR(PreTrainedModel):
         # Device types whose drafts come from path heads rearranged into fewer, larger products per depth
         # (FusedPathWeights): a GPU's drafting is a chain of small kernels; on a CPU it saved ~0.1 of 1.9 ms.
         self.fused_path_drafting = ("cuda",)
+        # On a CPU a chain of path heads stops drafting after the depth where the product of its drafts'
+        # probabilities falls below this: where each depth drafted and verified makes a round dearer, unlikely
+        # drafts cost more than they return. "auto": from this machine's measured cost of a depth against that of
+        # a token (DraftPolicy.chain_stop; ~0.4 on a 2-core Intel VM); 0: always the full chain. Rounds of fixed
+        # shape (GPU graphs, compiled) always draft the full chain.
+        self.cpu_chain_stop = "auto"
         self._fused_path_weights = None
         if base is not None:
             self.generation_config = base.generation_config  # what callers such as the ASR pipeline read
@@ -424,8 +430,9 @@ class MedusaForASR(PreTrainedModel):
                                                        cache_pool=pool, capture=capture)
         timer.lap("prefill_seconds")
         tree = self._choose_draft(candidates, state, plan.rules, graphs, compile)
+        chain_stop = 0.0 if fixed_shape else self._cpu_chain_stop(tree, state, plan.rules)
         window = MedusaStats(draft=tree.name)
-        rounds = self._rounds(state, tree, plan.rules, compile, captured, fixed_shape)
+        rounds = self._rounds(state, tree, plan.rules, compile, captured, fixed_shape, chain_stop)
         timer.lap("setup_seconds")  # choosing the draft (timed once per shape) and loading the rounds
         generated = run_rounds(rounds, state.next_token.tolist(), max_new, plan.eos_token_ids, window)
         timer.lap("rounds_seconds")
@@ -492,6 +499,17 @@ class MedusaForASR(PreTrainedModel):
                                         lambda tree: self._verify_pass_timer(tree, state, rules, captured),
                                         lambda tree: self._loop_round_timer(tree, state, rules))
 
+    def _cpu_chain_stop(self, tree: DraftTree, state: DecodeState, rules: LogitsRules) -> float:
+        """Where this call's eager CPU chain stops drafting (``cpu_chain_stop``); 0 for other drafts and devices."""
+        device = state.lengths.device
+        if (device.type != "cpu" or not tree.is_chain or tree.num_nodes == 1
+                or not getattr(self.make_drafter(tree, device), "stops_early", False)):
+            return 0.0
+        if self.cpu_chain_stop != "auto":
+            return float(self.cpu_chain_stop)
+        key = TimingKey("cpu", str(self.dtype), state.next_token.shape[0], captured=False)
+        return self.draft_policy.chain_stop(tree, key, lambda t: self._verify_pass_timer(t, state, rules, False))
+
     def _loop_round_timer(self, tree: DraftTree, state: DecodeState, rules: LogitsRules):
         """A function that runs one compiled round of ``tree`` as the loop will (its runner is built, compiled and
         captured now and kept for the loop), the host's read of the result included, and returns its seconds; the
@@ -507,10 +525,10 @@ class MedusaForASR(PreTrainedModel):
         return timed_round
 
     def _rounds(self, state: DecodeState, tree: DraftTree, process: LogitsRules, compile: bool, captured: bool,
-                fixed_shape: bool):
+                fixed_shape: bool, chain_stop: float = 0.0):
         drafter = self.make_drafter(tree, state.lengths.device)
         if not fixed_shape:
-            return EagerRounds(self.backbone, drafter, process, state, tree, int(state.lengths.max()))
+            return EagerRounds(self.backbone, drafter, process, state, tree, int(state.lengths.max()), chain_stop)
         key = (id(state.cache), tree, process.key, id(self.drafter), compile, captured)
         return self.round_cache.runner(key, state, lambda: CapturedRounds(
             self.backbone, drafter, process, state, tree, use_graph=captured, compile=compile))

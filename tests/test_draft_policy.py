@@ -136,3 +136,23 @@ def test_with_compiled_rounds_the_best_few_are_timed_again_by_the_loops_own_runn
     assert p.choose(p.candidates("auto"), key, None, None) == chosen  # timed once per key: nothing is rebuilt
     uncompiled = key._replace(compiled=False)  # the same machine without compile: the stand-in decides
     assert p.choose(p.candidates("auto"), uncompiled, None) == DraftTree.from_paths(CHAIN)
+
+
+def test_a_cpu_chain_stops_where_one_more_depth_costs_more_than_the_tokens_it_likely_adds():
+    """The stop threshold is CHAIN_STOP_SCALE x (a depth's cost) / (a pass's cost per expected token), from the
+    timed passes of a one-draft chain and of the chain itself (each the median of its timed passes); where a
+    depth costs nearly nothing the full chain is drafted."""
+    from draft_policy import CHAIN_STOP_MAX, CHAIN_STOP_SCALE, TIMED_PASSES
+
+    chain, key = DraftTree.from_paths(CHAIN), TimingKey("cpu", "f32", 1, False)  # 2 drafts, 2.0 tokens per round
+    passes = []
+
+    def timer(costs):
+        return lambda tree: lambda: passes.append(tree.depth) or costs[tree.depth]
+
+    stop = policy().chain_stop(chain, key, timer({1: 10.0, 2: 12.0}))
+    assert stop == pytest.approx(CHAIN_STOP_SCALE * 2.0 / (12.0 / 2.0))
+    assert passes.count(1) == passes.count(2) == TIMED_PASSES + 1  # both timed fully (after a warm-up pass)
+    assert policy().chain_stop(chain, key, timer({1: 10.0, 2: 10.01})) < 0.01
+    assert policy().chain_stop(chain, key, timer({1: 1.0, 2: 12.0})) == CHAIN_STOP_MAX
+    assert policy().chain_stop(DraftTree.chain(1), key, timer({1: 10.0})) == 0.0  # nothing to stop before

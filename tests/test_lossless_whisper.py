@@ -317,6 +317,38 @@ def test_path_heads_equal_the_base_greedy(speech, fused, tmp_path_factory):
         assert torch.equal(expected, got), f"case {index} {case}"
 
 
+def test_chains_that_stop_drafting_early_equal_the_base_greedy(tmp_path_factory):
+    """A CPU chain stops drafting where its drafts' probability falls below ``cpu_chain_stop``: random path heads
+    (this tiny base's drafts are 0.4-1.0 likely) and thresholds that stop it after one draft (above 1), after
+    one to three, or never (0), or as this machine's timings set it ("auto"), in batches of 1-3 (a batch stops
+    where all its rows would): the base's greedy ids every time, and the stats count the drafts each round
+    verified."""
+    from configuration_medusa import MedusaConfig
+    from modeling_medusa import MedusaForASR
+
+    folder = build_tiny_whisper(tmp_path_factory.mktemp("stop"), seed=4)
+    fresh = MedusaForASR.from_base(str(folder), medusa_num_heads=4)
+    config = MedusaConfig(**{**fresh.config.to_dict(), "head_kind": "path", "speech_attention": True})
+    model = MedusaForASR(config, base=fresh.base, processor=fresh.processor).eval()
+    model.set_draft_vocab(list(range(0, 120, 2)) + [112, 113])
+    rng = random.Random(21)
+    drafts_per_round = {}
+    for index in range(14):
+        stop = [0.0, 2.0, 0.999, 0.99, 0.9, 0.6, "auto"][index % 7]
+        batch, max_new = rng.randint(1, 3), rng.choice([5, 13, 34])
+        features = random_features(batch, 900 + index)
+        expected = model.generate(input_features=features, max_new_tokens=max_new, use_medusa=False)
+        randomize_heads(model, rng.randint(0, 10_000), std=rng.choice([0.05, 0.2]))
+        model.cpu_chain_stop = stop
+        got, stats = model.generate(input_features=features, max_new_tokens=max_new, draft="chain",
+                                    return_stats=True)
+        assert torch.equal(expected, got), f"case {index}: stop {stop}, batch {batch}"
+        drafts_per_round.setdefault(stop, []).append(stats["drafted_tokens"] / stats["row_rounds"])
+    assert all(d == 4 for d in drafts_per_round[0.0])  # no threshold: the full chain
+    means = sorted(sum(d) / len(d) for d in drafts_per_round.values())
+    assert means[0] == 1 and any(1 < m < 4 for m in means), drafts_per_round
+
+
 def test_cpu_drafts_come_from_an_int8_copy_of_the_current_heads(tmp_path_factory):
     """On a CPU the drafter multiplies int8 copies of the heads (test_path_heads_equal_the_base_greedy shows
     the ids stay the base's); a copy made before the heads changed is never used after."""

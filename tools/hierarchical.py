@@ -135,7 +135,7 @@ def run_hierarchical(target: CapturedRounds, intermediate: IntermediateRounds, f
         stats.rounds += 1
         for row, live in enumerate(active):
             if live:
-                record_round(outputs[row], result.accepted[row], result.emitted[row], eos, max_new_tokens, stats, gamma)
+                record_round(outputs[row], result.accepted[row], result.emitted[row], eos, max_new_tokens, stats)
                 active[row] = not finished(outputs[row], eos, max_new_tokens)
         intermediate.follow(target)
     stats.new_tokens += sum(len(o) for o in outputs)
