@@ -314,7 +314,7 @@ class PathDrafter(TreeDrafter):
         speech = self.speech(state) if self.speech is not None else None
         tokens = self.root_chunk(state)
         parent_states = state.hidden[:, None]  # [B, 1, H]: the root's parent state is the base's hidden
-        confidence = torch.ones(tokens.shape[0], 1, device=tokens.device)
+        confidence = None  # [B, 1]: the product of each row's draft probabilities so far
         for depth, (nodes, parent_rows, children, picks, k) in enumerate(self.levels):
             states = self.heads.blocks[depth](parent_states[:, parent_rows], self.embed(tokens[:, nodes]), speech)
             logits = self.projection.logits(states)
@@ -322,7 +322,8 @@ class PathDrafter(TreeDrafter):
             tokens[:, children] = top.flatten(1)[:, picks]
             parent_states = states
             if stop_below and depth + 1 < len(self.levels):
-                confidence = confidence * torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+                probability = torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+                confidence = probability if confidence is None else confidence * probability
                 if bool((confidence < stop_below).all()):
                     return tokens[:, : depth + 2]
         return tokens
