@@ -308,7 +308,7 @@ class PathDrafter(TreeDrafter):
             previous = nodes
 
     def __call__(self, state, stop_below: float = 0.0) -> torch.Tensor:
-        """With ``stop_below`` (a chain only), drafting stops after the first depth where, in every row, the
+        """With ``stop_below`` (chains; a tree keeps its shape), drafting stops after the first depth where, in every row, the
         product of the drafts' probabilities so far (each the softmax maximum of its draft logits) is below
         it: the chunk then holds the root and the drafts up to that depth (a host sync per depth)."""
         speech = self.speech(state) if self.speech is not None else None
@@ -321,7 +321,7 @@ class PathDrafter(TreeDrafter):
             top = self.projection.token_ids(best_indices(logits, k))  # [B, len(nodes), k]
             tokens[:, children] = top.flatten(1)[:, picks]
             parent_states = states
-            if stop_below and depth + 1 < len(self.levels):
+            if stop_below and self.tree.is_chain and depth + 1 < len(self.levels):
                 probability = torch.softmax(logits.float(), dim=-1).amax(dim=-1)
                 confidence = probability if confidence is None else confidence * probability
                 if bool((confidence < stop_below).all()):
