@@ -171,7 +171,7 @@ class EagerRounds:
     def __init__(self, backbone, drafter, process_logits, state: DecodeState, tree: DraftTree, prompt_length: int,
                  chain_stop: float = 0.0):
         self.backbone, self.drafter, self.process_logits = backbone, drafter, process_logits
-        self.chain_stop = chain_stop if tree.is_chain and getattr(drafter, "stops_early", False) else 0.0
+        self.chain_stop = chain_stop  # (the model passes 0 unless the drafter stops chains: PathDrafter.stops_early)
         self.state, self.tree, self.tt = state, tree, tree.tensors(state.lengths.device)
         self.prompt_length = prompt_length
         self.rows = list(range(state.next_token.shape[0]))  # call rows still in the state

@@ -254,6 +254,11 @@ def best_indices(logits: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat(best, dim=-1)
 
 
+def draft_probability(logits: torch.Tensor) -> torch.Tensor:
+    """[..., V] draft logits -> [...] the probability of the best draft (the softmax maximum)."""
+    return torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+
+
 class TreeDrafter:
     """Fills the draft tree for a round: ``drafter(state) -> chunk [B, N]`` (root token + draft tokens in
     tree order), read from ``state.hidden`` (which produced the root ``state.next_token``)."""
@@ -322,7 +327,7 @@ class PathDrafter(TreeDrafter):
             tokens[:, children] = top.flatten(1)[:, picks]
             parent_states = states
             if stop_below and self.tree.is_chain and depth + 1 < len(self.levels):
-                probability = torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+                probability = draft_probability(logits)
                 confidence = probability if confidence is None else confidence * probability
                 if bool((confidence < stop_below).all()):
                     return tokens[:, : depth + 2]

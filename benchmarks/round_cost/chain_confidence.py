@@ -22,6 +22,7 @@ import statistics
 import torch
 
 from draft_trees import DraftTree
+from medusa_heads import draft_probability
 from tools.benchmark_inputs import load_clips, load_model, read_manifest, resolve_artifact
 from tools.files import command_line, write_json_atomic
 
@@ -34,7 +35,7 @@ class RecordingProjection:
 
     def logits(self, states):
         logits = self.projection.logits(states)
-        self.probabilities.append(float(torch.softmax(logits.float(), dim=-1).amax()))
+        self.probabilities.append(float(draft_probability(logits).max()))
         return logits
 
     def __getattr__(self, name):
