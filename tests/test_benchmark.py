@@ -293,3 +293,18 @@ def test_segment_comparison_measures_boundaries_against_the_known_sentences():
     assert "| other" in compare_segments.render({"model": "m", "seconds_of_audio": 5, "sentences": 2, "device": "cpu",
                                                  "dtype": "float32", "repeats": 2, "command": "c",
                                                  "conditions": {"clean": rows}})
+
+
+def test_the_noise_note_counts_what_other_processes_took_not_a_load_left_by_a_run_that_ended():
+    from tools.benchmark_environment import cpu_seconds, other_processes_cpus
+    from tools.benchmark_report import _timings_noisy
+
+    quiet = {"timing_spread_median": 0.03}
+    after_a_run = {"device": "cpu", "cpus_usable": 2, "load_average_at_start": [2.0, 1.7, 1.1]}
+    assert _timings_noisy(quiet, after_a_run)  # (runs before the CPU time was measured: the load average decides)
+    assert not _timings_noisy(quiet, {**after_a_run, "other_processes_cpus": 0.1})
+    assert _timings_noisy(quiet, {**after_a_run, "other_processes_cpus": 0.9})
+    assert other_processes_cpus((10.0, 1.0), (16.0, 5.0), wall_seconds=4.0) == 0.5  # 6 s busy, 4 of them ours
+    assert other_processes_cpus(None, (16.0, 5.0), wall_seconds=4.0) is None
+    reading = cpu_seconds()
+    assert reading is None or (reading[0] >= 0 and reading[1] >= 0)

@@ -1,4 +1,4 @@
-"""tools.carry_weights: a base folder split into float16 parts joins back to the same values, or says why not."""
+"""tools.carry_weights: a base folder split into (mostly float16) parts joins back to the same values, or says why not."""
 
 import json
 
@@ -33,10 +33,15 @@ def test_split_then_join_gives_back_every_value_and_the_small_files(tmp_path):
     assert json.loads((tmp_path / "joined" / "config.json").read_text()) == {"model_type": "whisper"}
 
 
-def test_weights_float16_would_change_are_refused(tmp_path):
-    base = _base_folder(tmp_path / "base", {"w": torch.tensor([1.0 + 2.0 ** -20])})
-    with pytest.raises(SystemExit, match="float16 would change"):
-        carry_weights.split(str(base), str(tmp_path / "part"), parts=2)
+def test_weights_float16_would_change_travel_in_their_own_dtype(tmp_path):
+    state = {"scale": torch.tensor([1.0 + 2.0 ** -20, 3.0]), "packed": torch.randint(-2**31, 2**31 - 1, (5, 4),
+             dtype=torch.int32), "w": _half_exact(8, 4)}
+    base = _base_folder(tmp_path / "base", state)
+    parts = carry_weights.split(str(base), str(tmp_path / "part"), parts=2)
+    index = {e["key"]: e["carried"] for e in json.loads((tmp_path / "part1" / "weights_index.json").read_text())["tensors"]}
+    assert index == {"scale": "float32", "packed": "int32", "w": "float16"}
+    joined = load_file(f"{carry_weights.join(parts, str(tmp_path / 'joined'))}/model.safetensors")
+    assert all(joined[k].dtype == state[k].dtype and torch.equal(joined[k], state[k]) for k in state)
 
 
 def test_parts_out_of_order_are_refused(tmp_path):

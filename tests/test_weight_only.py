@@ -91,6 +91,7 @@ def test_a_gptq_w4a16_checkpoint_runs_on_the_int4_kernel_exactly(tmp_path):
 
     from modeling_medusa import MedusaForASR
     from tiny_models import build_tiny_w4a16_whisper
+    from tools.benchmark import int4_layers
     from tools.weight_only import Int4WeightOnlyLinear, repack_gptq_linears
 
     folder = build_tiny_w4a16_whisper(tmp_path, seed=4, group_size=32)
@@ -102,6 +103,7 @@ def test_a_gptq_w4a16_checkpoint_runs_on_the_int4_kernel_exactly(tmp_path):
     dense_out = fc1(x)
     swapped = repack_gptq_linears(model.base, folder)
     assert swapped == sum(1 for m in model.base.modules() if type(m) is Int4WeightOnlyLinear) > 10
+    assert int4_layers(model) == swapped  # (what the benchmark records of a --int4-kernel run)
     assert type(model.base.proj_out) is torch.nn.Linear  # kept 16-bit by the recipe
     # the same values but for the scales, which the kernels hold in bf16 (the checkpoint's are float32)
     bound = (x.abs() @ fc1.weight.abs().T) * 2.0**-8 + 1e-5

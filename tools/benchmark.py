@@ -35,7 +35,8 @@ from tools import runtime
 from tools.files import command_line
 from tools.benchmark_inputs import (BenchmarkError, Clip, as_clip, base_precision, DEFAULT_MANIFEST, DEFAULT_MODEL,
                                     load_clips, load_model, read_manifest, resolve_artifact)
-from tools.benchmark_environment import environment_info, load_average, memory_info, peak_rss_bytes
+from tools.benchmark_environment import (cpu_seconds, environment_info, load_average, memory_info,
+                                         other_processes_cpus, peak_rss_bytes)
 from tools.benchmark_report import (add_notes, add_totals, batch_record, clip_record, clip_wer, median, merge_summaries,
                                     PLOT_NAME, quantised_row, QUANTISED_SUMMARY_KEY, ratio, render_markdown, summarise,
                                     SUMMARY_KEY, summary_row, update_summary, write_outputs)
@@ -493,8 +494,11 @@ def _main(args, argv=None) -> int:
         clips = load_clips(model, rows, progress=not args.quiet, prompt_options=prompt_options)
     except ValueError as err:  # a language or task the model cannot take
         raise BenchmarkError(str(err)) from err
+    cpu_before, decoding_started = cpu_seconds(), time.perf_counter()
     results = _run_decoders(model, clips, args)
     environment["load_average_at_end"] = load_average()
+    environment["other_processes_cpus"] = other_processes_cpus(cpu_before, cpu_seconds(),
+                                                               time.perf_counter() - decoding_started)
     settings = {"model": str(args.model), "model_folder": str(folder), "base_model": base,
                 "base_model_declared": declared_base, **_run_settings(args, model, len(clips), prompt_options),
                 "model_load_s": load_seconds, "timing": TIMING, "command": command_line("tools.benchmark", argv)}
@@ -573,7 +577,15 @@ def _run_settings(args, model, clips: int, prompt_options: dict) -> dict:
             **prompt_options,
             "threads": args.threads, "cuda_graph": args.cuda_graph, "compile": args.compile,
             "timestamps": args.timestamps,
-            **base_precision(args.base, args.dtype, args.int4_kernel, str(runtime.model_device(model)))}
+            **base_precision(args.base, args.dtype, args.int4_kernel, str(runtime.model_device(model))),
+            **({"int4_layers": int4_layers(model)} if args.int4_kernel else {})}
+
+
+def int4_layers(model) -> int:
+    """How many of the base's layers multiply on the int4 kernel (``--int4-kernel``)."""
+    from tools.weight_only import Int4WeightOnlyLinear
+
+    return sum(isinstance(module, Int4WeightOnlyLinear) for module in model.base.modules())
 
 
 def _add_summary_rows(results: dict, args, command: str, results_json: str) -> None:

@@ -91,6 +91,27 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def cpu_seconds():
+    """(seconds every CPU spent busy, seconds this process used) so far; None where /proc/stat is not there.
+    Their change over a run tells what other processes took, which a load average (still high from a run that
+    just ended) does not."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
+    own = os.times()
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"), own.user + own.system
+
+
+def other_processes_cpus(start, end, wall_seconds: float):
+    """CPUs' worth of work done by other processes between two ``cpu_seconds()`` readings."""
+    if start is None or end is None or wall_seconds <= 0:
+        return None
+    others = (end[0] - start[0]) - (end[1] - start[1])
+    return round(max(others, 0.0) / wall_seconds, 2)
+
+
 def load_average():
     try:
         return [round(x, 2) for x in os.getloadavg()]

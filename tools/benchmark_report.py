@@ -252,15 +252,20 @@ def _on_cuda(environment: dict) -> bool:
 
 def _timings_noisy(summary: dict, environment: dict) -> bool:
     spread, load = summary.get("timing_spread_median"), environment.get("load_average_at_start")
-    # 1-minute load average before this run started decoding, against the CPUs it may use.
-    busy = bool(load) and load[0] > (environment.get("cpus_usable") or environment.get("cpu_count") or 1) * 0.5
+    cpus = environment.get("cpus_usable") or environment.get("cpu_count") or 1
+    others = environment.get("other_processes_cpus")
+    if others is not None:  # CPU time other processes took while this run decoded
+        busy = others > 0.25 * cpus
+    else:  # (runs before that was measured) 1-minute load average before decoding began
+        busy = bool(load) and load[0] > cpus * 0.5
     return (spread is not None and spread > 0.2) or (busy and not _on_cuda(environment))
 
 
 def _noise_note(summary: dict, environment: dict, threads: int) -> str:
     suggest_one_thread = threads > 1 and not _on_cuda(environment)
     return (f"Timings are noisy (median spread {percent(summary.get('timing_spread_median'))} between repeats; "
-            f"load average {environment.get('load_average_at_start')} -> {environment.get('load_average_at_end')} "
+            f"load average {environment.get('load_average_at_start')} -> {environment.get('load_average_at_end')}, "
+            f"other processes {environment.get('other_processes_cpus', 'unmeasured')} CPUs while decoding, "
             f"on {environment.get('cpus_usable')} CPUs): other processes shared the CPU. Rerun on an idle machine"
             + (", or with --threads 1," if suggest_one_thread else "")
             + " with more --repeats before trusting the speed-ups.")
@@ -336,6 +341,7 @@ def _environment_table(env: dict) -> str:
     rows = [("date (UTC)", env.get("date")), ("device", f"{env.get('device')}: {env.get('device_name')}"),
             ("CPUs (count / usable)", f"{env.get('cpu_count')} / {env.get('cpus_usable')}"),
             ("torch threads", env.get("torch_threads")), ("load average at start", env.get("load_average_at_start")),
+            ("other processes' CPUs while decoding", env.get("other_processes_cpus")),
             ("torch", env.get("torch_version")), ("transformers", env.get("transformers_version")),
             ("python", env.get("python_version")), ("dtype", env.get("dtype")), ("git commit", commit)]
     return markdown_table(["", ""], rows)

@@ -3,8 +3,9 @@
     python -m tools.carry_weights split ~/.cache/medusa-asr/whisper-tiny.en .gpu/part --parts 3
     python -m tools.carry_weights join .gpu/part1 .gpu/part2 .gpu/part3 --out /tmp/cache/whisper-tiny.en
 
-``split`` writes every tensor of the folder's ``model.safetensors`` as float16 bytes (refused unless float16 gives
-back exactly the same values: true for the CTranslate2-derived Whisper weights), cut into ``--parts`` folders of
+``split`` writes every floating-point tensor of the folder's ``model.safetensors`` as float16 bytes where float16
+gives back exactly the same values (true for the CTranslate2-derived Whisper weights), any other tensor (a quantised
+checkpoint's packed integers and scales, sinusoidal positions) in its own dtype, cut into ``--parts`` folders of
 equal size (a large tensor may straddle two), with the index and the folder's small JSON files in the first part.
 ``join`` puts the bytes back together, checks the SHA-256 of the original values and writes the folder again.
 The lent GPU's working tree travels capped at 64 MiB a call and keeps ``/tmp`` for about 30 s between calls: carry
@@ -43,9 +44,7 @@ def split(folder: str, out_prefix: str, parts: int) -> list[str]:
     index, chunks, offset = [], [], 0
     for key in sorted(state):
         tensor = state[key]
-        carried = tensor.to(torch.float16) if tensor.is_floating_point() else tensor
-        if not torch.equal(carried.to(tensor.dtype), tensor):
-            raise SystemExit(f"{key}: float16 would change its values; these weights cannot be carried this way")
+        carried = _smaller_exact(tensor)
         data = carried.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
         index.append({"key": key, "dtype": str(tensor.dtype).removeprefix("torch."),
                       "carried": str(carried.dtype).removeprefix("torch."), "shape": list(tensor.shape),
@@ -66,6 +65,16 @@ def split(folder: str, out_prefix: str, parts: int) -> list[str]:
         if name != "model.safetensors" and os.path.isfile(path) and os.path.getsize(path) <= SMALL_FILES_LIMIT:
             shutil.copy(path, os.path.join(folders[0], name))
     return folders
+
+
+def _smaller_exact(tensor):
+    """The tensor as float16 where that keeps every value (and is smaller), else as it is."""
+    import torch
+
+    if not tensor.is_floating_point() or tensor.element_size() <= 2:
+        return tensor
+    half = tensor.to(torch.float16)
+    return half if torch.equal(half.to(tensor.dtype), tensor) else tensor
 
 
 def join(parts: list[str], out: str) -> str:
