@@ -96,10 +96,10 @@ def cpu_seconds():
     Their change over a run tells what other processes took, which a load average (still high from a run that
     just ended) does not."""
     try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    except (OSError, IndexError):
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:8]
+        user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields)
+    except (OSError, IndexError, ValueError):
         return None
-    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
     own = os.times()
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"), own.user + own.system
 
