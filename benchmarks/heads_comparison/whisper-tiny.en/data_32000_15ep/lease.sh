@@ -8,6 +8,7 @@
 #   bash lease.sh wait         until the pipeline ends (or 560 s), printing its log; at the end it packs the results
 #                              as one tar in 15 MiB parts under $OUT (here: cat run.tar.* | tar -x)
 #   bash lease.sh pack         the same packing alone
+# Then here: bash after_lease.sh FILES_AT (heads, comparison, GPU rows merged, CPU rows and the card again).
 # As run on 2026-12-04, twice, and nothing came back. The first lease ran the synthesis (298 s, 107 utterances/s),
 # then carried parts of an older layout that tools.carry_weights cannot join (since re-split as above) and was
 # taken back while they were carried again. The second, 06:31-06:51 UTC, ran to the end (`ended (status 0)` at
