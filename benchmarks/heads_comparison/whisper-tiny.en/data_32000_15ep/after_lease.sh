@@ -15,7 +15,7 @@ cat "$FILES_AT"/run.tar.* | tar -x -C $RUN
 R=$RUN/results
 cp $R/compare/comparison.* $R/compare/*_metrics.json $R/synth_info.json $R/collect_info.json $HERE/
 cp -r $R/artifact/. heads/whisper-tiny.en/
-for row in auto chain; do
+for row in auto chain tree-32; do
   rm -rf benchmarks/real_speech/gpu_tiny.en_$row && cp -r $R/gpu_tiny.en_$row benchmarks/real_speech/
   $PY -m tools.benchmark --merge-summary benchmarks/real_speech/gpu_tiny.en_$row/results.json \
       --summary benchmarks/real_speech/summary.json
@@ -25,8 +25,8 @@ $CPU --draft auto --out benchmarks/real_speech/cpu_tiny.en_auto
 $CPU --draft chain --out benchmarks/real_speech/cpu_tiny.en_chain
 $CPU --draft chain --timestamps --no-plot --out benchmarks/real_speech/cpu_tiny.en_chain_timestamps
 $CPU --draft tree --out benchmarks/real_speech/cpu_tiny.en_tree
-$PY -m pipeline.update_card heads/whisper-tiny.en benchmarks/real_speech/gpu_tiny.en_{auto,chain}/results.json \
+$PY -m pipeline.update_card heads/whisper-tiny.en benchmarks/real_speech/gpu_tiny.en_{auto,chain,tree-32}/results.json \
     benchmarks/real_speech/cpu_tiny.en_{auto,chain,tree}/results.json
 echo "then: the replayed chain stop (benchmarks/round_cost/README.md, chain_confidence.py), the quantised tiny.en rows"
 echo "(benchmarks/quantised/gpu_w4a16_lease.sh; the CPU rows' commands in benchmarks/quantised/summary.json), README and"
-echo "docs/RESULTS.md figures, and the GPU rows not re-measured by the lease (tree-16, tree-32, tree-64, batches) marked as the old heads'"
+echo "docs/RESULTS.md figures, and the GPU rows not re-measured by the lease (tree-16, tree-64, batches) marked as the old heads'"

@@ -3,7 +3,7 @@
 # utterances, collect them and the 28 real recordings with the base (once its parts have arrived), train the shipped
 # recipe (path heads reading the speech, 1 layer per head, 15 epochs; the 2-layer variant gained 0.03 tokens per
 # round at 18 000 and costs a CPU round more, so this lease trains the shipped shape only), export it over
-# heads/whisper-tiny.en, and measure the GPU rows with it. Results under /tmp/w/results.
+# heads/whisper-tiny.en, and measure the GPU rows with it (auto, chain, tree of 32). Results under /tmp/w/results.
 set -euo pipefail
 START=$(date +%s); stage() { echo "[$(( $(date +%s) - START )) s] $*"; }
 W=/tmp/w; BASE=/tmp/cache/whisper-tiny.en; R=$W/results; mkdir -p $R /tmp/cache
@@ -34,7 +34,7 @@ python3 -m pipeline.export --base $BASE --base-id openai/whisper-tiny.en --heads
     --out heads/whisper-tiny.en --data-info $W/speech/manifest.jsonl --force 2>&1 | tail -2
 cp -r heads/whisper-tiny.en $R/artifact
 BENCH="python3 -m tools.benchmark --device cuda --dtype bfloat16 --model heads/whisper-tiny.en --repeats 3 --quiet --no-plot --audio $W/bd/eval/manifest.jsonl"
-for draft in auto chain; do
+for draft in auto chain tree-32; do
   $BENCH --compile --draft $draft --out $R/gpu_tiny.en_$draft --summary $R/summary.json > $R/gpu_tiny.en_$draft.log 2>&1
   stage "row $draft"; grep -A2 "vs own greedy: end" $R/gpu_tiny.en_$draft/results.md | head -2 || true
 done
