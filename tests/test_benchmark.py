@@ -308,3 +308,26 @@ def test_the_noise_note_counts_what_other_processes_took_not_a_load_left_by_a_ru
     assert other_processes_cpus(None, (16.0, 5.0), wall_seconds=4.0) is None
     reading = cpu_seconds()
     assert reading is None or (reading[0] >= 0 and reading[1] >= 0)
+
+
+def test_the_length_figure_draws_every_run_given_and_records_its_command(tmp_path):
+    pytest.importorskip("matplotlib")
+    from tools import plot_lengths
+
+    def run(model, device):
+        clips = [{"tokens": t, "speedup": 2.0 + t / 10, "decode_speedup_vs_own_greedy": 1.2, "draft_ran": "chain-4"}
+                 for t in (5, 12, 30)]
+        return {"settings": {"model": model, "dtype": "float32"}, "environment": {"device": device}, "clips": clips}
+
+    sources = []
+    for name, device in (("tiny", "cpu"), ("base", "cuda")):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(run(f"heads/whisper-{name}", device)))
+        sources.append(str(path))
+    out = tmp_path / "lengths.png"
+    assert plot_lengths.main([*sources, "--out", str(out)]) == 0
+    assert out.read_bytes().startswith(b"\x89PNG")
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["command"].startswith("python -m tools.plot_lengths")
+    assert [r["label"] for r in record["runs"]] == ["whisper-tiny, CPU, float32, chain-4",
+                                                     "whisper-base, GPU, float32, chain-4"]

@@ -406,33 +406,10 @@ def _mib(value) -> str:
 
 
 def write_plot(results: dict, path: Path) -> str | None:
-    """Speed-up vs output tokens; returns why it was skipped, or None when written."""
-    try:
-        import matplotlib
+    """Speed-up per clip vs output tokens (``tools.plot_lengths``); returns why it was skipped, or None when written."""
+    from tools.plot_lengths import draw
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed"
-    import io
-
-    clips = [c for c in results["clips"] if c["speedup"] is not None]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    scatter = ax.scatter([c["tokens"] for c in clips], [c["speedup"] for c in clips],
-                         c=[c["duration_s"] or 0 for c in clips], cmap="viridis")
-    fig.colorbar(scatter, ax=ax, label="audio duration (s)")
-    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    ax.set_xlabel("output tokens (incl. EOS)")
-    ax.set_ylabel("speed-up (baseline ms / Medusa ms)")
-    settings = results.get("settings") or {}
-    name = "/".join(Path(str(settings.get("model", "model"))).parts[-2:])
-    ax.set_title(f"{name}: Medusa speed-up per clip (batch size 1)", fontsize=10)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
-    plt.close(fig)
-    write_atomic(path, buffer.getvalue())
-    return None
+    return draw([results], path)
 
 
 def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> dict:
