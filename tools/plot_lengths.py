@@ -27,7 +27,7 @@ def run_label(results: dict) -> str:
     model = Path(str(settings.get("model", "model"))).name
     device = "GPU" if str(environment.get("device", "")).startswith("cuda") else "CPU"
     drafts = sorted({c.get("draft_ran") for c in results["clips"] if c.get("draft_ran")})
-    dtype = settings.get('dtype') or environment.get('dtype', '')
+    dtype = settings.get("dtype") or environment.get("dtype", "")
     return f"{model}, {device}, {dtype}, {'/'.join(drafts) or settings.get('draft')}"
 
 
