@@ -4,7 +4,7 @@
 # unpacks them, keeps the comparison and data records beside this script, puts the exported heads in
 # heads/whisper-tiny.en (the shipped recipe on more data: same shape, same draft vocabulary size), merges the GPU
 # rows into benchmarks/real_speech/summary.json, measures the CPU rows again with the new heads (the commands of the
-# rows they replace) and the replayed chain stop, and updates the model card. Each step writes its own files; a
+# rows they replace), updates the model card and draws the per-clip figure again. Each step writes its own files; a
 # step that fails stops the script with what ran so far kept.
 set -euo pipefail
 FILES_AT=${1:?usage: after_lease.sh FILES_AT (the folder holding run.tar.00 ...)}
@@ -27,6 +27,8 @@ $CPU --draft chain --timestamps --no-plot --out benchmarks/real_speech/cpu_tiny.
 $CPU --draft tree --out benchmarks/real_speech/cpu_tiny.en_tree
 $PY -m pipeline.update_card heads/whisper-tiny.en benchmarks/real_speech/gpu_tiny.en_{auto,chain,tree-32}/results.json \
     benchmarks/real_speech/cpu_tiny.en_{auto,chain,tree}/results.json
+$PY -m tools.plot_lengths benchmarks/real_speech/{gpu,cpu}_{tiny.en,base}_auto/results.json \
+    --out benchmarks/real_speech/speedup_vs_length.png
 echo "then: the replayed chain stop (benchmarks/round_cost/README.md, chain_confidence.py), the quantised tiny.en rows"
 echo "(benchmarks/quantised/gpu_w4a16_lease.sh; the CPU rows' commands in benchmarks/quantised/summary.json), README and"
 echo "docs/RESULTS.md figures, and the GPU rows not re-measured by the lease (tree-16, tree-64, batches) marked as the old heads'"
