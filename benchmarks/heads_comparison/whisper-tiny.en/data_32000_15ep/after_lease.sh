@@ -13,7 +13,7 @@ PY=.venv/bin/python
 RUN=work_data/gpu_32k; rm -rf $RUN; mkdir -p $RUN
 cat "$FILES_AT"/run.tar.* | tar -x -C $RUN
 R=$RUN/results
-cp $R/compare/comparison.* $R/compare/*_metrics.json $R/synth_info.json $R/collect_info.json $HERE/
+cp $R/compare/comparison.* $R/compare/*_metrics.json $R/synth_info.json $R/plan.json $R/collect_info.json $HERE/
 cp -r $R/artifact/. heads/whisper-tiny.en/
 for row in auto chain tree-32; do
   rm -rf benchmarks/real_speech/gpu_tiny.en_$row && cp -r $R/gpu_tiny.en_$row benchmarks/real_speech/
