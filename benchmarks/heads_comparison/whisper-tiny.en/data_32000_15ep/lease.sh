@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # tiny.en data scaling on the lent GPU: 32 000 utterances, one lease, calls back to back (a warm machine keeps /tmp
 # for 30 s after each call). The work itself runs in the background (pipeline.sh), so no call's 600 s limit cuts it:
-#   bash lease.sh start        carrying .gpu/bd and .gpu/t1_tokenizer.json: unpack, start pipeline.sh
+#   bash lease.sh start        carrying .gpu/bd and .gpu/t1_tokenizer.json.xz: unpack, start pipeline.sh
 #   bash lease.sh carry t1     carrying .gpu/t1, then t2, t3: the base's float16 parts, made here with
 #                              python -m tools.carry_weights split ~/.cache/medusa-asr/whisper-tiny.en .gpu/t --parts 3
-#                              (with .gpu/t1/tokenizer.json moved to .gpu/t1_tokenizer.json: each call under 64 MiB)
+#                              (with .gpu/t1/tokenizer.json moved out and xz-compressed to .gpu/t1_tokenizer.json.xz:
+#                              each call under 64 MiB)
 #   bash lease.sh wait         until the pipeline ends (or 560 s), printing its log; at the end it packs the results
 #                              as one tar in 15 MiB parts under $OUT (here: cat run.tar.* | tar -x)
 #   bash lease.sh pack         the same packing alone
@@ -19,7 +20,7 @@ set -euo pipefail
 W=/tmp/w; HERE=benchmarks/heads_comparison/whisper-tiny.en/data_32000_15ep
 case "${1:?usage: lease.sh start|carry PART|wait|pack}" in
   start)
-    mkdir -p $W/parts; cp -r .gpu/bd/. $W/bd/; cp .gpu/t1_tokenizer.json $W/tokenizer.json
+    mkdir -p $W/parts; cp -r .gpu/bd/. $W/bd/; xz -dc .gpu/t1_tokenizer.json.xz > $W/tokenizer.json
     cp -r . $W/repo  # the background job outlives this call's copy of the tree
     cd $W/repo && setsid nohup bash $HERE/pipeline.sh > $W/pipeline.log 2>&1 < /dev/null &
     sleep 25; cat $W/pipeline.log ;;
