@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     timed = clips[: args.cost_clips] if args.cost_clips else clips
     costs = [round_ms(model, timed, drafts, args.repeats) for drafts in range(depth + 1)]
     rows = [replay(records, costs, float(t)) for t in args.thresholds.split(",")]
-    result = {"command": command_line("python -m benchmarks.round_cost.chain_confidence", argv), "model": args.model,
+    result = {"command": command_line("benchmarks.round_cost.chain_confidence", argv), "model": args.model,
               "audio": args.audio, "clips": len(clips), "timed_clips": len(timed), "rounds": len(records),
               "round_ms_by_drafts": costs, "replayed": rows, "records": records}
     write_json_atomic(args.out, result)
