@@ -47,8 +47,11 @@ SMALLER_DRAFT_MARGIN = 0.05
 # with compiled rounds, the candidates timed again by the runner the loop will use (compiling each one): at most this
 # many, of those within this share of the best stand-in rate. The stand-in (an uncompiled round captured as a CUDA
 # graph) overstates trees, whose rounds gain most from compiling: whisper-base (H200, bf16, 28 clips) ran the chain
-# at 1.42x own greedy where its 32-node tree ran 1.58x.
-REFINED_CANDIDATES = 3
+# at 1.42x own greedy where its 32-node tree ran 1.58x. Four, not three: tiny.en's 32-node tree (32 000-utterance
+# heads) ranked fourth by the stand-in and was never compiled, so auto ran the 16-node tree at 1.74x own greedy; timed
+# compiled it led (0.506 ms a pass for 3.08 expected tokens against 0.490 for 2.82) and ran 1.80x. One more compile
+# on a shape's first call.
+REFINED_CANDIDATES = 4
 REFINED_SHARE = 0.8
 CPU_CACHE_EVICTION_BYTES = 64 * 2**20  # read before each timed pass on a CPU (see evict_cpu_caches)
 # A CPU chain drafts past a depth only while its drafts' joint probability is at least CHAIN_STOP_SCALE x (what one
@@ -59,6 +62,12 @@ CPU_CACHE_EVICTION_BYTES = 64 * 2**20  # read before each timed pass on a CPU (s
 # 2026-12-02: 13.6 -> 13.8 ms a pass from 1 to 4 drafts) the threshold falls to ~0 and the full chain is drafted.
 CHAIN_STOP_SCALE = 1.5
 CHAIN_STOP_MAX = 0.9
+# On a CPU the chain is timed drafting every depth, but the loop's chain stops where its heads are unsure, which its
+# timing cannot show: it runs faster than its rate says. Same-day runs on the 2-core Intel VM (2026-12-04, the 28
+# recordings): the full chain's rounds 1.25x -> the stopping chain's 1.38x own greedy (tiny.en), 1.55x -> 1.66x
+# (base); the smaller gain credits its rate. Without it the 8-node tree, timed 4-7 % behind the chain, was once
+# timed ahead and chosen: its rounds ran 1.25x own greedy where the chain's ran 1.43x (tiny.en, 32 000-utterance heads).
+STOPPING_CHAIN_CREDIT = 1.07
 
 
 PRIOR_ROUNDS = 64  # weight of the artifact's own measurement against the rounds observed since
@@ -89,6 +98,7 @@ class DraftPolicy:
         self.verify_seconds: dict = {}  # (device, dtype, batch, captured, tree) -> seconds of one verify pass
         self.observed: dict = {}  # tree -> [tokens emitted, rounds] in this process
         self.chosen: dict = {}  # (device, dtype, batch, captured) -> the draft last chosen for it
+        self.rates: dict = {}  # the same key -> {candidate: the rate it was chosen by}, as last chosen
         self._measured = None
 
     # ------------------------------------------------------------------ candidates
@@ -173,14 +183,16 @@ class DraftPolicy:
         return (self.predicted_tokens(tree) * PRIOR_ROUNDS + emitted) / (PRIOR_ROUNDS + rounds)
 
     # ------------------------------------------------------------------ choosing
-    def choose(self, candidates: list[DraftTree], key: TimingKey, pass_timer, loop_timer=None) -> DraftTree:
+    def choose(self, candidates: list[DraftTree], key: TimingKey, pass_timer, loop_timer=None,
+               stops_early=None) -> DraftTree:
         """The candidate with the most expected tokens per second of verify time. ``pass_timer(tree)`` makes a
         function that runs one verify pass of ``tree`` and returns its seconds; the candidates not yet timed
         under ``key`` are timed in turn (``_time``), so that the machine's drift falls on all of them alike. With
         ``key.compiled``, ``loop_timer(tree)`` makes a function that runs one of the loop's own (compiled) rounds:
-        the best few by ``pass_timer`` are timed again by it (``_shortlist``) and the choice is theirs. On a CPU,
-        of candidates within ``SMALLER_DRAFT_MARGIN`` of the best, the smallest; and the draft last chosen for
-        ``key`` stays unless another promises ``SWITCH_MARGIN`` more."""
+        the best few by ``pass_timer`` are timed again by it (``_shortlist``) and the choice is theirs. A tree for
+        which ``stops_early(tree)`` holds (a CPU chain that stops where its heads are unsure) has its rate credited
+        by ``STOPPING_CHAIN_CREDIT``. On a CPU, of candidates within ``SMALLER_DRAFT_MARGIN`` of the best, the
+        smallest; and the draft last chosen for ``key`` stays unless another promises ``SWITCH_MARGIN`` more."""
         candidates = [t for t in candidates if t.num_nodes == 1 or self.expected_tokens(t) > 1.0 + 1e-6]
         if len(candidates) == 1:
             return candidates[0]  # no draft is expected to add a token: nothing to time
@@ -190,8 +202,11 @@ class DraftPolicy:
             candidates = self._shortlist(candidates, stand_in)
             self._time_untimed(candidates, key, loop_timer)
 
+        credited = {tree for tree in candidates if stops_early is not None and stops_early(tree)}
+
         def rate(tree):
-            return self.expected_tokens(tree) / self.verify_seconds[key, tree]
+            credit = STOPPING_CHAIN_CREDIT if tree in credited else 1.0
+            return credit * self.expected_tokens(tree) / self.verify_seconds[key, tree]
 
         top = max(rate(tree) for tree in candidates)
         margin = SMALLER_DRAFT_MARGIN if key.device == "cpu" else 0.0
@@ -201,6 +216,7 @@ class DraftPolicy:
         if last in candidates and rate(best) < (1 + SWITCH_MARGIN) * rate(last):
             best = last
         self.chosen[key] = best
+        self.rates[key] = {tree: rate(tree) for tree in candidates}
         return best
 
     def _shortlist(self, candidates: list[DraftTree], key: TimingKey) -> list[DraftTree]:
@@ -248,6 +264,15 @@ class DraftPolicy:
         per_depth = (self.verify_seconds[key, chain] - self.verify_seconds[key, first]) / (chain.depth - 1)
         per_token = self.verify_seconds[key, chain] / self.expected_tokens(chain)
         return min(max(CHAIN_STOP_SCALE * per_depth / per_token, 0.0), CHAIN_STOP_MAX)
+
+    def measurements(self) -> list[dict]:
+        """What ``auto`` measured and chose, for a benchmark's record: per timing key, each candidate's verify pass
+        (ms), its expected tokens per round and the rate it was chosen by."""
+        return [{**key._asdict(), "candidates": [
+                    {"draft": tree.name, "nodes": tree.num_nodes - 1, "verify_ms": 1e3 * self.verify_seconds[key, tree],
+                     "expected_tokens": self.expected_tokens(tree), "rate": rate, "chosen": tree == self.chosen[key]}
+                    for tree, rate in rates.items()]}
+                for key, rates in self.rates.items()]
 
     def observe(self, tree: DraftTree, stats: MedusaStats):
         """Count what ``tree`` emitted per round in a call, so ``auto`` adapts when the audio is harder

@@ -458,3 +458,6 @@ def test_auto_draft_weighs_tree_sizes_by_measured_cost(artifact):
         assert chosen == min((t for t in candidates if rate(t) >= top / (1 + SMALLER_DRAFT_MARGIN)),
                              key=lambda t: t.num_nodes)
         assert chosen.num_nodes >= 33 if cost_per_node == 0 else chosen.num_nodes == 1
+        [record] = policy.measurements()  # what a benchmark records of auto's choice
+        assert [c["nodes"] for c in record["candidates"] if c["chosen"]] == [chosen.num_nodes - 1]
+        assert len(record["candidates"]) == len(candidates)

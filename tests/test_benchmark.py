@@ -144,6 +144,7 @@ def test_a_finished_run_exits_0_and_adds_its_summary_rows(tiny_medusa, tmp_path,
     results = json.loads((out / "results.json").read_text())
     assert results["summary"]["exact_match_rate"] == 1.0 and results["settings"]["clips"] == 1
     assert results["settings"]["command"].startswith("python -m tools.benchmark --audio")
+    assert results["draft_tree"]["auto_measurements"] == []  # this artifact has one candidate: auto times nothing
     for path in (summary, quantised):
         [row] = json.loads(path.read_text())
         assert row["clips"] == 1 and row["command"] == results["settings"]["command"]

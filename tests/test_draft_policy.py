@@ -115,6 +115,26 @@ def test_of_nearly_equal_drafts_auto_takes_the_smaller_on_a_cpu():
     assert p.choose(p.candidates("auto"), gpu, lambda t: lambda: costs[t.num_nodes]) == DraftTree.from_paths(TREE)
 
 
+def test_a_chain_that_stops_early_is_credited_and_what_auto_measured_is_reported():
+    """On a CPU the loop's chain stops where its heads are unsure, which its timed (full) pass cannot show: its
+    rate is credited by STOPPING_CHAIN_CREDIT, so a tree timed a little ahead of it no longer wins."""
+    from draft_policy import SMALLER_DRAFT_MARGIN, STOPPING_CHAIN_CREDIT
+
+    chain, tree, key = DraftTree.from_paths(CHAIN), DraftTree.from_paths(TREE), TimingKey("cpu", "f32", 1, False)
+    ahead = 1 + (SMALLER_DRAFT_MARGIN + STOPPING_CHAIN_CREDIT - 1) / 2  # past the margin, short of margin + credit
+    costs = {1: 10.0, 3: 1.0, 4: 2.4 / 2.0 / ahead}
+    p = policy()
+    assert p.choose(p.candidates("auto"), key, lambda t: lambda: costs[t.num_nodes]) == tree
+    p = policy()
+    assert p.choose(p.candidates("auto"), key, lambda t: lambda: costs[t.num_nodes], stops_early=lambda t: t == chain) == chain
+    [record] = p.measurements()
+    assert record["device"] == "cpu" and record["batch"] == 1
+    by_draft = {c["draft"]: c for c in record["candidates"]}
+    assert by_draft["chain of 2"]["chosen"] and not by_draft["tree of 3 nodes"]["chosen"]
+    assert by_draft["chain of 2"]["rate"] == pytest.approx(STOPPING_CHAIN_CREDIT * 2.0 / 1.0)
+    assert by_draft["tree of 3 nodes"]["verify_ms"] == pytest.approx(1e3 * costs[4])
+
+
 def test_with_compiled_rounds_the_best_few_are_timed_again_by_the_loops_own_runners():
     """The stand-in pass (an uncompiled graph) overstates trees; with compiled rounds the candidates near the best
     stand-in rate are timed again by the runner the loop will use (one compile each), and those times decide.

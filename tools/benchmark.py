@@ -376,7 +376,8 @@ def run_benchmark(model, clips, *, repeats: int = 3, warmup: int = 1, max_new_to
         batched["cuda_peak_bytes"] = dict(timer.peak_bytes) if timer.cuda else None
 
     draft_info = {"requested": draft if isinstance(draft, str) else "paths", "chain": tree.is_chain,
-                  "depth": tree.depth, "nodes": tree.num_nodes, "paths": [list(p) for p in tree.paths]}
+                  "depth": tree.depth, "nodes": tree.num_nodes, "paths": [list(p) for p in tree.paths],
+                  "auto_measurements": model.draft_policy.measurements()}
     return {"clips": per_clip, "summary": summary, "batched": batched, "draft_tree": draft_info,
             "cuda_peak_bytes": cuda_peak}
 

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # A later lease: the other tiny.en GPU rows with the shipped heads (trained on 18 000 utterances). Calls back to back:
-#   bash commands_4_more_rows.sh bundle          carrying .gpu/bd and .gpu/t1_tokenizer.json (see
+#   bash commands_4_more_rows.sh bundle          carrying .gpu/bd and .gpu/t1_tokenizer.json.xz (see
 #                                                whisper-base/data_24000_15ep/commands_1_synth.sh for .gpu/bd)
 #   bash commands_4_more_rows.sh part N          carrying .gpu/tN, N = 1..3: the base's float16 parts, made here with
 #       python -m tools.carry_weights split ~/.cache/medusa-asr/whisper-tiny.en .gpu/t --parts 3
-#       (its tokenizer.json moved out of .gpu/t1 to .gpu/t1_tokenizer.json, to keep each call under 64 MiB)
+#       (its tokenizer.json moved out of .gpu/t1 and xz-compressed to .gpu/t1_tokenizer.json.xz, to keep each call
+#       under 64 MiB)
 #   bash commands_4_more_rows.sh rows ARGS...    one tools.benchmark row per ARG: a draft (compiled rounds, batch 1)
 #                                                or batchN (auto, graph rounds); tarred into $OUT (cat run.tar.* | tar -x)
 set -euo pipefail
 W=/tmp/w; BASE=/tmp/cache/whisper-tiny.en
 case "${1:?usage: commands_4_more_rows.sh bundle|part N|rows ARGS...}" in
-  bundle) mkdir -p $W/parts; cp -r .gpu/bd/. $W/bd/; cp .gpu/t1_tokenizer.json $W/tokenizer.json; exit 0 ;;
+  bundle) mkdir -p $W/parts; cp -r .gpu/bd/. $W/bd/; xz -dc .gpu/t1_tokenizer.json.xz > $W/tokenizer.json; exit 0 ;;
   part) cp -r ".gpu/t${2:?usage: part N}" $W/parts/; ls $W/parts; exit 0 ;;
   rows) shift ;;
 esac
