@@ -67,7 +67,10 @@ CHAIN_STOP_MAX = 0.9
 # recordings): the full chain's rounds 1.25x -> the stopping chain's 1.38x own greedy (tiny.en), 1.55x -> 1.66x
 # (base); the smaller gain credits its rate. Without it the 8-node tree, timed 4-7 % behind the chain, was once
 # timed ahead and chosen: its rounds ran 1.25x own greedy where the chain's ran 1.43x (tiny.en, 32 000-utterance heads).
+# Credited only where the chain's stop (``chain_stop``) is at least CREDITED_CHAIN_STOP: those gains came with stops
+# of 0.38-0.44; where depths cost little the stop falls to ~0 and the chain seldom stops.
 STOPPING_CHAIN_CREDIT = 1.07
+CREDITED_CHAIN_STOP = 0.2
 
 
 PRIOR_ROUNDS = 64  # weight of the artifact's own measurement against the rounds observed since

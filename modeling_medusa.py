@@ -27,8 +27,8 @@ try:
     from .backbone_meralion2 import MERaLiON2Backbone
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
-    from .draft_policy import (TIMED_PASSES, DraftPolicy, RoundCache, TimingKey, evict_cpu_caches, graph_seconds,
-                               wall_seconds)
+    from .draft_policy import (CREDITED_CHAIN_STOP, TIMED_PASSES, DraftPolicy, RoundCache, TimingKey,
+                               evict_cpu_caches, graph_seconds, wall_seconds)
     from .draft_trees import DraftTree
     from .kv_cache import DecodeState
     from .logits_rules import LogitsRules
@@ -42,8 +42,8 @@ except ImportError:
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
-    from draft_policy import (TIMED_PASSES, DraftPolicy, RoundCache, TimingKey, evict_cpu_caches, graph_seconds,
-                              wall_seconds)
+    from draft_policy import (CREDITED_CHAIN_STOP, TIMED_PASSES, DraftPolicy, RoundCache, TimingKey,
+                              evict_cpu_caches, graph_seconds, wall_seconds)
     from draft_trees import DraftTree
     from kv_cache import DecodeState
     from logits_rules import LogitsRules
@@ -498,8 +498,8 @@ class MedusaForASR(PreTrainedModel):
         return self.draft_policy.choose(candidates, key,
                                         lambda tree: self._verify_pass_timer(tree, state, rules, captured),
                                         lambda tree: self._loop_round_timer(tree, state, rules),
-                                        stops_early=lambda tree: not (captured or compile) and self.cpu_chain_stop != 0
-                                        and self._stops_early(tree, state))
+                                        stops_early=lambda tree: not (captured or compile)
+                                        and self._cpu_chain_stop(tree, state, rules) >= CREDITED_CHAIN_STOP)
 
     def _stops_early(self, tree: DraftTree, state: DecodeState) -> bool:
         """Whether ``tree`` is a chain this call's eager CPU loop may stop drafting early (``cpu_chain_stop``)."""
