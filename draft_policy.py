@@ -193,7 +193,7 @@ class DraftPolicy:
         under ``key`` are timed in turn (``_time``), so that the machine's drift falls on all of them alike. With
         ``key.compiled``, ``loop_timer(tree)`` makes a function that runs one of the loop's own (compiled) rounds:
         the best few by ``pass_timer`` are timed again by it (``_shortlist``) and the choice is theirs. A tree for
-        which ``stops_early(tree)`` holds (a CPU chain that stops where its heads are unsure) has its rate credited
+        which ``stops_early(tree)`` holds (a CPU chain whose stop is at least ``CREDITED_CHAIN_STOP``) has its rate credited
         by ``STOPPING_CHAIN_CREDIT``. On a CPU, of candidates within ``SMALLER_DRAFT_MARGIN`` of the best, the
         smallest; and the draft last chosen for ``key`` stays unless another promises ``SWITCH_MARGIN`` more."""
         candidates = [t for t in candidates if t.num_nodes == 1 or self.expected_tokens(t) > 1.0 + 1e-6]

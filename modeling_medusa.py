@@ -501,15 +501,11 @@ class MedusaForASR(PreTrainedModel):
                                         stops_early=lambda tree: not (captured or compile)
                                         and self._cpu_chain_stop(tree, state, rules) >= CREDITED_CHAIN_STOP)
 
-    def _stops_early(self, tree: DraftTree, state: DecodeState) -> bool:
-        """Whether ``tree`` is a chain this call's eager CPU loop may stop drafting early (``cpu_chain_stop``)."""
-        device = state.lengths.device
-        return (device.type == "cpu" and tree.is_chain and tree.num_nodes > 1
-                and getattr(self.make_drafter(tree, device), "stops_early", False))
-
     def _cpu_chain_stop(self, tree: DraftTree, state: DecodeState, rules: LogitsRules) -> float:
         """Where this call's eager CPU chain stops drafting (``cpu_chain_stop``); 0 for other drafts and devices."""
-        if not self._stops_early(tree, state):
+        device = state.lengths.device
+        if (device.type != "cpu" or not tree.is_chain or tree.num_nodes == 1
+                or not getattr(self.make_drafter(tree, device), "stops_early", False)):
             return 0.0
         if self.cpu_chain_stop != "auto":
             return float(self.cpu_chain_stop)
