@@ -332,3 +332,25 @@ def test_the_length_figure_draws_every_run_given_and_records_its_command(tmp_pat
     assert record["command"].startswith("python -m tools.plot_lengths")
     assert [r["label"] for r in record["runs"]] == ["whisper-tiny, CPU, float32, chain-4",
                                                      "whisper-base, GPU, float32, chain-4"]
+
+
+def test_round_timeline_splits_replays_at_markers_and_finds_the_gaps():
+    from tools.profile_rounds import split_replays, summarise_replays
+
+    def replay(t0, gap):  # three kernels of 2 us, the second gap ``gap`` us long
+        return [(t0, t0 + 2, "gemm"), (t0 + 2.5, t0 + 4.5, "norm"), (t0 + 4.5 + gap, t0 + 6.5 + gap, "attention")]
+
+    events = [(0, 1, "copy before any marker")]
+    for i, gap in enumerate((1.0, 9.0, 3.0)):
+        t0 = 100.0 * (i + 1)
+        events += [(t0 - 20, t0 - 19, "state restore copy"), (t0 - 10, t0 - 5, "spin_kernel"), *replay(t0, gap),
+                   (t0 + 30, t0 + 35, "spin_kernel")]
+    replays = split_replays(sorted(events))
+    assert [len(r) for r in replays] == [3, 3, 3]
+    assert all("restore" not in name for r in replays for _, _, name in r)
+    summary = summarise_replays(replays, largest=2)
+    assert summary["kernels"] == 3 and summary["busy_us"] == 6.0
+    assert summary["span_us"] == 9.5 and summary["gaps_us"] == 3.5  # the median replay: gaps 0.5 and 3
+    assert summary["largest_gaps"][0] == {"us": 3.0, "after": "norm", "before": "attention"}
+    assert [row[2] for row in summary["in_order"]] == ["gemm", "norm", "attention"]
+    assert [row[:2] for row in summary["in_order"]] == [[0.0, 2.0], [0.5, 2.0], [3.0, 2.0]]

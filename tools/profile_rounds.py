@@ -8,7 +8,9 @@ For each shape, dtype, draft (plain greedy, chain of 4, trees of 16/32/64 nodes)
 fixed-shape round captured as one CUDA graph; ``compiled``: torch.compile'd, then captured; ``eager`` on a
 CPU) it reports the median time of one round replayed alone, the same round split into its stages (each
 stage timed alone: drafting, the decoder pass, the output projection + argmax, acceptance + state update)
-and, with ``--profile``, torch.profiler's kernel table of the compiled round (kernel count and time).
+and, with ``--profile``, torch.profiler's kernel table of the compiled round (kernel count and time); with
+``--timeline``, the captured round's own timeline (its kernels as the graph replays them: the time the GPU is
+busy, the gaps between kernels, and the largest gaps with the kernels on either side).
 Writes OUT/round_cost.json and prints a table.
 """
 
@@ -125,9 +127,9 @@ def stage_costs(model, state, process, tree, device, graph: bool) -> dict:
     return {name: round(timed(wrap(fn), device), 4) for name, fn in stages.items() if fn is not None}
 
 
-def round_costs(model, state, process, tree, device, modes, profile: bool) -> dict:
+def round_costs(model, state, process, tree, device, modes, profile: bool, timeline: bool = False) -> dict:
     """Median ms of one whole round per mode (the state is put back before each, untimed); with
-    ``profile``, the compiled round's kernel table too."""
+    ``profile``, the compiled round's kernel table too; with ``timeline``, each captured round's timeline."""
     out = {}
     for mode in modes:
         runner = CapturedRounds(model.backbone, model.make_drafter(tree, device), process, state, tree,
@@ -143,6 +145,8 @@ def round_costs(model, state, process, tree, device, modes, profile: bool) -> di
             graph = capture_cuda_graph(step, warmups=3, reset=restore)
             step = graph.replay
         out[f"round_ms_{mode}"] = round(timed(step, device, before=restore), 4)
+        if timeline and mode != "eager" and device.type == "cuda":
+            out[f"timeline_{mode}"] = graph_timeline(step, restore)
         if profile and mode == "compiled" and device.type == "cuda":
             out["kernels"] = kernel_table(lambda: runner._compiled(runner), restore)
     return out
@@ -169,6 +173,65 @@ def kernel_table(step, restore, rows: int = 25) -> dict:
                     for e in events[:rows]]}
 
 
+MARKER = "spin"  # torch.cuda._sleep's kernel, launched before and after each replay to tell replays apart
+
+
+def graph_timeline(replay, restore, rounds: int = 12, largest: int = 8) -> dict:
+    """The captured round as the GPU runs it: per replay, the span from its first kernel's start to its last
+    one's end, the time kernels (and copies) ran, and the gaps between them; medians over ``rounds`` replays,
+    and the largest gaps of the median replay with the kernels on either side."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(rounds):
+            restore()
+            torch.cuda._sleep(20_000)
+            replay()
+            torch.cuda._sleep(20_000)
+        torch.cuda.synchronize()
+    replays = split_replays(device_events(prof))
+    return summarise_replays(replays, largest)
+
+
+def device_events(prof) -> list[tuple[float, float, str]]:
+    """(start us, end us, name) of every kernel, copy and fill the profiler saw on the GPU, in start order."""
+    events = [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+              if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sorted(events)
+
+
+def split_replays(events) -> list[list[tuple[float, float, str]]]:
+    """The events between the marker before each replay and the one after it (the state restore's copies
+    fall between a replay's closing marker and the next one's opening marker, and are left out)."""
+    segments, current = [], None
+    for event in events:
+        if MARKER in event[2]:
+            if current is not None:
+                segments.append(current)
+            current = []
+        elif current is not None:
+            current.append(event)
+    return segments[::2]
+
+
+def summarise_replays(replays, largest: int) -> dict:
+    def stats(events):
+        busy = sum(end - start for start, end, _ in events)
+        span = events[-1][1] - events[0][0]
+        return {"kernels": len(events), "span_us": span, "busy_us": busy, "gaps_us": span - busy}
+
+    rows = [stats(r) for r in replays if r]
+    median_span = statistics.median(r["span_us"] for r in rows)
+    typical = min((r for r in replays if r), key=lambda r: abs(stats(r)["span_us"] - median_span))
+    gaps = sorted(((b[0] - a[1], a[2][:70], b[2][:70]) for a, b in zip(typical, typical[1:])), reverse=True)
+    ends_before = [typical[0][0]] + [end for _, end, _ in typical[:-1]]
+    in_order = [[round(start - before, 2), round(end - start, 2), name[:90]]
+                for before, (start, end, name) in zip(ends_before, typical)]
+    return {**{k: round(statistics.median(r[k] for r in rows), 1) for k in rows[0]},
+            "largest_gaps": [{"us": round(g, 2), "after": a, "before": b} for g, a, b in gaps[:largest]],
+            "in_order": in_order}  # [gap before us, duration us, name] of the median replay's events
+
+
 def write_rows(args, device, argv, rows: list, modes) -> None:
     """Add each row's cost relative to plain greedy (same shape, dtype and mode); write the JSON."""
     import platform
@@ -176,8 +239,8 @@ def write_rows(args, device, argv, rows: list, modes) -> None:
     import transformers
 
     for row in rows:
-        plain = next((r for r in rows if (r["shape"], r["dtype"], r["attention"], r.get("fused_drafting"), r["draft"])
-                      == (row["shape"], row["dtype"], row["attention"], row.get("fused_drafting"), "none")), None)
+        variant = ("shape", "dtype", "attention", "fused_drafting", "fused_projections")
+        plain = next((r for r in rows if r["draft"] == "none" and all(r.get(k) == row.get(k) for k in variant)), None)
         for mode in modes:
             if plain and f"round_ms_{mode}" in row and f"round_ms_{mode}" in plain:
                 row[f"vs_plain_{mode}"] = round(row[f"round_ms_{mode}"] / plain[f"round_ms_{mode}"], 3)
@@ -201,8 +264,12 @@ def main(argv=None) -> int:
                    help="drafts' top-k as iterated argmax up to this k (0: always torch.topk)")
     p.add_argument("--drafts", default="none,chain4,tree16,tree32")
     p.add_argument("--fused-drafting", default="on", help="path heads' fused drafting (GPU) to time: on,off")
+    p.add_argument("--fused-projections", default="on",
+                   help="the base's projections fused as generate() fuses them on a GPU, to time: on,off")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="kernel tables of the compiled rounds (CUDA)")
+    p.add_argument("--timeline", action="store_true",
+                   help="the captured rounds' own timelines: busy time, gaps, the largest gaps (CUDA)")
     p.add_argument("--profile-shapes", default="tiny.en", help="shapes whose kernel tables are taken")
     p.add_argument("--compile-dtypes", default="bfloat16,float32", help="dtypes whose rounds are also compiled")
     p.add_argument("--out", default="work_data/round_cost")
@@ -215,32 +282,40 @@ def main(argv=None) -> int:
         for shape in args.shapes.split(","):
             for dtype_name in args.dtypes.split(","):
                 dtype = getattr(torch, dtype_name)
-                variants = [(k, a, f) for k in args.head_kinds.split(",") for a in args.attention.split(",")
-                            for f in args.fused_drafting.split(",")]
-                for kind, attention, fused in variants:
+                variants = [(k, a, f, q) for k in args.head_kinds.split(",") for a in args.attention.split(",")
+                            for f in args.fused_drafting.split(",") for q in args.fused_projections.split(",")]
+                for kind, attention, fused, fused_projections in variants:
                     model = build_model(shape, dtype, device, kind, args.draft_vocab)
                     model.backbone.half_attention = attention
                     model.fused_path_drafting = ("cuda",) if fused == "on" else ()
+                    if fused_projections == "on" and device.type == "cuda":
+                        model.backbone.fuse_projections()  # as generate() does on a GPU
                     for name, tree in drafts_for(4).items():
                         if name not in args.drafts.split(","):
                             continue
                         state, process = prefilled_state(model, device, dtype, args.batch, 2 * tree.num_nodes)
                         row = {"shape": shape, "dtype": dtype_name, "heads": kind, "attention": attention, "draft": name,
-                               "fused_drafting": fused, "nodes": tree.num_nodes, "batch": args.batch,
+                               "fused_drafting": fused, "fused_projections": fused_projections, "nodes": tree.num_nodes, "batch": args.batch,
                                "iterated_argmax_max_k": args.iterated_argmax_max_k,
                                "stages_ms": stage_costs(model, state, process, tree, device, device.type == "cuda")}
                         dtype_modes = [m for m in modes if m != "compiled" or dtype_name in args.compile_dtypes.split(",")]
                         row.update(round_costs(model, state, process, tree, device, dtype_modes,
-                                               args.profile and shape in args.profile_shapes.split(",")))
+                                               args.profile and shape in args.profile_shapes.split(","),
+                                               args.timeline))
                         rows.append(row)
-                        print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), flush=True)
+                        print(json.dumps({k: v for k, v in row.items() if k != "kernels"
+                                          and not k.startswith("timeline")}), flush=True)
+                        for key in (k for k in row if k.startswith("timeline")):
+                            print(f"  {key}: {json.dumps({k: v for k, v in row[key].items() if k != 'in_order'})}",
+                                  flush=True)
                         write_rows(args, device, argv, rows, modes)  # so far: a run cut short keeps its rows
                     model.release_caches()
     write_rows(args, device, argv, rows, modes)
-    print(f"\n{'shape':8s} {'dtype':9s} {'heads':7s} {'attn':7s} {'fused':5s} {'draft':7s} "
+    print(f"\n{'shape':8s} {'dtype':9s} {'heads':7s} {'attn':7s} {'fused':5s} {'proj':4s} {'draft':7s} "
           + " ".join(f"{m + ' ms':>12s} {'x plain':>8s}" for m in modes))
     for row in rows:
         print(f"{row['shape']:8s} {row['dtype']:9s} {row['heads']:7s} {row['attention']:7s} {row['fused_drafting']:5s} "
+              f"{row['fused_projections']:4s} "
               f"{row['draft']:7s} "
               + " ".join(f"{row.get(f'round_ms_{m}', float('nan')):12.3f} {row.get(f'vs_plain_{m}', float('nan')):8.2f}"
                          for m in modes))
