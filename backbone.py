@@ -371,6 +371,39 @@ def attend_memory(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return torch.nn.functional.scaled_dot_product_attention(query, keys, values, scale=scale)
 
 
+def fusable(linears, biases: bool = False) -> bool:
+    """Whether ``nn.Linear`` layers can share one weight tensor (``fuse_linears``): plain layers (not quantised
+    ones, which may have no dense weight at all) of one dtype, device and input width, without biases unless
+    ``biases``."""
+    if not all(type(linear) is torch.nn.Linear and (biases or linear.bias is None) for linear in linears):
+        return False
+    weights = [linear.weight for linear in linears]
+    return len({(w.dtype, w.device, w.shape[1]) for w in weights}) == 1 and weights[0].device.type != "meta"
+
+
+def fuse_linears(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The layers' weights (and biases, zeros for a layer without one) concatenated row-wise, each layer's
+    own weight and bias becoming a view of its block: one product for all of them, no memory added."""
+    weight = torch.cat([linear.weight.detach() for linear in linears])
+    bias = None
+    if any(linear.bias is not None for linear in linears):
+        bias = torch.cat([linear.weight.new_zeros(linear.out_features) if linear.bias is None else linear.bias.detach()
+                          for linear in linears])
+    start = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        linear.weight.data = weight[start:start + rows]
+        if linear.bias is not None:
+            linear.bias.data = bias[start:start + rows]
+        start += rows
+    return weight, bias
+
+
+def backs(fused: torch.Tensor, first: torch.nn.Linear) -> bool:
+    """Whether ``first``'s weight is still the view ``fuse_linears`` made (``.to()`` or a reload replace it)."""
+    return first.weight.data_ptr() == fused.data_ptr() and first.weight.dtype == fused.dtype
+
+
 def is_dense(weight) -> bool:
     """A plain floating-point tensor (not a quantised tensor subclass such as torchao's)."""
     return type(weight) in (torch.Tensor, torch.nn.Parameter) and weight.is_floating_point()

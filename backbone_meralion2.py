@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from .backbone import Backbone, Projection
+    from .backbone import Backbone, Projection, backs, fusable, fuse_linears
     from .kv_cache import DecodeState, StaticKVCache, attention_mask
     from .logits_rules import SuppressionRules
 except ImportError:
-    from backbone import Backbone, Projection
+    from backbone import Backbone, Projection, backs, fusable, fuse_linears
     from kv_cache import DecodeState, StaticKVCache, attention_mask
     from logits_rules import SuppressionRules
 
@@ -141,17 +141,17 @@ class MERaLiON2Backbone(Backbone):
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             groups = ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj])
-            if not all(_fusable(linears) for linears in groups):
+            if not all(fusable(linears) for linears in groups):
                 return False
             fused.append(groups)
-        self.fused = [tuple(_fuse(linears) for linears in groups) for groups in fused]
+        self.fused = [tuple(fuse_linears(linears)[0] for linears in groups) for groups in fused]
         return True
 
     def _drop_stale_fusion(self):
         """A later ``.to()`` or weight reload gives the layers new tensors: then use them, unfused.
         (Checked once per call, outside the traced decode: ``data_ptr`` cannot be compiled.)"""
         if self.fused is not None and not all(
-            _backs(qkv, layer.self_attn.q_proj) and _backs(gate_up, layer.mlp.gate_proj)
+            backs(qkv, layer.self_attn.q_proj) and backs(gate_up, layer.mlp.gate_proj)
             for (qkv, gate_up), layer in zip(self.fused, self.model.layers)
         ):
             self.fused = None
@@ -319,28 +319,6 @@ def grouped_attention(query, keys, values, mask, scaling: float, softcap: float 
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     out = torch.matmul(probs if broadcast_cache else probs.view(batch, kv_heads, groups * n, length), values)
     return out.reshape(batch, heads, n, dim).transpose(1, 2).reshape(batch, n, heads * dim)
-
-
-def _fusable(linears) -> bool:
-    if not all(type(linear) is torch.nn.Linear and linear.bias is None for linear in linears):
-        return False  # e.g. quantised layers, which may have no dense weight at all
-    weights = [linear.weight for linear in linears]
-    return len({(w.dtype, w.device, w.shape[1]) for w in weights}) == 1 and weights[0].device.type != "meta"
-
-
-def _fuse(linears) -> torch.Tensor:
-    """Concatenate the layers' weights row-wise and make each weight a view of its block."""
-    fused = torch.cat([linear.weight.detach() for linear in linears])
-    start = 0
-    for linear in linears:
-        rows = linear.weight.shape[0]
-        linear.weight.data = fused[start:start + rows]
-        start += rows
-    return fused
-
-
-def _backs(fused: torch.Tensor, first: torch.nn.Linear) -> bool:
-    return first.weight.data_ptr() == fused.data_ptr() and first.weight.dtype == fused.dtype
 
 
 def _rotate(x, cos, sin):

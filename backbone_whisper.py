@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from .backbone import Backbone, Projection, attend_memory, linear
+    from .backbone import Backbone, Projection, attend_memory, backs, fusable, fuse_linears, linear
     from .kv_cache import DecodeState, StaticKVCache, attention_mask
     from .logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules
     from .medusa_decoding import WindowPlan
 except ImportError:
-    from backbone import Backbone, Projection, attend_memory, linear
+    from backbone import Backbone, Projection, attend_memory, backs, fusable, fuse_linears, linear
     from kv_cache import DecodeState, StaticKVCache, attention_mask
     from logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules
     from medusa_decoding import WindowPlan
@@ -91,6 +91,24 @@ class WhisperBackbone(Backbone):
         self.head_dim = self.config.d_model // self.num_heads
         self.scaling = self.head_dim**-0.5
         self._projection = Projection(lambda: base.proj_out.weight, lambda: base.proj_out.bias)
+        self.fused: list | None = None  # per decoder layer (q/k/v weight, bias) once fuse_projections() ran
+
+    def fuse_projections(self) -> bool:
+        """Give every decoder layer's self-attention one q/k/v weight and bias, so a round runs one product where
+        it ran three (a GPU round of a small Whisper is a chain of ~3 us kernels, whatever their size). The base's
+        own layers keep working: their weights and biases become views of the fused tensors (k has no bias: its
+        block of the fused bias is zeros). False (and nothing changed) when the layers cannot share a tensor."""
+        groups = [[layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj] for layer in self.decoder.layers]
+        if not all(fusable(linears, biases=True) for linears in groups):
+            return False
+        self.fused = [fuse_linears(linears) for linears in groups]
+        return True
+
+    def _drop_stale_fusion(self):
+        """A later ``.to()`` or weight reload gives the layers new tensors: then use them, unfused."""
+        if self.fused is not None and not all(backs(weight, layer.self_attn.q_proj)
+                                              for (weight, _), layer in zip(self.fused, self.decoder.layers)):
+            self.fused = None
 
     # ------------------------------------------------------------------ facts
     @property
@@ -400,6 +418,7 @@ class WhisperBackbone(Backbone):
         (left-padded rows marked by ``decoder_attention_mask``). ``capture`` (a ``CapturedCalls``) replays the
         encoder and the cross-attention projections as a CUDA graph and, for the base's own prompt, the language
         detection and the prompt's decoder pass in the same graph."""
+        self._drop_stale_fusion()
         template = None if inputs.get("decoder_input_ids") is not None else \
             self.prompt_template(inputs.get("language"), inputs.get("task"))
         one_graph = capture is not None and template is not None and inputs.get("encoder_outputs") is None
@@ -506,17 +525,22 @@ class WhisperBackbone(Backbone):
         for i, layer in enumerate(self.decoder.layers):
             x = layer.self_attn_layer_norm(hidden)
             attn = layer.self_attn
-            state.cache.write(i, slots, self._heads(linear(attn.k_proj, x)), self._heads(linear(attn.v_proj, x)))
+            if self.fused is None:
+                query, key, value = None, linear(attn.k_proj, x), linear(attn.v_proj, x)
+            else:
+                query, key, value = F.linear(x, *self.fused[i]).chunk(3, dim=-1)
+            state.cache.write(i, slots, self._heads(key), self._heads(value))
             keys, values = state.cache.layer(i, upto)
-            hidden = hidden + self._attend(attn, x, keys, values, mask)
+            hidden = hidden + self._attend(attn, x, keys, values, mask, query)
             x = layer.encoder_attn_layer_norm(hidden)
             hidden = hidden + self._attend(layer.encoder_attn, x, cross_k[i], cross_v[i], None)
             x = layer.final_layer_norm(hidden)
             hidden = hidden + linear(layer.fc2, layer.activation_fn(linear(layer.fc1, x)))
         return self.decoder.layer_norm(hidden)
 
-    def _attend(self, attn, x, keys, values, mask):
-        query = self._heads(linear(attn.q_proj, x) * self.scaling)
+    def _attend(self, attn, x, keys, values, mask, projected_query=None):
+        """``attn`` of ``x`` (its query projected already where ``projected_query`` is given) over keys/values."""
+        query = self._heads((linear(attn.q_proj, x) if projected_query is None else projected_query) * self.scaling)
         mode = "matmul" if query.dtype == torch.float32 else self.half_attention
         if mode in ("auto", "memory"):
             mode = "memory" if mask is None else ("matmul" if mode == "auto" else "sdpa")

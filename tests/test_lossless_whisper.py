@@ -503,3 +503,36 @@ def test_generate_under_inference_mode_equals_the_base_greedy(tmp_path_factory):
         with torch.inference_mode():
             got = model.generate(input_features=features, max_new_tokens=12, draft=draft)
         assert torch.equal(expected, got), draft
+
+
+def test_fused_self_attention_projections_share_memory_and_keep_the_output(tmp_path_factory):
+    """The self-attention's q/k/v fused into one weight and bias (what a GPU's rounds run): the base's layers become
+    views of them (no memory added, k keeps no bias), the base's own generate is unchanged, Medusa still equals it,
+    and new weight tensors (what ``.to()`` makes) drop the fusion instead of reading stale weights."""
+    from modeling_medusa import MedusaForASR
+
+    folder = build_tiny_whisper(tmp_path_factory.mktemp("whisper_fused"), seed=7)
+    model = MedusaForASR.from_base(str(folder), medusa_num_heads=4)
+    rng = random.Random(8)
+    cases = [(random_features(rng.randint(1, 3), rng.randint(0, 9999)), rng.choice(["chain", [[0], [1], [0, 0], [0, 0, 0]]]))
+             for _ in range(6)]
+    expected = [model.generate(input_features=features, use_medusa=False, max_new_tokens=20) for features, _ in cases]
+    bytes_before = sum(p.numel() * p.element_size() for p in model.base.parameters())
+    assert model.backbone.fuse_projections()
+    attn = model.backbone.decoder.layers[1].self_attn
+    weight, bias = model.backbone.fused[1]
+    width = attn.q_proj.out_features
+    assert attn.k_proj.weight.data_ptr() == weight[width].data_ptr()
+    assert attn.v_proj.bias.data_ptr() == bias[2 * width].data_ptr() and attn.k_proj.bias is None
+    assert not bias[width:2 * width].any()
+    assert sum(p.numel() * p.element_size() for p in model.base.parameters()) == bytes_before
+    for index, ((features, draft), want) in enumerate(zip(cases, expected)):
+        assert torch.equal(model.generate(input_features=features, use_medusa=False, max_new_tokens=20), want)
+        randomize_heads(model, index)
+        assert torch.equal(model.generate(input_features=features, draft=draft, max_new_tokens=20,
+                                          cuda_graph=index % 2 == 0), want)
+    for param in model.base.parameters():
+        param.data = param.data.clone()
+    features, _ = cases[0]
+    assert torch.equal(model.generate(input_features=features, draft="chain", max_new_tokens=20), expected[0])
+    assert model.backbone.fused is None
