@@ -399,9 +399,11 @@ def fuse_linears(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
-def backs(fused: torch.Tensor, first: torch.nn.Linear) -> bool:
-    """Whether ``first``'s weight is still the view ``fuse_linears`` made (``.to()`` or a reload replace it)."""
-    return first.weight.data_ptr() == fused.data_ptr() and first.weight.dtype == fused.dtype
+def backs(fused: torch.Tensor, first: torch.nn.Module) -> bool:
+    """Whether ``first`` is still the layer whose weight ``fuse_linears`` made a view of ``fused`` (``.to()`` or a
+    reload replace the weight, swapping in a quantised layer replaces the layer)."""
+    weight = first.weight if type(first) is torch.nn.Linear else None
+    return weight is not None and weight.data_ptr() == fused.data_ptr() and weight.dtype == fused.dtype
 
 
 def is_dense(weight) -> bool:

@@ -1,5 +1,6 @@
 """Medusa output == the base's own greedy generate, token for token, over many random cases."""
 
+import copy
 import random
 
 import numpy as np
@@ -534,5 +535,10 @@ def test_fused_self_attention_projections_share_memory_and_keep_the_output(tmp_p
     for param in model.base.parameters():
         param.data = param.data.clone()
     features, _ = cases[0]
+    assert torch.equal(model.generate(input_features=features, draft="chain", max_new_tokens=20), expected[0])
+    assert model.backbone.fused is None
+    assert model.backbone.fuse_projections()  # fused again, then a layer swapped for another kind of module
+    attn = model.backbone.decoder.layers[0].self_attn
+    attn.q_proj = torch.nn.Sequential(copy.deepcopy(attn.q_proj))
     assert torch.equal(model.generate(input_features=features, draft="chain", max_new_tokens=20), expected[0])
     assert model.backbone.fused is None
