@@ -2,10 +2,10 @@
 # A later lease: the other tiny.en GPU rows with the shipped heads (trained on 18 000 utterances). Calls back to back:
 #   bash commands_4_more_rows.sh bundle          carrying .gpu/bd and .gpu/t1_tokenizer.json.xz (see
 #                                                whisper-base/data_24000_15ep/commands_1_synth.sh for .gpu/bd)
-#   bash commands_4_more_rows.sh part N          carrying .gpu/tN, N = 1..3: the base's float16 parts, made here with
-#       python -m tools.carry_weights split ~/.cache/medusa-asr/whisper-tiny.en .gpu/t --parts 3
+#   bash commands_4_more_rows.sh part N          carrying .gpu/tN, N = 1..4: the base's float16 parts, made here with
+#       python -m tools.carry_weights split ~/.cache/medusa-asr/whisper-tiny.en .gpu/t --parts 4
 #       (its tokenizer.json moved out of .gpu/t1 and xz-compressed to .gpu/t1_tokenizer.json.xz, to keep each call
-#       under 64 MiB)
+#       under 64 MiB; 4 parts since the tracked tree passed 42 MB, 3 before)
 #   bash commands_4_more_rows.sh rows ARGS...    one tools.benchmark row per ARG: a draft (compiled rounds, batch 1)
 #                                                or batchN (auto, graph rounds); tarred into $OUT (cat run.tar.* | tar -x)
 set -euo pipefail
@@ -20,7 +20,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/site:$PWD MEDUSA_ASR_CACHE=/tmp/cache
 mkdir -p /tmp/cache; cp $W/bd/whisper-english-spelling.json /tmp/cache/
 if [ ! -f $BASE/model.safetensors ]; then
-  python3 -m tools.carry_weights join $W/parts/t1 $W/parts/t2 $W/parts/t3 --out $BASE; cp $W/tokenizer.json $BASE/
+  python3 -m tools.carry_weights join $(ls -d $W/parts/t* | sort -V) --out $BASE; cp $W/tokenizer.json $BASE/
 fi
 R=$W/results; rm -rf $R; mkdir -p $R
 pack() { tar -C $W -cf $W/run.tar results; split -b 15M -d $W/run.tar $OUT/run.tar.; }
