@@ -18,7 +18,6 @@ in L2), medians of replays, every kernel in the same run. Writes one JSON with t
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 
@@ -53,19 +52,13 @@ def torchao_layers(linears):
 KERNELS = {"bf16_cublas": lambda linears: linears, "int4_tinygemm": tinygemm_layers, "int4_torchao_mslk": torchao_layers}
 
 
-def graph_us(layers, xs, repeats: int = 9) -> float:
+def graph_us(layers, xs) -> float:
+    """One CUDA graph of every layer on its input; us per layer, median of replays."""
     from medusa_fast import capture_cuda_graph
+    from tools.benchmark_gpu import time_cuda
 
     graph = capture_cuda_graph(lambda: [layer(x) for layer, x in zip(layers, xs)], warmups=2)
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / len(layers))
-    return statistics.median(times)
+    return time_cuda(graph.replay, repeats=9, warmup=1) * 1000 / len(layers)
 
 
 def measure(name: str, rows_list, kernels) -> list[dict]:

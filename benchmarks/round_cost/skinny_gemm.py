@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import sys
 import time
 
@@ -83,20 +82,13 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, block_n: int = 32, bloc
     return (partial[0] if split_k == 1 else partial.sum(0)).to(x.dtype)
 
 
-def graph_us_per_product(product, xs, weights, repeats: int = 7) -> float:
+def graph_us_per_product(product, xs, weights) -> float:
     """One CUDA graph of ``product(x, w)`` over every weight in turn; us per product, median of replays."""
     from medusa_fast import capture_cuda_graph
+    from tools.benchmark_gpu import time_cuda
 
     graph = capture_cuda_graph(lambda: [product(x, w) for x, w in zip(xs, weights)], warmups=2)
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / len(weights))
-    return statistics.median(times)
+    return time_cuda(graph.replay, repeats=7, warmup=1) * 1000 / len(weights)
 
 
 def measure_product(shape: str, name: str, rows: int, configs) -> dict:
