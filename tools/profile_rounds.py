@@ -10,7 +10,8 @@ CPU) it reports the median time of one round replayed alone, the same round spli
 stage timed alone: drafting, the decoder pass, the output projection + argmax, acceptance + state update)
 and, with ``--profile``, torch.profiler's kernel table of the compiled round (kernel count and time); with
 ``--timeline``, the captured round's own timeline (its kernels as the graph replays them: the time the GPU is
-busy, the gaps between kernels, and the largest gaps with the kernels on either side).
+busy, the gaps between kernels, and the largest gaps with the kernels on either side). On a GPU the base's
+projections are fused as ``generate`` fuses them (``--fused-projections off`` times them unfused, for an A/B).
 Writes OUT/round_cost.json and prints a table.
 """
 
