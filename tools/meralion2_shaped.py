@@ -25,6 +25,17 @@ SHAPES = {  # the Gemma2 decoders of MERaLiON-2-3B (Gemma2-2B) and MERaLiON-2-10
     "meralion2-10b": {"hidden_size": 3584, "num_hidden_layers": 42, "num_attention_heads": 16,
                       "num_key_value_heads": 8, "intermediate_size": 14336},
 }
+GEMMA2_HEAD_DIM, GEMMA2_VOCAB = 256, 256000
+
+
+def weight_products(shape: str) -> dict:
+    """name -> (in, out, per layer): the weight products of a verify pass of the shape, with q/k/v and gate/up fused
+    as ``generate`` fuses them on a GPU."""
+    config = SHAPES[shape]
+    hidden, heads, kv, mlp = (config[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                                  "intermediate_size"))
+    return {"qkv": (hidden, (heads + 2 * kv) * GEMMA2_HEAD_DIM, True), "o": (heads * GEMMA2_HEAD_DIM, hidden, True),
+            "gate_up": (hidden, 2 * mlp, True), "down": (mlp, hidden, True), "lm_head": (hidden, GEMMA2_VOCAB, False)}
 
 
 # --------------------------------------------------------------------------- the model

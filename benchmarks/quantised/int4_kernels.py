@@ -26,9 +26,9 @@ import torch.nn as nn
 
 sys.path.insert(0, ".")
 from tools.files import command_line, write_json_atomic  # noqa: E402
+from tools.meralion2_shaped import SHAPES, weight_products  # noqa: E402
 
-PRODUCTS = {"qkv": (2304, 4096), "o": (2048, 2304), "gate_up": (2304, 18432), "down": (9216, 2304)}  # (in, out)
-LAYERS = 26
+SHAPE = "meralion2-3b"
 
 
 def tinygemm_layers(linears):
@@ -62,9 +62,10 @@ def graph_us(layers, xs) -> float:
 
 
 def measure(name: str, rows_list, kernels) -> list[dict]:
-    k, n = PRODUCTS[name]
+    k, n, _ = weight_products(SHAPE)[name]
+    layers_per_pass = SHAPES[SHAPE]["num_hidden_layers"]
     torch.manual_seed(0)
-    linears = [nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
+    linears = [nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16) for _ in range(layers_per_pass)]
     out = []
     for kernel in kernels:
         try:
@@ -74,7 +75,7 @@ def measure(name: str, rows_list, kernels) -> list[dict]:
             print(f"{name:8s} {kernel:18s} unavailable: {out[-1]['error']}", flush=True)
             continue
         for rows in rows_list:
-            xs = [torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
+            xs = [torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(layers_per_pass)]
             try:
                 with torch.no_grad():
                     one = layers[0](xs[0][:1])

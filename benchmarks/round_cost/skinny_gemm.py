@@ -8,8 +8,8 @@ reduction (or one of ``SPLIT_K`` slices of it, summed after in a fixed order), a
 sum runs in the same order whatever the other rows, so a verify pass of n rows computes each row exactly as a
 one-row pass does (products that are batch-invariant by construction).
 
-Each configuration is timed as 26 products in a CUDA graph, each against its own weight (as a pass's 26 layers
-are; one weight would stay in L2 and flatter the kernel), medians of repeats, against cuBLAS in the same run.
+Each configuration is timed as one product per decoder layer in a CUDA graph, each against its own weight (as a
+pass's layers are; one weight would stay in L2 and flatter the kernel), medians of repeats, against cuBLAS in the same run.
 
     python benchmarks/round_cost/skinny_gemm.py --shapes meralion2-3b --rows 1,5,16 \
         --out benchmarks/round_cost/h200_skinny_gemm.json
@@ -27,15 +27,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, ".")
 from tools.files import command_line, write_json_atomic  # noqa: E402
+from tools.meralion2_shaped import SHAPES, weight_products  # noqa: E402
 
-PRODUCTS = {  # per decoder layer: (in, out); the 3B shape is Gemma2-2B's, the 10B Gemma2-9B's
-    "meralion2-3b": {"qkv": (2304, 4096), "o": (2048, 2304), "gate_up": (2304, 18432), "down": (9216, 2304)},
-    "meralion2-10b": {"qkv": (3584, 8192), "o": (4096, 3584), "gate_up": (3584, 28672), "down": (14336, 3584)},
-}
-LAYERS = 26
 BLOCK_M = 16  # tl.dot's smallest tile: every row count up to 16 runs the same instructions
-CONFIGS = [dict(block_n=n, block_k=k, split_k=s, warps=w, stages=st)
-           for n, k, s, w, st in itertools.product((16, 32, 64), (128, 256), (1, 2, 4), (4,), (3, 4))]
+CONFIGS = [dict(block_n=n, block_k=k, split_k=s, stages=st)
+           for n, k, s, st in itertools.product((16, 32, 64), (128, 256), (1, 2, 4), (3, 4))]
 
 
 def _kernel():
@@ -92,10 +88,11 @@ def graph_us_per_product(product, xs, weights) -> float:
 
 
 def measure_product(shape: str, name: str, rows: int, configs) -> dict:
-    k, n = PRODUCTS[shape][name]
+    k, n, _ = weight_products(shape)[name]
+    layers = SHAPES[shape]["num_hidden_layers"]
     torch.manual_seed(0)
-    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(LAYERS)]
-    xs = [torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
+    xs = [torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(layers)]
     megabytes = n * k * 2 / 1e6
     cublas = graph_us_per_product(F.linear, xs, weights)
     reference = F.linear(xs[0].float(), weights[0].float())

@@ -17,19 +17,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, ".")
 from tools.files import command_line, write_json_atomic  # noqa: E402
-from tools.meralion2_shaped import SHAPES  # noqa: E402
+from tools.meralion2_shaped import weight_products  # noqa: E402
 
-HEAD_DIM, VOCAB = 256, 256000  # Gemma2's
 L2_BYTES = 60e6  # H200: 60 MB (more copies than needed on smaller caches)
-
-
-def products(shape: str) -> dict:
-    """name -> (in, out, per layer): the fused projections a verify pass of the shape multiplies."""
-    config = SHAPES[shape]
-    hidden, heads, kv, mlp = (config[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
-                                                  "intermediate_size"))
-    return {"qkv": (hidden, (heads + 2 * kv) * HEAD_DIM, True), "o": (heads * HEAD_DIM, hidden, True),
-            "gate_up": (hidden, 2 * mlp, True), "down": (mlp, hidden, True), "lm_head": (hidden, VOCAB, False)}
 
 
 def timed_ms(fn, weights, x, repeats: int) -> float:
@@ -67,7 +57,7 @@ def main() -> None:
     rows = [int(m) for m in args.rows.split(",")]
     results = []
     for shape in args.shapes.split(","):
-        for name, (n_in, n_out, per_layer) in products(shape).items():
+        for name, (n_in, n_out, per_layer) in weight_products(shape).items():
             nbytes = n_in * n_out * 2
             weights = [torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16) / n_in ** 0.5
                        for _ in range(max(2, int(3 * L2_BYTES / nbytes) + 1))]
