@@ -18,6 +18,8 @@ class StaticKVCache:
     keeps ``lengths[b]`` = number of valid slots. Rejected drafts are simply overwritten later.
     """
 
+    index_put_when_compiled = True  # (False: the scatter below compiled too, for an A/B in tools.profile_rounds)
+
     def __init__(self, num_layers, batch_size, num_kv_heads, capacity, head_dim, dtype, device):
         shape = (num_layers, batch_size, num_kv_heads, capacity, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
@@ -29,9 +31,26 @@ class StaticKVCache:
 
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor):
         """keys/values [B, Hkv, T, D] go to slots [B, T]."""
+        if self.index_put_when_compiled and torch.compiler.is_compiling():
+            # Compiled, a scatter into ``self.keys[layer]`` (a view of the whole cache) became copies of the whole
+            # cache every few layers (the 3B shape: seven copies of 20 MB a verify pass); one index_put_ into the
+            # whole tensor is written in place, keys and values by one kernel.
+            index = self._index(layer, slots, keys.shape)
+            self.keys.index_put_(index, keys)
+            self.values.index_put_(index, values)
+            return
         index = slots[:, None, :, None].expand_as(keys)
         self.keys[layer].scatter_(2, index, keys)
         self.values[layer].scatter_(2, index, values)
+
+    @staticmethod
+    def _index(layer: int, slots: torch.Tensor, shape) -> tuple:
+        """Index tensors of the cache's entries [layer, B, Hkv, slots, D] for values of ``shape`` [B, Hkv, T, D]."""
+        batch, heads, _, dim = shape
+        device = slots.device
+        return (torch.tensor(layer, device=device), torch.arange(batch, device=device)[:, None, None, None],
+                torch.arange(heads, device=device)[None, :, None, None], slots[:, None, :, None],
+                torch.arange(dim, device=device)[None, None, None, :])
 
     def layer(self, layer: int, upto: int):
         return self.keys[layer, :, :, :upto], self.values[layer, :, :, :upto]
