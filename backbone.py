@@ -240,20 +240,34 @@ def _top_candidates(scores: torch.Tensor, width: int) -> tuple[torch.Tensor, tor
     return tokens[:, :m], values[:, m]
 
 
-def fast_argmax(scores: torch.Tensor, width: int = 1024) -> torch.Tensor:
-    """``scores.argmax(-1)`` (the first maximum) for long rows on a CPU, where argmax runs one scalar loop per row
-    (tiny.en's 51 864 logits: 33 us a row on the 2-core development CPU) and a plain maximum is vectorised: the
-    maximum of each block of ``width``, then the argmax inside the first block that holds the best one."""
-    vocab = scores.shape[-1]
-    if scores.device.type != "cpu" or vocab <= 2 * width or torch.compiler.is_compiling():
+COMPILED_GPU_ARGMAX_BLOCK = 2048  # (0: plain argmax in compiled GPU rounds, for an A/B in tools.profile_rounds)
+
+
+def fast_argmax(scores: torch.Tensor) -> torch.Tensor:
+    """``scores.argmax(-1)`` (the first maximum) over long rows in the form each device runs fastest: blocked (see
+    ``blocked_argmax``) on a CPU, where argmax runs one scalar loop per row (tiny.en's 51 864 logits: 33 us a row on
+    the 2-core development CPU) and a plain maximum is vectorised; blocked in compiled GPU rounds, where compiled
+    argmax is one reduction per row (H200, bf16, product + argmax over tiny.en's vocabulary: 19.1 -> 14.1 us for one
+    row, 19.8 -> 16.5 for 17; the 3B shape's 256 000 tokens: 329 -> 276 us for 5 rows; ``benchmarks/round_cost/
+    blocked_argmax.py``); plain argmax elsewhere (eager GPU kernels, where it is one kernel against several)."""
+    on_cpu, compiling = scores.device.type == "cpu", torch.compiler.is_compiling()
+    width = 1024 if on_cpu and not compiling else COMPILED_GPU_ARGMAX_BLOCK if scores.is_cuda and compiling else 0
+    if not width or scores.shape[-1] <= 2 * width:
         return scores.argmax(dim=-1)
+    return blocked_argmax(scores, width)
+
+
+def blocked_argmax(scores: torch.Tensor, width: int) -> torch.Tensor:
+    """``scores.argmax(-1)``, the first maximum, found as the maximum of each block of ``width`` scores, the first
+    block holding the best one, and the argmax inside that block: short reductions instead of one long one a row."""
+    vocab = scores.shape[-1]
     flat = scores.reshape(-1, vocab)
     blocks = -(-vocab // width)
     if blocks * width != vocab:
         flat = torch.nn.functional.pad(flat, (0, blocks * width - vocab), value=float("-inf"))
     flat = flat.view(flat.shape[0], blocks, width)
     block = flat.amax(dim=-1).argmax(dim=-1)
-    inside = flat[torch.arange(flat.shape[0]), block].argmax(dim=-1)
+    inside = flat.gather(1, block[:, None, None].expand(-1, 1, width)).squeeze(1).argmax(dim=-1)
     return (block * width + inside).reshape(scores.shape[:-1])
 
 

@@ -5,7 +5,7 @@ no other token wins) and the blockwise argmax, proved or not; the decoder's line
 import pytest
 import torch
 
-from backbone import ScreenedArgmax, fast_argmax, linear
+from backbone import ScreenedArgmax, blocked_argmax, fast_argmax, linear
 from logits_rules import ChainedRules, LogitsRules, SuppressionRules
 
 
@@ -22,6 +22,19 @@ def test_fast_argmax_is_argmax_with_ties_blocked_rows_and_any_length():
         scores[1, 2, vocab - 1] = 50.0  # the best token in the last, partial block
         scores[2, 3, 1500:1600] = scores[2, 3].max()  # ties across a block boundary
         assert torch.equal(fast_argmax(scores), scores.argmax(-1))
+
+
+def test_blocked_argmax_compiled_is_argmax_with_ties():
+    """The form compiled GPU rounds take (torch.compile on the CPU here: the same graph, another code generator)."""
+    torch.manual_seed(1)
+    scores = torch.randn(4, 51864)
+    scores[0, [9, 40000]] = 100.0  # a tie across blocks: the first index wins
+    scores[1] = float("-inf")
+    scores[2, 51863] = 60.0  # in the last, partial block
+    scores[3, 2040:2060] = scores[3].max()  # ties across a block boundary
+    compiled = torch.compile(lambda s: blocked_argmax(s, 2048), dynamic=False)
+    assert torch.equal(compiled(scores), scores.argmax(-1))
+    assert torch.equal(blocked_argmax(scores, 1024), scores.argmax(-1))
 
 
 class NoRules(LogitsRules):
