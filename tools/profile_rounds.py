@@ -11,7 +11,8 @@ stage timed alone: drafting, the decoder pass, the output projection + argmax, a
 and, with ``--profile``, torch.profiler's kernel table of the compiled round (kernel count and time); with
 ``--timeline``, the captured round's own timeline (its kernels as the graph replays them: the time the GPU is
 busy, the gaps between kernels, and the largest gaps with the kernels on either side). On a GPU the base's
-projections are fused as ``generate`` fuses them (``--fused-projections off`` times them unfused, for an A/B).
+projections are fused as ``generate`` fuses them (``--fused-projections off`` times them unfused, for an A/B;
+``--compiled-forms new,old`` the compiled rounds' cache write and argmax as now and as before).
 Writes OUT/round_cost.json and prints a table.
 """
 
@@ -25,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+import backbone
+import kv_cache
 import medusa_heads
 from draft_policy import cuda_ms
 from draft_trees import DraftTree, build_tree_from_accuracy
@@ -67,6 +70,12 @@ def build_model(shape: str, dtype, device, head_kind: str, draft_vocab: int, enc
     if draft_vocab:
         model.set_draft_vocab(torch.arange(draft_vocab))
     return model
+
+
+def use_compiled_forms(new: bool) -> None:
+    """The compiled rounds' cache write and argmax as they are (``new``) or as they were before 2026-12-04."""
+    kv_cache.StaticKVCache.index_put_when_compiled = new
+    backbone.COMPILED_GPU_ARGMAX_BLOCK = 2048 if new else 0
 
 
 def drafts_for(num_heads: int) -> dict:
@@ -240,7 +249,7 @@ def write_rows(args, device, argv, rows: list, modes) -> None:
     import transformers
 
     for row in rows:
-        variant = ("shape", "dtype", "attention", "fused_drafting", "fused_projections")
+        variant = ("shape", "dtype", "attention", "fused_drafting", "fused_projections", "compiled_forms")
         plain = next((r for r in rows if r["draft"] == "none" and all(r.get(k) == row.get(k) for k in variant)), None)
         for mode in modes:
             if plain and f"round_ms_{mode}" in row and f"round_ms_{mode}" in plain:
@@ -267,6 +276,9 @@ def main(argv=None) -> int:
     p.add_argument("--fused-drafting", default="on", help="path heads' fused drafting (GPU) to time: on,off")
     p.add_argument("--fused-projections", default="on",
                    help="the base's projections fused as generate() fuses them on a GPU, to time: on,off")
+    p.add_argument("--compiled-forms", default="new",
+                   help="compiled rounds' cache write and argmax to time: new (one index_put_ into the whole cache, "
+                        "blocked argmax) and/or old (a scatter into each layer's view, one argmax reduction a row)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="kernel tables of the compiled rounds (CUDA)")
     p.add_argument("--timeline", action="store_true",
@@ -283,9 +295,11 @@ def main(argv=None) -> int:
         for shape in args.shapes.split(","):
             for dtype_name in args.dtypes.split(","):
                 dtype = getattr(torch, dtype_name)
-                variants = [(k, a, f, q) for k in args.head_kinds.split(",") for a in args.attention.split(",")
-                            for f in args.fused_drafting.split(",") for q in args.fused_projections.split(",")]
-                for kind, attention, fused, fused_projections in variants:
+                variants = [(k, a, f, q, c) for k in args.head_kinds.split(",") for a in args.attention.split(",")
+                            for f in args.fused_drafting.split(",") for q in args.fused_projections.split(",")
+                            for c in args.compiled_forms.split(",")]
+                for kind, attention, fused, fused_projections, forms in variants:
+                    use_compiled_forms(forms == "new")
                     model = build_model(shape, dtype, device, kind, args.draft_vocab)
                     model.backbone.half_attention = attention
                     model.fused_path_drafting = ("cuda",) if fused == "on" else ()
@@ -296,7 +310,8 @@ def main(argv=None) -> int:
                             continue
                         state, process = prefilled_state(model, device, dtype, args.batch, 2 * tree.num_nodes)
                         row = {"shape": shape, "dtype": dtype_name, "heads": kind, "attention": attention, "draft": name,
-                               "fused_drafting": fused, "fused_projections": fused_projections, "nodes": tree.num_nodes, "batch": args.batch,
+                               "fused_drafting": fused, "fused_projections": fused_projections,
+                               "compiled_forms": forms, "nodes": tree.num_nodes, "batch": args.batch,
                                "iterated_argmax_max_k": args.iterated_argmax_max_k,
                                "stages_ms": stage_costs(model, state, process, tree, device, device.type == "cuda")}
                         dtype_modes = [m for m in modes if m != "compiled" or dtype_name in args.compile_dtypes.split(",")]

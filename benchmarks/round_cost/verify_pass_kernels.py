@@ -19,6 +19,7 @@ from medusa_fast import capture_cuda_graph  # noqa: E402
 from tools.benchmark_gpu import measure_copy_bandwidth, time_cuda, verify_pass  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 from tools.meralion2_shaped import build_model, decoder_bytes, make_prompt  # noqa: E402
+from tools.profile_rounds import use_compiled_forms  # noqa: E402
 
 KINDS = (("product", ("gemm", "gemv", "nvjet", "cutlass", "sm90_xmma", "splitk", "triton_tem")),
          ("attention", ("flash", "fmha", "attention", "sdpa")),
@@ -30,8 +31,8 @@ def kind(name: str) -> str:
     return next((k for k, marks in KINDS if any(m in lowered for m in marks)), "other")
 
 
-def kernel_table(replay, replays: int = 20) -> dict:
-    """us per pass by kernel kind, the kernel count per pass and the 12 costliest kernels."""
+def kernel_table(replay, replays: int = 20, top: int = 12) -> dict:
+    """us per pass by kernel kind, the kernel count per pass and the ``top`` costliest kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -47,16 +48,16 @@ def kernel_table(replay, replays: int = 20) -> dict:
         per_kernel[event.name[:90]] += us / replays
         count += 1
     return {"us_by_kind": dict(per_kind), "kernels_per_pass": count / replays,
-            "top_kernels_us": dict(per_kernel.most_common(12))}
+            "top_kernels_us": dict(per_kernel.most_common(top))}
 
 
-def measure(backbone, inputs, n: int, autotune: bool) -> dict:
+def measure(backbone, inputs, n: int, autotune: bool, top: int = 12) -> dict:
     import torch._inductor.config as inductor
 
     torch._dynamo.reset()
     inductor.max_autotune_gemm = autotune
     graph = capture_cuda_graph(torch.compile(verify_pass(backbone, inputs, n), dynamic=False), warmups=3)
-    row = {"tokens": n, "autotuned_products": autotune, "pass_ms": time_cuda(graph.replay), **kernel_table(graph.replay)}
+    row = {"tokens": n, "autotuned_products": autotune, "pass_ms": time_cuda(graph.replay), **kernel_table(graph.replay, top=top)}
     del graph
     return row
 
@@ -66,6 +67,8 @@ def main() -> None:
     parser.add_argument("--shape", default="meralion2-3b")
     parser.add_argument("--tokens", default="1,5")
     parser.add_argument("--autotune", default="off,on")
+    parser.add_argument("--compiled-forms", default="new", help="the cache write as now (new) and/or before (old)")
+    parser.add_argument("--top", type=int, default=12, help="how many of the costliest kernels to list")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     model = build_model(torch.device("cuda"), torch.bfloat16, args.shape, None)
@@ -75,8 +78,9 @@ def main() -> None:
     inputs = make_prompt(model, 1, model.device)
     rows = []
     for n in (int(t) for t in args.tokens.split(",")):
-        for autotune in args.autotune.split(","):
-            row = measure(backbone, inputs, n, autotune == "on")
+        for autotune, forms in ((a, f) for a in args.autotune.split(",") for f in args.compiled_forms.split(",")):
+            use_compiled_forms(forms == "new")
+            row = {"compiled_forms": forms, **measure(backbone, inputs, n, autotune == "on", args.top)}
             row["x_floor"] = row["pass_ms"] / floor_ms
             rows.append(row)
             print(row, flush=True)
