@@ -419,7 +419,9 @@ def main(argv=None):
     print({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, flush=True)
 
     def section(name, kept=()):
-        result.setdefault("commands", {})[name] = command
+        earlier = result.setdefault("commands", {}).get(name)
+        kept = [{**row, "command": row.get("command", earlier)} for row in kept]  # rows kept name their own run
+        result["commands"][name] = command
         result[name] = list(kept)
 
         def write(rows):
