@@ -242,6 +242,14 @@ def test_a_gpu_batching_run_keeps_the_rows_it_does_not_measure_again():
     assert rows_not_measured_again(rows, {64}, set()) == [rows[0], rows[1], rows[3]]
 
 
+def test_rows_a_gpu_rerun_keeps_keep_the_command_that_measured_them():
+    from tools.benchmark_gpu import naming_their_run
+
+    rows = [{"batch": 16}, {"batch": 64, "command": "python -m tools.benchmark_gpu --batches 64"}]
+    kept = naming_their_run(rows, "python -m tools.benchmark_gpu --batches 16")
+    assert [row["command"] for row in kept] == ["python -m tools.benchmark_gpu --batches 16", rows[1]["command"]]
+    assert "command" not in rows[0]  # (the earlier rows are not changed in place)
+
 
 def test_a_gpu_lengths_run_of_one_method_group_keeps_the_other_groups_rows():
     """The library's rows measured apart from ours (each within a device call's limit): a run of "hf" keeps every

@@ -389,6 +389,12 @@ def rows_not_measured_again(rows: list[dict], batches: set, compile_batches: set
     return [row for row in rows if not measured_again(row)]
 
 
+def naming_their_run(rows: list[dict], section_command: str | None) -> list[dict]:
+    """Rows a rerun keeps, each with the command of the run that measured it: a row without its own named the
+    section's command, which the rerun replaces."""
+    return [{**row, "command": row.get("command", section_command)} for row in rows]
+
+
 def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -419,8 +425,7 @@ def main(argv=None):
     print({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, flush=True)
 
     def section(name, kept=()):
-        earlier = result.setdefault("commands", {}).get(name)
-        kept = [{**row, "command": row.get("command", earlier)} for row in kept]  # rows kept name their own run
+        kept = naming_their_run(kept, result.setdefault("commands", {}).get(name))
         result["commands"][name] = command
         result[name] = list(kept)
 
