@@ -250,8 +250,13 @@ def fast_argmax(scores: torch.Tensor) -> torch.Tensor:
     argmax is one reduction per row (H200, bf16, product + argmax over tiny.en's vocabulary: 19.1 -> 14.1 us for one
     row, 19.8 -> 16.5 for 17; the 3B shape's 256 000 tokens: 329 -> 276 us for 5 rows; ``benchmarks/round_cost/
     blocked_argmax.py``); plain argmax elsewhere (eager GPU kernels, where it is one kernel against several)."""
-    on_cpu, compiling = scores.device.type == "cpu", torch.compiler.is_compiling()
-    width = 1024 if on_cpu and not compiling else COMPILED_GPU_ARGMAX_BLOCK if scores.is_cuda and compiling else 0
+    compiling = torch.compiler.is_compiling()
+    if scores.device.type == "cpu" and not compiling:
+        width = 1024
+    elif scores.is_cuda and compiling:
+        width = COMPILED_GPU_ARGMAX_BLOCK
+    else:
+        width = 0
     if not width or scores.shape[-1] <= 2 * width:
         return scores.argmax(dim=-1)
     return blocked_argmax(scores, width)

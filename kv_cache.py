@@ -34,7 +34,7 @@ class StaticKVCache:
         if self.index_put_when_compiled and torch.compiler.is_compiling():
             # Compiled, a scatter into ``self.keys[layer]`` (a view of the whole cache) became copies of the whole
             # cache every few layers (the 3B shape: seven copies of 20 MB a verify pass); one index_put_ into the
-            # whole tensor is written in place, keys and values by one kernel.
+            # whole tensor is written in place.
             index = self._index(layer, slots, keys.shape)
             self.keys.index_put_(index, keys)
             self.values.index_put_(index, values)
