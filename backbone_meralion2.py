@@ -34,6 +34,10 @@ class MERaLiON2Backbone(Backbone):
     greedy_as_is = {"suppress_tokens": ([],), "begin_suppress_tokens": ([],), "forced_decoder_ids": ([],)}
     base_config_settings = ("eos_token_id", "pad_token_id", "max_length")
     default_eos_token_ids = (1, 107)  # <eos>, <end_of_turn> (only when the base's generation config has none)
+    # Compiled rounds' grouped attention: "broadcast" the cache over each key/value head's query heads or make the
+    # query heads "rows" of one product (see grouped_attention); class settings, for the A/B of the round-cost scripts.
+    compiled_cache_form = "rows"
+    rope_table_devices = ("cuda",)  # where cos/sin are gathered from a table (see _rotary); elsewhere computed
 
     @classmethod
     def is_model_type(cls, model_type: str) -> bool:
@@ -71,6 +75,8 @@ class MERaLiON2Backbone(Backbone):
         # Gemma2 scales embeddings by sqrt(hidden): transformers 5.x's embedding module does it itself
         # (Gemma2TextScaledWordEmbedding.embed_scale), 4.x's Gemma2Model after the lookup.
         self.embedding_scales = hasattr(self.model.embed_tokens, "embed_scale")
+        self._rope_table: tuple | None = None  # (cos, sin) [positions, head_dim] on a GPU, see _prepare_rope_table
+        self._rope_tables_made: list = []  # every table made stays alive: captured rounds read them by address
 
     def _is_sliding(self, layer: int) -> bool:
         layer_types = getattr(self.text_config, "layer_types", None)
@@ -168,6 +174,7 @@ class MERaLiON2Backbone(Backbone):
         make = cache_pool.get if cache_pool is not None else StaticKVCache
         cache = make(len(self.model.layers), batch, self.num_kv_heads, prompt_len + max_new + extra_slots,
                      self.head_dim, self.model.embed_tokens.weight.dtype, input_ids.device)
+        self._prepare_rope_table(cache.capacity, cache.keys.device, cache.keys.dtype)
         first_slot = (mask == 0).long().cumprod(dim=1).sum(dim=1)  # count of left-padding tokens
         state = DecodeState(cache, torch.zeros_like(first_slot), first_slot, hidden=None, next_token=None)
         features = self.speech_features(inputs["input_features"])
@@ -245,8 +252,7 @@ class MERaLiON2Backbone(Backbone):
     def _forward_embeds(self, state: DecodeState, hidden, depths, ancestors, upto: int) -> torch.Tensor:
         """The decoder layers over already scaled input embeddings ``hidden``."""
         n = hidden.shape[1]
-        positions = state.positions(depths)
-        cos, sin = self.model.rotary_emb(hidden, positions)
+        cos, sin = self._rotary(hidden, state.positions(depths))
         window = getattr(self.text_config, "sliding_window", None)
         full_mask = attention_mask(state, depths, ancestors, upto)
         sliding_mask = attention_mask(state, depths, ancestors, upto, window) if window else full_mask
@@ -262,6 +268,32 @@ class MERaLiON2Backbone(Backbone):
             x = self._mlp(layer.mlp, layer.pre_feedforward_layernorm(hidden), fused)
             hidden = residual + layer.post_feedforward_layernorm(x)
         return self.model.norm(hidden)
+
+    def _prepare_rope_table(self, positions: int, device, dtype):
+        """On a GPU, cos/sin of every position a cache of ``positions`` slots can hold, made once, eagerly, by the
+        base's own rotary module (so the values equal the ones it computes; compiled code's own cos may differ by an
+        ulp). A larger cache adds a larger table; none is freed, as captured rounds read them by address."""
+        rotary = self.model.rotary_emb
+        if device.type not in self.rope_table_devices or getattr(rotary, "rope_type", "default") != "default":
+            self._rope_table = None
+            return
+        table = self._rope_table
+        if table is not None and table[0].shape[0] >= positions and table[0].device == device and table[0].dtype == dtype:
+            return
+        length = max(positions, getattr(self.text_config, "max_position_embeddings", 0) or 0)
+        cos, sin = rotary(torch.empty(1, dtype=dtype, device=device), torch.arange(length, device=device)[None])
+        self._rope_table = (cos[0], sin[0])
+        self._rope_tables_made.append(self._rope_table)
+
+    def _rotary(self, hidden, positions):
+        """cos, sin [B, T, head_dim] at ``positions`` [B, T]. Computed inside a compiled pass, each position's cos
+        and sin were recomputed by every layer's rotary kernel (3B shape, 64 tokens: 125 us a pass); on a GPU they
+        are gathered from a table instead (left padding's negative positions read position 0: never attended)."""
+        table = self._rope_table
+        if table is None or table[0].device != hidden.device or table[0].dtype != hidden.dtype:
+            return self.model.rotary_emb(hidden, positions)
+        positions = positions.clamp(min=0)
+        return table[0][positions], table[1][positions]
 
     @staticmethod
     def _mlp(mlp, x, fused):
@@ -284,7 +316,7 @@ class MERaLiON2Backbone(Backbone):
         state.cache.write(layer_idx, slots, key, value)
         keys, values = state.cache.layer(layer_idx, upto)
         out = grouped_attention(query, keys, values, mask, self.scaling, self.attn_softcap,
-                                broadcast_cache=torch.compiler.is_compiling())
+                                broadcast_cache=torch.compiler.is_compiling() and self.compiled_cache_form == "broadcast")
         return attn.o_proj(out)
 
     # ------------------------------------------------------------------ output format
@@ -301,9 +333,11 @@ def grouped_attention(query, keys, values, mask, scaling: float, softcap: float 
     Two forms of the same products. By default a key/value head's query heads are rows of one product. With
     ``broadcast_cache`` the cache is broadcast over them instead (a [B, Hkv, 1, L, D] operand): run eagerly or
     captured, torch.matmul then copies every layer's keys and values into the group size each step (H200, 3B
-    shape, captured greedy step: batch 64, 12.5 ms -> 7.4 without the copies; batch 16, 7.6 -> 6.1); compiled,
-    that form ran the faster (batch 4, compiled greedy: 911 tok/s a call against 729 with rows; batch 16: 1334
-    against 1083), so compiled rounds keep it."""
+    shape, captured greedy step: batch 64, 12.5 ms -> 7.4 without the copies; batch 16, 7.6 -> 6.1). Compiled,
+    the broadcast form ran faster only while the compiled cache write copied the whole cache anyway; since that
+    write is in place, inductor's copies of the broadcast cache are what is left (3B shape, compiled pass,
+    batch 16: one token 3.77 ms broadcast against 2.49 in rows, five tokens 4.21 against 2.81; batch 1, five
+    tokens: 135 us of copies), so compiled rounds use rows too (``MERaLiON2Backbone.compiled_cache_form``)."""
     batch, heads, n, dim = query.shape
     kv_heads, length = keys.shape[1], keys.shape[2]
     groups = heads // kv_heads

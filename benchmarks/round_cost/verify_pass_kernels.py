@@ -1,7 +1,11 @@
 """Where a MERaLiON-2 verify pass spends its time on the GPU: the fused, compiled and captured pass of
 ``tools.benchmark_gpu`` (random weights of the full shape), its kernels grouped by kind (weight products, attention,
 Triton-fused elementwise, other) with torch.profiler, for inductor's default choice of product kernels and for its
-autotuned choice (``max_autotune_gemm``: Triton templates timed against cuBLAS). Writes one JSON with the command.
+autotuned choice (``max_autotune_gemm``: Triton templates timed against cuBLAS), and for variants of the pass
+(``--variants``: ``+``-joined settings among ``rows`` / ``broadcast`` (the compiled grouped attention's form),
+``table`` / ``computed`` (rotary cos/sin gathered from a table or computed in the pass), ``tuned`` (inductor's
+coordinate-descent tuning of its own kernels) and ``old`` (the cache write and argmax before 2026-12-04); ``now``
+alone is the pass as ``generate`` runs it). Writes one JSON with the command.
 
     python benchmarks/round_cost/verify_pass_kernels.py --shape meralion2-3b --tokens 1,5 \
         --out benchmarks/round_cost/h200_meralion2-3b_verify_kernels.json
@@ -51,6 +55,24 @@ def kernel_table(replay, replays: int = 20, top: int = 12) -> dict:
             "top_kernels_us": dict(per_kernel.most_common(top))}
 
 
+def use_variant(variant: str) -> None:
+    """Class and inductor settings for one ``--variants`` entry (defaults for every setting it does not name)."""
+    import torch._inductor.config as inductor
+
+    settings = set(variant.split("+")) - {"now"}
+    unknown = settings - {"rows", "broadcast", "table", "computed", "tuned", "old"}
+    if unknown:
+        raise SystemExit(f"unknown variant setting(s) {sorted(unknown)}: use rows, broadcast, table, computed, tuned, old")
+    MERaLiON2Backbone.compiled_cache_form = next((f for f in ("rows", "broadcast") if f in settings), DEFAULTS["cache_form"])
+    MERaLiON2Backbone.rope_table_devices = (() if "computed" in settings else ("cuda",) if "table" in settings
+                                            else DEFAULTS["rope_table_devices"])
+    inductor.coordinate_descent_tuning = "tuned" in settings
+    use_compiled_forms("old" not in settings)
+
+
+DEFAULTS = {"cache_form": MERaLiON2Backbone.compiled_cache_form, "rope_table_devices": MERaLiON2Backbone.rope_table_devices}
+
+
 def measure(backbone, inputs, n: int, autotune: bool, top: int = 12) -> dict:
     import torch._inductor.config as inductor
 
@@ -66,26 +88,27 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="meralion2-3b")
     parser.add_argument("--tokens", default="1,5")
+    parser.add_argument("--batch", type=int, default=1, help="rows a pass verifies, each with --tokens tokens")
     parser.add_argument("--autotune", default="off,on")
-    parser.add_argument("--compiled-forms", default="new", help="the cache write as now (new) and/or before (old)")
+    parser.add_argument("--variants", default="now", help="comma-separated variants of the pass (see the module's doc)")
     parser.add_argument("--top", type=int, default=12, help="how many of the costliest kernels to list")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     model = build_model(torch.device("cuda"), torch.bfloat16, args.shape, None)
-    backbone = MERaLiON2Backbone(model)
-    backbone.fuse_projections()
     floor_ms = decoder_bytes(model) / measure_copy_bandwidth(torch.device("cuda")) * 1000
-    inputs = make_prompt(model, 1, model.device)
+    inputs = make_prompt(model, args.batch, model.device)
     rows = []
     for n in (int(t) for t in args.tokens.split(",")):
-        for autotune, forms in ((a, f) for a in args.autotune.split(",") for f in args.compiled_forms.split(",")):
-            use_compiled_forms(forms == "new")
-            row = {"compiled_forms": forms, **measure(backbone, inputs, n, autotune == "on", args.top)}
+        for autotune, variant in ((a, v) for a in args.autotune.split(",") for v in args.variants.split(",")):
+            use_variant(variant)
+            backbone = MERaLiON2Backbone(model)  # (a fresh one: the rotary table is made at prefill)
+            backbone.fuse_projections()
+            row = {"variant": variant, **measure(backbone, inputs, n, autotune == "on", args.top)}
             row["x_floor"] = row["pass_ms"] / floor_ms
             rows.append(row)
             print(row, flush=True)
             write_json_atomic(args.out, {"command": command_line("benchmarks/round_cost/verify_pass_kernels.py"), "device": torch.cuda.get_device_name(),
-                                         "torch": torch.__version__, "shape": args.shape, "floor_ms": floor_ms,
+                                         "torch": torch.__version__, "shape": args.shape, "batch": args.batch, "floor_ms": floor_ms,
                                          "rows": rows})
 
 
