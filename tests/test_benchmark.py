@@ -262,6 +262,15 @@ def test_a_gpu_lengths_run_of_one_method_group_keeps_the_other_groups_rows():
     assert length_rows_kept(rows, ["ours"]) == rows[3:]
     assert length_rows_kept(rows, ["ours", "hf"]) == []
 
+
+def test_a_gpu_lengths_run_at_some_lengths_keeps_the_rows_of_the_others():
+    from tools.benchmark_gpu import length_rows_kept
+
+    rows = [{"method": "ours", "new_tokens": 16}, {"method": "ours", "new_tokens": 32},
+            {"method": "hf_static", "new_tokens": 16}, {"method": "hf_static", "new_tokens": 32}]
+    assert length_rows_kept(rows, ["ours"], {32}) == rows[:1] + rows[2:]
+    assert length_rows_kept(rows, ["ours", "hf"], {32, 64}) == [rows[0], rows[2]]
+
 def test_draft_option_takes_the_named_drafts_and_sized_trees():
     import argparse
 

@@ -98,7 +98,7 @@ def verify_pass(backbone, inputs, n):
     The cache comes from a ``CachePool`` as in ``generate``: its capacity rounded up to 128 slots (an odd capacity
     sends the attention's products to cuBLAS's unaligned kernels)."""
     device = inputs["input_ids"].device
-    ids = torch.randint(2, 200000, (1, n), device=device)
+    ids = torch.randint(2, 200000, (inputs["input_ids"].shape[0], n), device=device)
     state, _ = prefill(backbone, inputs, 8, 2 * n, cache_pool=CachePool())
     tt = (DraftTree.chain(n - 1) if n > 1 else DraftTree(())).tensors(device)
     upto = state.cache.capacity  # the captured rounds attend over the whole cache
@@ -329,10 +329,14 @@ def lengths_table(bench, profiles, drafts, lengths, compile, groups=LENGTH_GROUP
             bench.hf(method, 1, lengths)
 
 
-def length_rows_kept(rows: list[dict], groups) -> list[dict]:
+def length_rows_kept(rows: list[dict], groups, lengths=None) -> list[dict]:
     """Earlier lengths rows a run keeps: those of the method groups it does not measure ("hf": the library's
-    generate, "ours": every row of our loop), so the section can be measured in parts."""
-    return [row for row in rows if ("hf" if row.get("method", "").startswith("hf_") else "ours") not in groups]
+    generate, "ours": every row of our loop) and those of lengths it does not measure (``lengths``; None: all), so
+    the section can be measured in parts."""
+    def measured_again(row):
+        group = "hf" if row.get("method", "").startswith("hf_") else "ours"
+        return group in groups and (lengths is None or row.get("new_tokens") in lengths)
+    return [row for row in rows if not measured_again(row)]
 
 
 def batching_table(bench, profile, drafts_by_batch, new_tokens, compile_batches):
@@ -449,7 +453,7 @@ def main(argv=None):
         bench = DecodeBench(model, backbone, args.shape, max_new, args.repeats)
         if "lengths" in args.sections:
             groups = [g for g in args.length_methods.split(",") if g]
-            bench.start_section(section("lengths", length_rows_kept(result.get("lengths", []), groups)))
+            bench.start_section(section("lengths", length_rows_kept(result.get("lengths", []), groups, set(lengths))))
             lengths_table(bench, profiles, args.length_drafts.split(","), lengths, 1 in compile_batches, groups)
         if "batching" in args.sections:
             drafts = args.batch_drafts.split(",")
