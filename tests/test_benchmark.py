@@ -371,3 +371,23 @@ def test_round_timeline_splits_replays_at_markers_and_finds_the_gaps():
     assert summary["largest_gaps"][0] == {"us": 3.0, "after": "norm", "before": "attention"}
     assert [row[2] for row in summary["in_order"]] == ["gemm", "norm", "attention"]
     assert [row[:2] for row in summary["in_order"]] == [[0.0, 2.0], [0.5, 2.0], [3.0, 2.0]]
+
+
+def test_verify_pass_variants_are_timed_in_turn():
+    """verify_pass_kernels times the variants of one size in turn, so a drift (here: every call slower than the one
+    before) falls on all of them alike: equal passes get equal medians, wherever they stand in the list."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("verify_pass_kernels", "benchmarks/round_cost/verify_pass_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    calls, clock = [], iter(range(1000))
+
+    def drifting_timer(replay):
+        replay()
+        return next(clock)
+
+    medians = module.interleaved_ms({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=5,
+                                    timer=drifting_timer)
+    assert calls == ["a", "b"] * 6  # a warm-up turn, then five timed turns
+    assert medians == {"a": 4, "b": 5}  # (the turns' middle: one call apart, not five)

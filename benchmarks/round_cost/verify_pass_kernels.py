@@ -5,7 +5,8 @@ autotuned choice (``max_autotune_gemm``: Triton templates timed against cuBLAS),
 (``--variants``: ``+``-joined settings among ``rows`` / ``broadcast`` (the compiled grouped attention's form),
 ``table`` / ``computed`` (rotary cos/sin gathered from a table or computed in the pass), ``tuned`` (inductor's
 coordinate-descent tuning of its own kernels) and ``old`` (the cache write and argmax before 2026-12-04); ``now``
-alone is the pass as ``generate`` runs it). Writes one JSON with the command.
+alone is the pass as ``generate`` runs it). A pass's ``pass_ms`` is timed in turn with the other variants of its
+size (fair between them), ``pass_ms_alone`` right after its capture. Writes one JSON with the command.
 
     python benchmarks/round_cost/verify_pass_kernels.py --shape meralion2-3b --tokens 1,5 \
         --out benchmarks/round_cost/h200_meralion2-3b_verify_kernels.json
@@ -13,13 +14,15 @@ alone is the pass as ``generate`` runs it). Writes one JSON with the command.
 
 import argparse
 import collections
+import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, ".")
 from backbone_meralion2 import MERaLiON2Backbone  # noqa: E402
-from medusa_fast import capture_cuda_graph  # noqa: E402
+from medusa_fast import _compiled_round, capture_cuda_graph  # noqa: E402
+from draft_policy import cuda_ms  # noqa: E402
 from tools.benchmark_gpu import measure_copy_bandwidth, time_cuda, verify_pass  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 from tools.meralion2_shaped import build_model, decoder_bytes, make_prompt  # noqa: E402
@@ -73,15 +76,27 @@ def use_variant(variant: str) -> None:
 DEFAULTS = {"cache_form": MERaLiON2Backbone.compiled_cache_form, "rope_table_devices": MERaLiON2Backbone.rope_table_devices}
 
 
-def measure(backbone, inputs, n: int, autotune: bool, top: int = 12) -> dict:
+def capture(backbone, inputs, n: int, autotune: bool):
+    """The pass of ``n`` tokens compiled (products autotuned or not) and captured as a CUDA graph. No reset of
+    dynamo between passes (``_compiled_round`` raises its recompile limit instead): the graphs captured before are
+    replayed later, and a reset could free the compiled kernels they launch."""
     import torch._inductor.config as inductor
 
-    torch._dynamo.reset()
     inductor.max_autotune_gemm = autotune
-    graph = capture_cuda_graph(torch.compile(verify_pass(backbone, inputs, n), dynamic=False), warmups=3)
-    row = {"tokens": n, "autotuned_products": autotune, "pass_ms": time_cuda(graph.replay), **kernel_table(graph.replay, top=top)}
-    del graph
-    return row
+    return capture_cuda_graph(_compiled_round(verify_pass(backbone, inputs, n)), warmups=3)
+
+
+def interleaved_ms(replays: dict, repeats: int = 30, timer=cuda_ms) -> dict:
+    """Median ms of each replay, timed in turn (one of each per turn, after a warm-up turn). Timed one after
+    another instead, a process's later graphs measured slower than its first (the gaps between kernels grew by
+    200-300 us a pass), whatever the variant."""
+    for replay in replays.values():
+        replay()
+    times = {name: [] for name in replays}
+    for _ in range(repeats):
+        for name, replay in replays.items():
+            times[name].append(timer(replay))
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main() -> None:
@@ -98,19 +113,31 @@ def main() -> None:
     floor_ms = decoder_bytes(model) / measure_copy_bandwidth(torch.device("cuda")) * 1000
     inputs = make_prompt(model, args.batch, model.device)
     rows = []
-    for n in (int(t) for t in args.tokens.split(",")):
-        for autotune, variant in ((a, v) for a in args.autotune.split(",") for v in args.variants.split(",")):
-            use_variant(variant)
-            backbone = MERaLiON2Backbone(model)  # (a fresh one: the rotary table is made at prefill)
-            backbone.fuse_projections()
-            row = {"variant": variant, **measure(backbone, inputs, n, autotune == "on", args.top)}
-            row["x_floor"] = row["pass_ms"] / floor_ms
-            rows.append(row)
-            print(row, flush=True)
-            write_json_atomic(args.out, {"command": command_line("benchmarks/round_cost/verify_pass_kernels.py"), "device": torch.cuda.get_device_name(),
-                                         "torch": torch.__version__, "shape": args.shape, "batch": args.batch, "floor_ms": floor_ms,
-                                         "rows": rows})
 
+    def write():
+        write_json_atomic(args.out, {"command": command_line("benchmarks/round_cost/verify_pass_kernels.py"),
+                                     "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                     "shape": args.shape, "batch": args.batch, "floor_ms": floor_ms, "rows": rows})
+
+    for n in (int(t) for t in args.tokens.split(",")):
+        for autotune in args.autotune.split(","):
+            graphs = {}
+            for variant in args.variants.split(","):
+                use_variant(variant)
+                backbone = MERaLiON2Backbone(model)  # (a fresh one: the rotary table is made at prefill)
+                backbone.fuse_projections()
+                graphs[variant] = capture(backbone, inputs, n, autotune == "on")
+                rows.append({"variant": variant, "tokens": n, "autotuned_products": autotune == "on",
+                             "pass_ms_alone": time_cuda(graphs[variant].replay),
+                             **kernel_table(graphs[variant].replay, top=args.top)})
+                print(rows[-1], flush=True)
+                write()  # (a run cut short keeps every pass measured)
+            for variant, ms in interleaved_ms({v: g.replay for v, g in graphs.items()}).items():
+                row = next(r for r in rows[-len(graphs):] if r["variant"] == variant)
+                row.update(pass_ms=ms, x_floor=ms / floor_ms)
+                print(variant, n, f"{ms:.3f} ms = {ms / floor_ms:.2f}x the floor", flush=True)
+            write()
+            del graphs
 
 if __name__ == "__main__":
     main()
