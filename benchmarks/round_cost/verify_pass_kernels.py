@@ -4,7 +4,9 @@ Triton-fused elementwise, other) with torch.profiler, for inductor's default cho
 autotuned choice (``max_autotune_gemm``: Triton templates timed against cuBLAS), and for variants of the pass
 (``--variants``: ``+``-joined settings among ``rows`` / ``broadcast`` (the compiled grouped attention's form),
 ``table`` / ``computed`` (rotary cos/sin gathered from a table or computed in the pass), ``tuned`` (inductor's
-coordinate-descent tuning of its own kernels) and ``old`` (the cache write and argmax before 2026-12-04); ``now``
+coordinate-descent tuning of its own kernels), ``multikernel`` / ``cooperative`` (inductor's reductions over a row
+wider than 1 024, e.g. the 3B shape's norms over 2 304: a persistent form timed against the looped one, or split
+across thread blocks; by default they loop, one block a row) and ``old`` (the cache write and argmax before 2026-12-04); ``now``
 alone is the pass as ``generate`` runs it). A pass's ``pass_ms`` is timed in turn with the other variants of its
 size (fair between them), ``pass_ms_alone`` right after its capture. Writes one JSON with the command.
 
@@ -63,13 +65,16 @@ def use_variant(variant: str) -> None:
     import torch._inductor.config as inductor
 
     settings = set(variant.split("+")) - {"now"}
-    unknown = settings - {"rows", "broadcast", "table", "computed", "tuned", "old"}
+    known = ("rows", "broadcast", "table", "computed", "tuned", "multikernel", "cooperative", "old")
+    unknown = settings - set(known)
     if unknown:
-        raise SystemExit(f"unknown variant setting(s) {sorted(unknown)}: use rows, broadcast, table, computed, tuned, old")
+        raise SystemExit(f"unknown variant setting(s) {sorted(unknown)}: use {', '.join(known)}")
     MERaLiON2Backbone.compiled_cache_form = next((f for f in ("rows", "broadcast") if f in settings), DEFAULTS["cache_form"])
     MERaLiON2Backbone.rope_table_devices = (() if "computed" in settings else ("cuda",) if "table" in settings
                                             else DEFAULTS["rope_table_devices"])
     inductor.coordinate_descent_tuning = "tuned" in settings
+    inductor.triton.multi_kernel = 1 if "multikernel" in settings else 0
+    inductor.triton.cooperative_reductions = "cooperative" in settings
     use_compiled_forms("old" not in settings)
 
 
