@@ -281,8 +281,7 @@ class DecodeBench:
         gc.collect()
         torch.cuda.empty_cache()
 
-    def seed_style(self, profile_name, profile):
-        n = self.max_new
+    def seed_style(self, profile_name, profile, n):
         seconds, (tokens, rounds) = timed(lambda: seed_style_chain(self.model, self.backbone, self.inputs1, self.continuation,
                                                                    profile, n, 1), repeats=1)
         self.add({"method": "seed_style_eager_chain", "draft": f"chain-{len(profile)}", "profile": profile_name,
@@ -323,7 +322,7 @@ def lengths_table(bench, profiles, drafts, lengths, compile, groups=LENGTH_GROUP
                     continue
                 method = "ours_greedy" if name == "none" else "ours"
                 bench.ours(method, name, tree, profile_name if name != "none" else "none", profile, 1, lengths, compile)
-            bench.seed_style(profile_name, profile)
+            bench.seed_style(profile_name, profile, max(lengths))  # (the longest length this run measures)
     if "hf" in groups:
         for method in ("hf_static", "hf_dynamic"):
             bench.hf(method, 1, lengths)
