@@ -6,7 +6,8 @@ autotuned choice (``max_autotune_gemm``: Triton templates timed against cuBLAS),
 ``table`` / ``computed`` (rotary cos/sin gathered from a table or computed in the pass), ``tuned`` (inductor's
 coordinate-descent tuning of its own kernels), ``multikernel`` / ``cooperative`` (inductor's reductions over a row
 wider than 1 024, e.g. the 3B shape's norms over 2 304: a persistent form timed against the looped one, or split
-across thread blocks; by default they loop, one block a row) and ``old`` (the cache write and argmax before 2026-12-04); ``now``
+across thread blocks; by default they loop, one block a row), ``cublaslt`` (the weight products through cuBLASLt's
+heuristics instead of cuBLAS's: ``torch.backends.cuda.preferred_blas_library``) and ``old`` (the cache write and argmax before 2026-12-04); ``now``
 alone is the pass as ``generate`` runs it). A pass's ``pass_ms`` is timed in turn with the other variants of its
 size (fair between them), ``pass_ms_alone`` right after its capture. Writes one JSON with the command.
 
@@ -65,7 +66,7 @@ def use_variant(variant: str) -> None:
     import torch._inductor.config as inductor
 
     settings = set(variant.split("+")) - {"now"}
-    known = ("rows", "broadcast", "table", "computed", "tuned", "multikernel", "cooperative", "old")
+    known = ("rows", "broadcast", "table", "computed", "tuned", "multikernel", "cooperative", "cublaslt", "old")
     unknown = settings - set(known)
     if unknown:
         raise SystemExit(f"unknown variant setting(s) {sorted(unknown)}: use {', '.join(known)}")
@@ -76,9 +77,11 @@ def use_variant(variant: str) -> None:
     inductor.triton.multi_kernel = 1 if "multikernel" in settings else 0
     inductor.triton.cooperative_reductions = "cooperative" in settings
     use_compiled_forms("old" not in settings)
+    torch.backends.cuda.preferred_blas_library("cublaslt" if "cublaslt" in settings else DEFAULTS["blas"])
 
 
-DEFAULTS = {"cache_form": MERaLiON2Backbone.compiled_cache_form, "rope_table_devices": MERaLiON2Backbone.rope_table_devices}
+DEFAULTS = {"cache_form": MERaLiON2Backbone.compiled_cache_form, "rope_table_devices": MERaLiON2Backbone.rope_table_devices,
+            "blas": torch.backends.cuda.preferred_blas_library()}
 
 
 def capture(backbone, inputs, n: int, autotune: bool):
