@@ -476,19 +476,32 @@ def test_demo_reports_speed_up(tmp_path, capsys, monkeypatch):
 
 
 def test_transformers_generate_notices_are_kept_only_with_verbose(tmp_path, capsys):
-    """The base's generate logs the same deprecation notices on every call (the demo printed five): the command
-    keeps transformers' errors only, unless --verbose."""
+    """The base's generate logs the same deprecation notices on every call (the demo printed five), and loading a
+    model imports libraries that log notices about nothing the command uses (torchao's extensions built for
+    another torch): the command keeps their errors only, unless --verbose."""
+    import logging
+
     import transformers
 
+    from tools.runtime import IMPORT_NOTICE_LOGGERS
+
     before = transformers.logging.get_verbosity()
+    loggers = [logging.getLogger(name) for name in IMPORT_NOTICE_LOGGERS]
+    levels_before = [logger.level for logger in loggers]
     clip = write_wav(tmp_path / "clip.wav", seconds=2.0)
     try:
-        for argv, verbosity in (([clip], transformers.logging.ERROR), ([clip, "--verbose"], transformers.logging.WARNING)):
+        for argv, verbosity, level in (([clip], transformers.logging.ERROR, logging.ERROR),
+                                       ([clip, "--verbose"], transformers.logging.WARNING, logging.NOTSET)):
             transformers.logging.set_verbosity_warning()
+            for logger in loggers:
+                logger.setLevel(logging.NOTSET)
             code, _, _, _ = run(argv, capsys=capsys)
             assert code == 0 and transformers.logging.get_verbosity() == verbosity
+            assert [logger.level for logger in loggers] == [level] * len(loggers)
     finally:
         transformers.logging.set_verbosity(before)
+        for logger, level in zip(loggers, levels_before):
+            logger.setLevel(level)
 
 
 @pytest.mark.skipif(shutil.which("flite") is None, reason="flite is not installed")

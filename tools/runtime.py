@@ -28,18 +28,28 @@ def add_device_options(parser, *, device: str = "auto", dtype: str = "auto", thr
                         help=f"torch CPU threads (default: {default_threads})")
 
 
+# Loggers of libraries that transformers imports while loading a model, whose warnings concern nothing these
+# commands use: torchao (where installed, e.g. for the tests) reports C++ extensions built for another torch
+# ("Failed to load ..."), and torch's pytree its Enum registrations, on every command.
+IMPORT_NOTICE_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
 def quiet_generate_notices(verbose: bool) -> None:
     """Unless ``verbose``, keep only transformers' errors: the base's own ``generate`` logs the same deprecation
     notices on every call (a converted Whisper's ``forced_decoder_ids``, ``max_new_tokens`` beside ``max_length``),
     which would bury a command's output. The commands ask for Whisper's temperature fallback by an option, so
-    its warning on each sampled retry is kept for ``verbose`` too."""
+    its warning on each sampled retry is kept for ``verbose`` too; so are the import notices of
+    ``IMPORT_NOTICE_LOGGERS``."""
     if not verbose:
+        import logging
         import warnings
 
         import transformers
 
         transformers.logging.set_verbosity_error()
         warnings.filterwarnings("ignore", message="Temperature fallback")
+        for name in IMPORT_NOTICE_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def dtype_name(name: str) -> str:
