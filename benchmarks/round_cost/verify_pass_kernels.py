@@ -7,7 +7,8 @@ autotuned choice (``max_autotune_gemm``: Triton templates timed against cuBLAS),
 coordinate-descent tuning of its own kernels), ``multikernel`` / ``cooperative`` (inductor's reductions over a row
 wider than 1 024, e.g. the 3B shape's norms over 2 304: a persistent form timed against the looped one, or split
 across thread blocks; by default they loop, one block a row), ``cublaslt`` (the weight products through cuBLASLt's
-heuristics instead of cuBLAS's: ``torch.backends.cuda.preferred_blas_library``) and ``old`` (the cache write and argmax before 2026-12-04); ``now``
+heuristics instead of cuBLAS's: ``torch.backends.cuda.preferred_blas_library``), ``pdl`` (inductor's Triton
+kernels launched as programmatic dependent launches, Hopper: each may start while the kernel before it ends) and ``old`` (the cache write and argmax before 2026-12-04); ``now``
 alone is the pass as ``generate`` runs it). A pass's ``pass_ms`` is timed in turn with the other variants of its
 size (fair between them), ``pass_ms_alone`` right after its capture. Writes one JSON with the command.
 
@@ -66,7 +67,7 @@ def use_variant(variant: str) -> None:
     import torch._inductor.config as inductor
 
     settings = set(variant.split("+")) - {"now"}
-    known = ("rows", "broadcast", "table", "computed", "tuned", "multikernel", "cooperative", "cublaslt", "old")
+    known = ("rows", "broadcast", "table", "computed", "tuned", "multikernel", "cooperative", "cublaslt", "pdl", "old")
     unknown = settings - set(known)
     if unknown:
         raise SystemExit(f"unknown variant setting(s) {sorted(unknown)}: use {', '.join(known)}")
@@ -76,6 +77,10 @@ def use_variant(variant: str) -> None:
     inductor.coordinate_descent_tuning = "tuned" in settings
     inductor.triton.multi_kernel = 1 if "multikernel" in settings else 0
     inductor.triton.cooperative_reductions = "cooperative" in settings
+    if "pdl" in settings and not hasattr(inductor.triton, "enable_pdl"):
+        raise SystemExit(f"variant setting 'pdl' needs inductor's triton.enable_pdl, which torch {torch.__version__} lacks")
+    if hasattr(inductor.triton, "enable_pdl"):
+        inductor.triton.enable_pdl = "pdl" in settings
     use_compiled_forms("old" not in settings)
     torch.backends.cuda.preferred_blas_library("cublaslt" if "cublaslt" in settings else DEFAULTS["blas"])
 
