@@ -8,8 +8,8 @@ coordinate-descent tuning of its own kernels), ``multikernel`` / ``cooperative``
 wider than 1 024, e.g. the 3B shape's norms over 2 304: a persistent form timed against the looped one, or split
 across thread blocks; by default they loop, one block a row), ``cublaslt`` (the weight products through cuBLASLt's
 heuristics instead of cuBLAS's: ``torch.backends.cuda.preferred_blas_library``), ``pdl`` (inductor's Triton
-kernels launched as programmatic dependent launches, Hopper: each may start while the kernel before it ends) and ``old`` (the cache write and argmax before 2026-12-04); ``now``
-alone is the pass as ``generate`` runs it). A pass's ``pass_ms`` is timed in turn with the other variants of its
+kernels launched as programmatic dependent launches, Hopper: each may start while the kernel before it ends) and
+``old`` (the cache write and argmax before 2026-12-04); ``now`` alone is the pass as ``generate`` runs it). A pass's ``pass_ms`` is timed in turn with the other variants of its
 size (fair between them), ``pass_ms_alone`` right after its capture. Writes one JSON with the command.
 
     python benchmarks/round_cost/verify_pass_kernels.py --shape meralion2-3b --tokens 1,5 \
