@@ -819,7 +819,8 @@ def _resolve_artifact(name_or_path, kwargs) -> str:
     try:
         return snapshot_download(str(name_or_path), revision=kwargs.get("revision"), token=kwargs.get("token"))
     except Exception as err:
-        raise OSError(f"Could not find the Medusa artifact {name_or_path!r}: {err}") from err
+        raise OSError(f"Could not find the Medusa artifact {name_or_path!r}: there is no such folder here "
+                      f"({Path.cwd()}), and as a Hub repository id: {type(err).__name__}: {err}") from err
 
 
 def _read_heads(path) -> dict:

@@ -214,6 +214,16 @@ def test_missing_heads_file_is_a_clear_error(artifact, tmp_path):
         MedusaForASR.from_pretrained(str(broken))
 
 
+def test_a_mistyped_artifact_path_says_it_is_no_folder_here(tmp_path, monkeypatch):
+    """A name that is no folder is tried as a Hub repository id; offline that fails, and the error names both."""
+    from modeling_medusa import MedusaForASR
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(OSError, match=r"'heads/mistyped': there is no such folder here \(.*\), and as a Hub repository id"):
+        MedusaForASR.from_pretrained("heads/mistyped")
+
+
 def test_truncated_heads_file_is_one_line_naming_it(artifact, tmp_path, capsys):
     from tools import transcribe
     from modeling_medusa import MedusaForASR
