@@ -320,6 +320,16 @@ def test_long_segments_become_cues_within_subtitle_limits(segment, tmp_path):
     assert all(a[2] <= b[1] + 1e-3 for a, b in zip(cues, cues[1:]))
 
 
+def test_a_segment_is_shared_out_evenly_between_its_cues():
+    """83 characters need three 42-character lines, so two cues: filled greedily the second held one stray word
+    ("time.", on screen for 0.4 s); shared out evenly each holds about half the words, and each cue's lines too."""
+    segment = Segment(0.0, 5.5, "Speculative decoding lets a few small extra heads guessed in X words ahead of time.")
+    cues = audio_io.subtitle_cues([segment])
+    assert [c.text for c in cues] == ["Speculative decoding\nlets a few small extra",
+                                      "heads guessed in X words ahead of time."]
+    assert cues[0].start == 0.0 and cues[0].end == cues[1].start and cues[1].end == 5.5
+
+
 def test_a_windows_segment_moves_to_the_files_times_with_its_words():
     words = (Word("a", 0.5, 1.0), Word("b", 1.0, 2.0))
     assert Segment(0.5, 2.0, "a b", words).shifted(25.0) == Segment(25.5, 27.0, "a b",

@@ -469,22 +469,29 @@ CUE_LINE_CHARS, CUE_LINES, CUE_SECONDS = 42, 2, 7.0
 
 def subtitle_cues(segments: list[Segment], line_chars: int = CUE_LINE_CHARS, lines: int = CUE_LINES,
                   max_seconds: float = CUE_SECONDS) -> list[Segment]:
-    """Segments as subtitle cues: a segment's words wrapped into lines of at most ``line_chars`` characters,
-    at most ``lines`` lines and ``max_seconds`` per cue, its time shared out by characters; a cue's text holds
-    its lines separated by newlines."""
+    """Segments as subtitle cues: a segment's words shared out into as few cues as hold at most ``lines`` lines of
+    ``line_chars`` characters and ``max_seconds`` each, the cues as even in length as the words allow, and so each
+    cue's lines (no cue of one stray word after a full one); the segment's time shared out by characters. A cue's
+    text holds its lines separated by newlines."""
     cues = []
     for segment in segments:
         words = [piece for word in _cue_text(segment.text).split() for piece in _pieces(word, line_chars)]
         if not words:
             continue
-        per_char = max(segment.end - segment.start, 0.0) / (len(" ".join(words)) + 1)  # (+1: the last space)
+        per_char = max(segment.end - segment.start, 0.0) / (_length(words) + 1)  # (+1: the last space)
+        max_chars = max_seconds / per_char if per_char else None
         done = 0
-        for group in _cue_groups(_wrap(words, line_chars), lines, max_seconds / per_char if per_char else None):
-            chars = len(" ".join(group)) + 1
+        for group in _cue_groups(words, line_chars, lines, max_chars):
+            chars = _length(group) + 1
             start = segment.start + done * per_char
-            cues.append(Segment(start, min(start + chars * per_char, start + max_seconds), "\n".join(group)))
+            text = "\n".join(" ".join(line) for line in _even_parts(group, len(_wrap(group, line_chars))))
+            cues.append(Segment(start, min(start + chars * per_char, start + max_seconds), text))
             done += chars
     return cues
+
+
+def _length(words: list[str]) -> int:
+    return len(" ".join(words))
 
 
 def _pieces(word: str, width: int) -> list[str]:
@@ -492,6 +499,7 @@ def _pieces(word: str, width: int) -> list[str]:
 
 
 def _wrap(words: list[str], width: int) -> list[str]:
+    """Greedy line filling: the fewest lines of at most ``width`` characters (each word fits a line)."""
     lines = []
     for word in words:
         if lines and len(lines[-1]) + 1 + len(word) <= width:
@@ -501,21 +509,40 @@ def _wrap(words: list[str], width: int) -> list[str]:
     return lines
 
 
-def _cue_groups(lines: list[str], per_cue: int, max_chars: float | None) -> list[list[str]]:
-    """Lines grouped ``per_cue`` at a time, fewer (down to one line, then half a line) where a group would
-    take more than ``max_chars`` characters' worth of time."""
-    groups = []
-    for line in lines:
-        if groups and len(groups[-1]) < per_cue and (max_chars is None or
-                                                     len(" ".join(groups[-1] + [line])) <= max_chars):
-            groups[-1].append(line)
-        elif max_chars is not None and len(line) > max_chars and " " in line:
-            words = line.split()
-            halves = [" ".join(words[: len(words) // 2]), " ".join(words[len(words) // 2:])]
-            groups += _cue_groups(halves, per_cue, max_chars)
-        else:
-            groups.append([line])
-    return groups
+def _cue_groups(words: list[str], line_chars: int, lines: int, max_chars: float | None) -> list[list[str]]:
+    """The words in the fewest even groups that each wrap into at most ``lines`` lines and take at most
+    ``max_chars`` characters' worth of time (one word a group where even that is too long: its cue is cut short)."""
+    fewest = max(-(-len(_wrap(words, line_chars)) // lines),
+                 1 if max_chars is None else int(-(-(_length(words) + 1) // max_chars)))
+    for parts in range(min(fewest, len(words)), len(words) + 1):
+        groups = _even_parts(words, parts)
+        if all(len(_wrap(g, line_chars)) <= lines and (max_chars is None or _length(g) + 1 <= max_chars)
+               for g in groups):
+            return groups
+    return [[word] for word in words]
+
+
+def _even_parts(words: list[str], parts: int) -> list[list[str]]:
+    """``words`` in ``parts`` consecutive non-empty groups whose longest (joined by spaces) is as short as can be."""
+    ends = [0]
+    for word in words:
+        ends.append(ends[-1] + len(word) + 1)  # a group words[i:j] is ends[j] - ends[i] - 1 characters
+    n = len(words)
+    inf = float("inf")
+    longest = [[inf] * (n + 1) for _ in range(parts + 1)]  # [p][j]: words[:j] in p groups
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    longest[0][0] = 0
+    for p in range(1, parts + 1):
+        for j in range(p, n - parts + p + 1):
+            for i in range(p - 1, j):
+                value = max(longest[p - 1][i], ends[j] - ends[i] - 1)
+                if value < longest[p][j]:
+                    longest[p][j], cut[p][j] = value, i
+    groups, j = [], n
+    for p in range(parts, 0, -1):
+        groups.append(words[cut[p][j]:j])
+        j = cut[p][j]
+    return groups[::-1]
 
 
 def render_txt(text: str) -> str:
