@@ -534,9 +534,12 @@ def _even_parts(words: list[str], parts: int) -> list[list[str]]:
     longest[0][0] = 0
     for p in range(1, parts + 1):
         for j in range(p, n - parts + p + 1):
-            for i in range(p - 1, j):
-                value = max(longest[p - 1][i], ends[j] - ends[i] - 1)
-                if value < longest[p][j]:
+            for i in range(j - 1, p - 2, -1):  # the last group growing: once it alone is the longest, stop
+                length = ends[j] - ends[i] - 1
+                if length >= longest[p][j]:
+                    break
+                value = max(longest[p - 1][i], length)
+                if value <= longest[p][j]:
                     longest[p][j], cut[p][j] = value, i
     groups, j = [], n
     for p in range(parts, 0, -1):
