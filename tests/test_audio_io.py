@@ -330,6 +330,28 @@ def test_a_segment_is_shared_out_evenly_between_its_cues():
     assert cues[0].start == 0.0 and cues[0].end == cues[1].start and cues[1].end == 5.5
 
 
+def test_cues_of_a_segment_with_word_times_start_and_end_with_their_words():
+    """With word timestamps a cue runs from its first word's start to its last word's end (a word split to fit a
+    line shares its time by characters); words that are not the text's own between spaces (a language written
+    without them), or times that would give a cue no time on screen, leave the segment's time shared out by
+    characters."""
+    words = (Word("Speculative", 0.2, 1.1), Word("decoding", 1.1, 1.6), Word("lets", 1.6, 2.0), Word("a", 2.0, 2.2),
+             Word("few", 2.2, 2.4), Word("small", 2.4, 2.7), Word("extra", 2.7, 3.1), Word("heads", 3.4, 3.7),
+             Word("guessed", 3.7, 4.0), Word("in", 4.0, 4.1), Word("X", 4.1, 4.3), Word("words", 4.3, 4.6),
+             Word("ahead", 4.6, 4.9), Word("of", 4.9, 5.0), Word("time.", 5.0, 5.3))
+    segment = Segment(0.0, 5.5, " ".join(w.word for w in words), words)
+    cues = audio_io.subtitle_cues([segment])
+    assert [(c.start, c.end, c.text) for c in cues] == [
+        (0.2, 3.1, "Speculative decoding\nlets a few small extra"), (3.4, 5.3, "heads guessed in X words ahead of time.")]
+    long_word = Segment(10.0, 20.0, "a " + "x" * 50, (Word("a", 10.0, 11.0), Word("x" * 50, 12.0, 17.0)))
+    assert [(c.start, c.end) for c in audio_io.subtitle_cues([long_word])] == [(10.0, 16.2), (16.2, 17.0)]
+    unspaced = Segment(0.0, 2.0, "你好世界", tuple(Word(ch, i * 0.5, i * 0.5 + 0.5) for i, ch in enumerate("你好世界")))
+    stuck = Segment(0.0, 2.0, "one two", (Word("one", 1.0, 1.0), Word("two", 1.0, 1.0)))
+    for other in (unspaced, stuck):
+        assert audio_io.subtitle_cues([other]) == audio_io.subtitle_cues([Segment(other.start, other.end, other.text)])
+    assert audio_io.subtitle_cues([unspaced])[0].text == "你好世界"
+
+
 def test_a_windows_segment_moves_to_the_files_times_with_its_words():
     words = (Word("a", 0.5, 1.0), Word("b", 1.0, 2.0))
     assert Segment(0.5, 2.0, "a b", words).shifted(25.0) == Segment(25.5, 27.0, "a b",

@@ -78,6 +78,23 @@ def test_json_words_are_whisper_token_times(model, tmp_path, capsys):
     assert [s["words"] for s in record["segments"]] == expected
 
 
+def test_word_timed_subtitles_start_and_end_with_their_words(model, tmp_path, capsys):
+    """--word-timestamps --format srt/vtt: the cues keep the subtitle limits and the text, and each starts at a word's
+    start and ends at a word's end of the JSON output's words (at the SRT's millisecond resolution)."""
+    audio = long_recording(tmp_path, seconds=40.0)
+    sf.write(str(tmp_path / "talk.wav"), audio, SR)
+    for fmt in ("srt", "vtt", "json"):
+        run_cli(model, [tmp_path / "talk.wav", "--format", fmt, "--word-timestamps", "--output", tmp_path / "out"],
+                capsys)
+    cues = assert_subtitle_limits((tmp_path / "out" / "talk.srt").read_text(), tmp_path / "out" / "talk.vtt",
+                                  len(audio) / SR)
+    record = json.loads((tmp_path / "out" / "talk.json").read_text())
+    assert " ".join(c.content.replace("\n", " ") for c in cues).split() == record["text"].split()
+    words = [w for segment in record["segments"] for w in segment["words"]]
+    starts, ends = {round(w["start"], 3) for w in words}, {round(w["end"], 3) for w in words}
+    assert all(round(c.start.total_seconds(), 3) in starts and round(c.end.total_seconds(), 3) in ends for c in cues)
+
+
 def test_vad_gives_noise_and_a_click_no_transcript(model, tmp_path, capsys):
     rng = np.random.default_rng(0)
     sf.write(str(tmp_path / "noise.wav"), rng.normal(0, 0.05, 3 * SR).astype(np.float32), SR)

@@ -137,17 +137,17 @@ def test_temperature_fallback_reaches_whisper_generate_and_is_refused_for_other_
     assert "--temperature-fallback is Whisper's long-form option" in err
 
 
-def test_word_timestamps_are_refused_outside_whisper_json(tmp_path, capsys):
-    """Word times go into the JSON output and come from Whisper's alignment: another format stops before the model
-    loads, another family before any audio is decoded, each with one error line."""
+def test_word_timestamps_are_refused_outside_whisper_timed_formats(tmp_path, capsys):
+    """Word times go into the JSON output or time the subtitle cues, and come from Whisper's alignment: plain text
+    stops before the model loads, another family before any audio is decoded, each with one error line."""
     audio = write_wav(tmp_path / "a.wav", seconds=2.0)
     loads = []
-    code = transcribe.main([str(audio), "--word-timestamps", "--format", "srt", "--quiet"],
+    code = transcribe.main([str(audio), "--word-timestamps", "--format", "txt", "--quiet"],
                                   model_loader=lambda *args, **kwargs: loads.append(args))
     out, err = capsys.readouterr()
     assert code == transcribe.EXIT_USER_ERROR and loads == [] and out == ""
-    assert err.splitlines() == ["error: --word-timestamps puts word times into the JSON output, which --format srt "
-                                "has no place for; pass --format json"]
+    assert err.splitlines() == ["error: --word-timestamps times words for --format json, srt, vtt; --format txt "
+                                "has no place for times"]
     other = FakeModel()
     other.family, other.word_timestamps = "meralion2", False
     code, model, out, err = run([audio, "--word-timestamps", "--format", "json"], model=other, capsys=capsys)

@@ -471,27 +471,57 @@ def subtitle_cues(segments: list[Segment], line_chars: int = CUE_LINE_CHARS, lin
                   max_seconds: float = CUE_SECONDS) -> list[Segment]:
     """Segments as subtitle cues: a segment's words shared out into as few cues as hold at most ``lines`` lines of
     ``line_chars`` characters and ``max_seconds`` each, the cues as even in length as the words allow, and so each
-    cue's lines (no cue of one stray word after a full one); the segment's time shared out by characters. A cue's
-    text holds its lines separated by newlines."""
+    cue's lines (no cue of one stray word after a full one). A cue runs from its first word's start to its last
+    word's end: the words' own times where the segment has them (word timestamps) and they give every cue some
+    time on screen, else the segment's time shared out by characters. A cue's text holds its lines separated by
+    newlines."""
     cues = []
     for segment in segments:
-        words = [piece for word in _cue_text(segment.text).split() for piece in _pieces(word, line_chars)]
-        if not words:
-            continue
-        per_char = max(segment.end - segment.start, 0.0) / (_length(words) + 1)  # (+1: the last space)
-        max_chars = max_seconds / per_char if per_char else None
-        done = 0
-        for group in _cue_groups(words, line_chars, lines, max_chars):
-            chars = _length(group) + 1
-            start = segment.start + done * per_char
-            text = "\n".join(" ".join(line) for line in _even_parts(group, len(_wrap(group, line_chars))))
-            cues.append(Segment(start, min(start + chars * per_char, start + max_seconds), text))
-            done += chars
+        timed = _segment_cues(_aligned_words(segment, line_chars), line_chars, lines, max_seconds)
+        if not timed or any(cue.end <= cue.start for cue in timed):
+            timed = _segment_cues(_words_timed_by_characters(segment, line_chars), line_chars, lines, max_seconds)
+        cues += timed
     return cues
 
 
-def _length(words: list[str]) -> int:
-    return len(" ".join(words))
+def _segment_cues(words: list[Word], line_chars: int, lines: int, max_seconds: float) -> list[Segment]:
+    cues = []
+    for group in _cue_groups(words, line_chars, lines, max_seconds) if words else []:
+        text = "\n".join(" ".join(w.word for w in line)
+                         for line in _even_parts(group, len(_wrap([w.word for w in group], line_chars))))
+        start = group[0].start
+        cues.append(Segment(start, min(group[-1].end, start + max_seconds), text))
+    return cues
+
+
+def _aligned_words(segment: Segment, width: int) -> list[Word]:
+    """Each word's own time (its pieces share it by characters), held inside the segment and in order; none where
+    the words are not the text's own words between spaces (languages written without spaces: the words are
+    characters, which a cue must not space out)."""
+    if _cue_text(" ".join(word.word for word in segment.words)).split() != _cue_text(segment.text).split():
+        return []
+    words, latest = [], segment.start
+    for word in segment.words:
+        pieces = [piece for part in _cue_text(word.word).split() for piece in _pieces(part, width)]
+        share = max(word.end - word.start, 0.0) / max(sum(len(piece) for piece in pieces), 1)
+        done = 0
+        for piece in pieces:
+            start = min(max(word.start + done * share, latest), segment.end)
+            done += len(piece)
+            latest = min(max(word.start + done * share, start), segment.end)
+            words.append(Word(piece, start, latest))
+    return words
+
+
+def _words_timed_by_characters(segment: Segment, width: int) -> list[Word]:
+    """The segment's time shared out by characters, each word's trailing space its own."""
+    pieces = [piece for word in _cue_text(segment.text).split() for piece in _pieces(word, width)]
+    per_char = max(segment.end - segment.start, 0.0) / (len(" ".join(pieces)) + 1)  # (+1: the last space)
+    words, done = [], 0
+    for piece in pieces:
+        words.append(Word(piece, segment.start + done * per_char, segment.start + (done + len(piece) + 1) * per_char))
+        done += len(piece) + 1
+    return words
 
 
 def _pieces(word: str, width: int) -> list[str]:
@@ -509,24 +539,27 @@ def _wrap(words: list[str], width: int) -> list[str]:
     return lines
 
 
-def _cue_groups(words: list[str], line_chars: int, lines: int, max_chars: float | None) -> list[list[str]]:
-    """The words in the fewest even groups that each wrap into at most ``lines`` lines and take at most
-    ``max_chars`` characters' worth of time (one word a group where even that is too long: its cue is cut short)."""
-    fewest = max(-(-len(_wrap(words, line_chars)) // lines),
-                 1 if max_chars is None else int(-(-(_length(words) + 1) // max_chars)))
+def _cue_groups(words: list[Word], line_chars: int, lines: int, max_seconds: float) -> list[list[Word]]:
+    """The words in the fewest even groups that each wrap into at most ``lines`` lines and last at most
+    ``max_seconds`` (one word a group where even that is too long: its cue is cut short)."""
+    def fits(group):
+        return len(_wrap([w.word for w in group], line_chars)) <= lines and group[-1].end - group[0].start <= max_seconds
+
+    fewest = max(-(-len(_wrap([w.word for w in words], line_chars)) // lines),
+                 int(-(-(words[-1].end - words[0].start) // max_seconds)), 1)
     for parts in range(min(fewest, len(words)), len(words) + 1):
         groups = _even_parts(words, parts)
-        if all(len(_wrap(g, line_chars)) <= lines and (max_chars is None or _length(g) + 1 <= max_chars)
-               for g in groups):
+        if all(fits(group) for group in groups):
             return groups
     return [[word] for word in words]
 
 
-def _even_parts(words: list[str], parts: int) -> list[list[str]]:
-    """``words`` in ``parts`` consecutive non-empty groups whose longest (joined by spaces) is as short as can be."""
+def _even_parts(words: list, parts: int) -> list[list]:
+    """``words`` (strings, or ``Word``s by their text) in ``parts`` consecutive non-empty groups whose longest
+    (joined by spaces) is as short as can be."""
     ends = [0]
     for word in words:
-        ends.append(ends[-1] + len(word) + 1)  # a group words[i:j] is ends[j] - ends[i] - 1 characters
+        ends.append(ends[-1] + len(getattr(word, "word", word)) + 1)  # words[i:j] is ends[j] - ends[i] - 1 characters
     n = len(words)
     inf = float("inf")
     longest = [[inf] * (n + 1) for _ in range(parts + 1)]  # [p][j]: words[:j] in p groups

@@ -7,6 +7,7 @@ report the speed-up of Medusa decoding over plain greedy decoding on it.
     python -m tools.transcribe
     python -m tools.transcribe talk.mp3 recordings/ "calls/**/*.m4a" --format srt --output subs/
     python -m tools.transcribe talk.mp3 --format json --word-timestamps    # Whisper: words with their times
+    python -m tools.transcribe talk.mp3 --format srt --word-timestamps     # cues timed by their words
 
 Long files are transcribed whole, window by window; windows of several files are batched.
 With --output, each input gets its own output file, and a rerun resumes: an input is skipped when
@@ -113,9 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="torch.compile the decoding rounds: faster on a GPU after a one-off compile per batch size")
     parser.add_argument("--format", default="txt", choices=audio_io.OUTPUT_FORMATS, help="output format (default: txt)")
     parser.add_argument("--word-timestamps", action="store_true",
-                        help="Whisper, with --format json: each segment also gets its words with their start and "
-                        "end seconds, aligned as Whisper's return_token_timestamps does (its alignment heads' "
-                        "cross-attention, median filter, dynamic time warping): one more decoder pass per 30 s window")
+                        help="Whisper: times each word, aligned as Whisper's return_token_timestamps does (its "
+                        "alignment heads' cross-attention, median filter, dynamic time warping): with --format json "
+                        "each segment gets its words with their start and end seconds, with srt/vtt each subtitle cue "
+                        "starts and ends with its words; one more decoder pass per 30 s window")
     parser.add_argument("--output", type=Path, default=None, metavar="DIR", help="write <stem>.<format> files here instead of stdout")
     parser.add_argument("--overwrite", action="store_true",
                         help="with --output: transcribe again even where the output is up to date")
@@ -189,10 +191,13 @@ def _vad_problem() -> str | None:
     return None
 
 
+WORD_TIMED_FORMATS = ("json", "srt", "vtt")  # (txt has no times)
+
+
 def _format_problem(args) -> str | None:
-    if args.word_timestamps and args.format != "json":
-        return (f"--word-timestamps puts word times into the JSON output, which --format {args.format} has no "
-                "place for; pass --format json")
+    if args.word_timestamps and args.format not in WORD_TIMED_FORMATS:
+        return (f"--word-timestamps times words for --format {', '.join(WORD_TIMED_FORMATS)}; --format {args.format} "
+                "has no place for times")
     return None
 
 
