@@ -672,10 +672,12 @@ class BaseModelNotFound(OSError):
         super().__init__(self.message("pass base_model_name_or_path=<local folder>"))
 
     def message(self, how_to_point: str) -> str:
+        offline = (" Without a network, HF_HUB_OFFLINE=1 skips the Hub (and its retries)."
+                   if "connect" in self.reason.lower() and not os.environ.get("HF_HUB_OFFLINE") else "")
         return (f"Could not load the base model {self.name!r} ({self.reason}). It is not a local folder, "
                 f"{converted_base_folder(self.name)} holds no converted copy, and the Hub or its cache does not "
                 f"have it: download it, convert it (Whisper tiny.en/base: python -m pipeline.real_whisper "
-                f"{self.name}), or {how_to_point}.")
+                f"{self.name}), or {how_to_point}.{offline}")
 
 
 def load_base_model(name_or_path: str, family: str | None = None, **kwargs):

@@ -471,3 +471,16 @@ def test_auto_draft_weighs_tree_sizes_by_measured_cost(artifact):
         [record] = policy.measurements()  # what a benchmark records of auto's choice
         assert [c["nodes"] for c in record["candidates"] if c["chosen"]] == [chosen.num_nodes - 1]
         assert len(record["candidates"]) == len(candidates)
+
+
+def test_a_base_that_needs_the_hub_without_a_network_says_how_to_skip_it(monkeypatch):
+    """Offline, the Hub's client retries each file with back-off before the error: the error names the switch that
+    skips the Hub, where the Hub could not be reached and the switch is not set already."""
+    from modeling_medusa import BaseModelNotFound
+
+    unreachable = "We couldn't connect to 'https://huggingface.co' to load the files"
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert "HF_HUB_OFFLINE=1 skips the Hub" in str(BaseModelNotFound("org/base", unreachable))
+    assert "HF_HUB_OFFLINE" not in str(BaseModelNotFound("org/base", "404 Client Error: Repository Not Found"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "HF_HUB_OFFLINE" not in str(BaseModelNotFound("org/base", unreachable))
