@@ -487,8 +487,7 @@ def subtitle_cues(segments: list[Segment], line_chars: int = CUE_LINE_CHARS, lin
 def _segment_cues(words: list[Word], line_chars: int, lines: int, max_seconds: float) -> list[Segment]:
     cues = []
     for group in _cue_groups(words, line_chars, lines, max_seconds) if words else []:
-        text = "\n".join(" ".join(w.word for w in line)
-                         for line in _even_parts(group, len(_wrap([w.word for w in group], line_chars))))
+        text = "\n".join(" ".join(w.word for w in line) for line in _even_parts(group, _lines(group, line_chars)))
         start = group[0].start
         cues.append(Segment(start, min(group[-1].end, start + max_seconds), text))
     return cues
@@ -539,13 +538,18 @@ def _wrap(words: list[str], width: int) -> list[str]:
     return lines
 
 
+def _lines(words: list[Word], width: int) -> int:
+    """How many lines of at most ``width`` characters the words need."""
+    return len(_wrap([w.word for w in words], width))
+
+
 def _cue_groups(words: list[Word], line_chars: int, lines: int, max_seconds: float) -> list[list[Word]]:
     """The words in the fewest even groups that each wrap into at most ``lines`` lines and last at most
     ``max_seconds`` (one word a group where even that is too long: its cue is cut short)."""
     def fits(group):
-        return len(_wrap([w.word for w in group], line_chars)) <= lines and group[-1].end - group[0].start <= max_seconds
+        return _lines(group, line_chars) <= lines and group[-1].end - group[0].start <= max_seconds
 
-    fewest = max(-(-len(_wrap([w.word for w in words], line_chars)) // lines),
+    fewest = max(-(-_lines(words, line_chars) // lines),
                  int(-(-(words[-1].end - words[0].start) // max_seconds)), 1)
     for parts in range(min(fewest, len(words)), len(words) + 1):
         groups = _even_parts(words, parts)
@@ -554,12 +558,12 @@ def _cue_groups(words: list[Word], line_chars: int, lines: int, max_seconds: flo
     return [[word] for word in words]
 
 
-def _even_parts(words: list, parts: int) -> list[list]:
-    """``words`` (strings, or ``Word``s by their text) in ``parts`` consecutive non-empty groups whose longest
-    (joined by spaces) is as short as can be."""
+def _even_parts(words: list[Word], parts: int) -> list[list[Word]]:
+    """``words`` in ``parts`` consecutive non-empty groups whose longest text (joined by spaces) is as short as
+    can be."""
     ends = [0]
     for word in words:
-        ends.append(ends[-1] + len(getattr(word, "word", word)) + 1)  # words[i:j] is ends[j] - ends[i] - 1 characters
+        ends.append(ends[-1] + len(word.word) + 1)  # words[i:j] is ends[j] - ends[i] - 1 characters
     n = len(words)
     inf = float("inf")
     longest = [[inf] * (n + 1) for _ in range(parts + 1)]  # [p][j]: words[:j] in p groups
