@@ -330,6 +330,20 @@ def test_a_segment_is_shared_out_evenly_between_its_cues():
     assert cues[0].start == 0.0 and cues[0].end == cues[1].start and cues[1].end == 5.5
 
 
+def test_cues_and_lines_end_where_phrases_end_when_that_costs_little_evenness():
+    """A cue or a line ends after a comma or a full stop where it need run no more than 1.25x the evenest split's
+    longest for it; the evenest split stays where no phrase ends near enough."""
+    def cue_texts(text, seconds=6.0):
+        return [c.text for c in audio_io.subtitle_cues([Segment(0.0, seconds, text)])]
+
+    assert cue_texts("Stuff it into you, his belly counseled him.") == ["Stuff it into you,\nhis belly counseled him."]
+    assert cue_texts("He hoped there would be stew for dinner, turnips and carrots and bruised potatoes and fat "
+                     "mutton pieces.") == ["He hoped there would be stew for dinner,",
+                                           "turnips and carrots and bruised\npotatoes and fat mutton pieces."]
+    assert cue_texts("a b c d e f g h i j k l m n o p q r s t u v w x y z, a b c d e f g h i j k l m n o p") == [
+        "a b c d e f g h i j k l m n o p q r s t u\nv w x y z, a b c d e f g h i j k l m n o p"]
+
+
 def test_cues_of_a_segment_with_word_times_start_and_end_with_their_words():
     """With word timestamps a cue runs from its first word's start to its last word's end (a word split to fit a
     line shares its time by characters); words that are not the text's own between spaces (a language written

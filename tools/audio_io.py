@@ -487,7 +487,8 @@ def subtitle_cues(segments: list[Segment], line_chars: int = CUE_LINE_CHARS, lin
 def _segment_cues(words: list[Word], line_chars: int, lines: int, max_seconds: float) -> list[Segment]:
     cues = []
     for group in _cue_groups(words, line_chars, lines, max_seconds) if words else []:
-        text = "\n".join(" ".join(w.word for w in line) for line in _even_parts(group, _lines(group, line_chars)))
+        text = "\n".join(" ".join(w.word for w in line)
+                         for line in _natural_parts(group, _lines(group, line_chars), line_chars))
         start = group[0].start
         cues.append(Segment(start, min(group[-1].end, start + max_seconds), text))
     return cues
@@ -552,10 +553,62 @@ def _cue_groups(words: list[Word], line_chars: int, lines: int, max_seconds: flo
     fewest = max(-(-_lines(words, line_chars) // lines),
                  int(-(-(words[-1].end - words[0].start) // max_seconds)), 1)
     for parts in range(min(fewest, len(words)), len(words) + 1):
-        groups = _even_parts(words, parts)
-        if all(fits(group) for group in groups):
-            return groups
+        for groups in (_natural_parts(words, parts), _even_parts(words, parts)):
+            if all(fits(group) for group in groups):
+                return groups
     return [[word] for word in words]
+
+
+PHRASE_SLACK = 1.25  # a group may run this much longer than the evenest split's longest to end at a phrase's end
+PHRASE_ENDS = tuple(",.;:!?…，。；：！？、")
+CLOSING = "\"'”’)]»」』"
+
+
+def _ends_phrase(word: str) -> bool:
+    return word.rstrip(CLOSING).endswith(PHRASE_ENDS)
+
+
+def _natural_parts(words: list[Word], parts: int, limit: float = float("inf")) -> list[list[Word]]:
+    """``words`` in ``parts`` groups of at most ``limit`` characters that end where phrases end (after a comma, a
+    full stop...) wherever a group need not run more than ``PHRASE_SLACK`` x the evenest split's longest for it;
+    the evenest split where no such groups exist."""
+    even = _even_parts(words, parts)
+    longest = max(_length(group) for group in even)
+    return _phrased_parts(words, parts, min(limit, max(longest, PHRASE_SLACK * longest))) or even
+
+
+def _length(words: list[Word]) -> int:
+    return sum(len(w.word) for w in words) + len(words) - 1
+
+
+def _phrased_parts(words: list[Word], parts: int, limit: float) -> list[list[Word]] | None:
+    """``words`` in ``parts`` consecutive groups of at most ``limit`` characters with the fewest groups ending
+    inside a phrase, then the shortest longest group (None: no such groups)."""
+    ends = [0]
+    for word in words:
+        ends.append(ends[-1] + len(word.word) + 1)
+    n = len(words)
+    best = [[None] * (n + 1) for _ in range(parts + 1)]  # [p][j]: (breaks inside phrases, longest) of words[:j]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = (0, 0)
+    for p in range(1, parts + 1):
+        for j in range(p, n - parts + p + 1):
+            inside = 0 if j == n or _ends_phrase(words[j - 1].word) else 1
+            for i in range(j - 1, p - 2, -1):
+                length = ends[j] - ends[i] - 1
+                if length > limit:
+                    break
+                if best[p - 1][i] is not None:
+                    value = (best[p - 1][i][0] + inside, max(best[p - 1][i][1], length))
+                    if best[p][j] is None or value < best[p][j]:
+                        best[p][j], cut[p][j] = value, i
+    if best[parts][n] is None:
+        return None
+    groups, j = [], n
+    for p in range(parts, 0, -1):
+        groups.append(words[cut[p][j]:j])
+        j = cut[p][j]
+    return groups[::-1]
 
 
 def _even_parts(words: list[Word], parts: int) -> list[list[Word]]:
