@@ -574,63 +574,43 @@ def _natural_parts(words: list[Word], parts: int, limit: float = float("inf")) -
     the evenest split where no such groups exist."""
     even = _even_parts(words, parts)
     longest = max(_length(group) for group in even)
-    return _phrased_parts(words, parts, min(limit, max(longest, PHRASE_SLACK * longest))) or even
+    return _best_parts(words, parts, min(limit, max(longest, PHRASE_SLACK * longest)), phrases=True) or even
+
+
+def _even_parts(words: list[Word], parts: int) -> list[list[Word]]:
+    """``words`` in ``parts`` groups whose longest text is as short as can be."""
+    return _best_parts(words, parts)
 
 
 def _length(words: list[Word]) -> int:
     return sum(len(w.word) for w in words) + len(words) - 1
 
 
-def _phrased_parts(words: list[Word], parts: int, limit: float) -> list[list[Word]] | None:
-    """``words`` in ``parts`` consecutive groups of at most ``limit`` characters with the fewest groups ending
-    inside a phrase, then the shortest longest group (None: no such groups)."""
+def _best_parts(words: list[Word], parts: int, limit: float = float("inf"),
+                phrases: bool = False) -> list[list[Word]] | None:
+    """``words`` in ``parts`` consecutive non-empty groups of at most ``limit`` characters (joined by spaces) with,
+    where ``phrases``, the fewest groups ending inside a phrase, then the shortest longest group (None: none fit)."""
     ends = [0]
     for word in words:
-        ends.append(ends[-1] + len(word.word) + 1)
+        ends.append(ends[-1] + len(word.word) + 1)  # words[i:j] is ends[j] - ends[i] - 1 characters
     n = len(words)
     best = [[None] * (n + 1) for _ in range(parts + 1)]  # [p][j]: (breaks inside phrases, longest) of words[:j]
     cut = [[0] * (n + 1) for _ in range(parts + 1)]
     best[0][0] = (0, 0)
     for p in range(1, parts + 1):
         for j in range(p, n - parts + p + 1):
-            inside = 0 if j == n or _ends_phrase(words[j - 1].word) else 1
-            for i in range(j - 1, p - 2, -1):
+            inside = int(phrases and j < n and not _ends_phrase(words[j - 1].word))
+            for i in range(j - 1, p - 2, -1):  # the last group growing
                 length = ends[j] - ends[i] - 1
-                if length > limit:
+                # (without phrases, once the last group alone is the longest no shorter split is left)
+                if length > limit or (not phrases and best[p][j] is not None and length >= best[p][j][1]):
                     break
                 if best[p - 1][i] is not None:
                     value = (best[p - 1][i][0] + inside, max(best[p - 1][i][1], length))
-                    if best[p][j] is None or value < best[p][j]:
+                    if best[p][j] is None or value <= best[p][j]:
                         best[p][j], cut[p][j] = value, i
     if best[parts][n] is None:
         return None
-    groups, j = [], n
-    for p in range(parts, 0, -1):
-        groups.append(words[cut[p][j]:j])
-        j = cut[p][j]
-    return groups[::-1]
-
-
-def _even_parts(words: list[Word], parts: int) -> list[list[Word]]:
-    """``words`` in ``parts`` consecutive non-empty groups whose longest text (joined by spaces) is as short as
-    can be."""
-    ends = [0]
-    for word in words:
-        ends.append(ends[-1] + len(word.word) + 1)  # words[i:j] is ends[j] - ends[i] - 1 characters
-    n = len(words)
-    inf = float("inf")
-    longest = [[inf] * (n + 1) for _ in range(parts + 1)]  # [p][j]: words[:j] in p groups
-    cut = [[0] * (n + 1) for _ in range(parts + 1)]
-    longest[0][0] = 0
-    for p in range(1, parts + 1):
-        for j in range(p, n - parts + p + 1):
-            for i in range(j - 1, p - 2, -1):  # the last group growing: once it alone is the longest, stop
-                length = ends[j] - ends[i] - 1
-                if length >= longest[p][j]:
-                    break
-                value = max(longest[p - 1][i], length)
-                if value <= longest[p][j]:
-                    longest[p][j], cut[p][j] = value, i
     groups, j = [], n
     for p in range(parts, 0, -1):
         groups.append(words[cut[p][j]:j])
