@@ -107,12 +107,15 @@ def test_long_file_is_transcribed_whole_by_windows(tmp_path, capsys):
     assert "1 done, 0 failed, 0 skipped" in err and "mean accepted tokens/round 2.50" in err
 
 
-def test_compile_flag_reaches_medusa_generate(tmp_path, capsys):
+def test_compile_flag_reaches_medusa_generate_and_warns_on_a_cpu(tmp_path, capsys):
+    """--compile reaches generate; on a CPU, where compiled draft rounds run slower, the command says so (and
+    still compiles: the user asked)."""
     audio = write_wav(tmp_path / "a.wav", seconds=40.0)
-    code, model, _, _ = run([audio, "--compile"], capsys=capsys)
+    code, model, _, err = run([audio, "--compile", "--device", "cpu"], capsys=capsys)
     assert code == 0 and model.compiled_calls == len(model.batches) == 2
-    code, model, _, _ = run([audio], capsys=capsys)
-    assert code == 0 and model.compiled_calls == 0
+    assert "warning: --compile on a CPU" in err
+    code, model, _, err = run([audio], capsys=capsys)
+    assert code == 0 and model.compiled_calls == 0 and "--compile" not in err
 
 
 def test_temperature_fallback_reaches_whisper_generate_and_is_refused_for_other_families(tmp_path, capsys):
