@@ -390,6 +390,38 @@ def attend_memory(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return torch.nn.functional.scaled_dot_product_attention(query, keys, values, scale=scale)
 
 
+def encoder_output(encoder: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """``encoder(features).last_hidden_state`` of a Whisper speech encoder, its residual stream contiguous
+    (``contiguous_stream``)."""
+    with contiguous_stream(encoder):
+        return encoder(features).last_hidden_state
+
+
+@contextlib.contextmanager
+def contiguous_stream(encoder: torch.nn.Module):
+    """While it lasts, a Whisper speech encoder's residual stream is laid out contiguously. The encoder permutes
+    its convolutions' [B, C, T] output to [B, T, C] and adds the positions to that view, so the stream keeps the
+    strides of [B, C, T] through every layer: each layer norm copies it first and each residual add runs
+    strided (H200, Whisper-large-v3 shape, bf16: 2.7 of 8.0 ms a window at batch 1, 38 of 110 ms for 16
+    windows; CPU: 4-10 % of tiny.en's and base's encoder). The same values in the same order: only the layout
+    the first layer receives changes."""
+    layers = getattr(encoder, "layers", None)
+    handle = layers[0].register_forward_pre_hook(_contiguous_first_argument, with_kwargs=True) if layers else None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def _contiguous_first_argument(module, args, kwargs):
+    if args and isinstance(args[0], torch.Tensor):
+        return (args[0].contiguous(), *args[1:]), kwargs
+    if isinstance(kwargs.get("hidden_states"), torch.Tensor):
+        return args, {**kwargs, "hidden_states": kwargs["hidden_states"].contiguous()}
+    return None
+
+
 def fusable(linears, biases: bool = False) -> bool:
     """Whether ``nn.Linear`` layers can share one weight tensor (``fuse_linears``): plain layers (not quantised
     ones, which may have no dense weight at all) of one dtype, device and input width, without biases unless

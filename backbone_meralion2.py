@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from .backbone import Backbone, Projection, backs, fusable, fuse_linears
+    from .backbone import Backbone, Projection, backs, encoder_output, fusable, fuse_linears
     from .kv_cache import DecodeState, StaticKVCache, attention_mask
     from .logits_rules import SuppressionRules
 except ImportError:
-    from backbone import Backbone, Projection, backs, fusable, fuse_linears
+    from backbone import Backbone, Projection, backs, encoder_output, fusable, fuse_linears
     from kv_cache import DecodeState, StaticKVCache, attention_mask
     from logits_rules import SuppressionRules
 
@@ -224,7 +224,8 @@ class MERaLiON2Backbone(Backbone):
         """Speech encoder -> ln_speech -> adapter, scattered into the <SpeechHere> placeholders (``placeholders``:
         their count, when the caller has it: counting them here is a host sync)."""
         base = self.base
-        speech = base.speech_audio_adapter(base.ln_speech(base.speech_encoder(self.speech_features(input_features)).last_hidden_state))
+        speech = encoder_output(base.speech_encoder, self.speech_features(input_features))
+        speech = base.speech_audio_adapter(base.ln_speech(speech))
         embeds = self._embed(input_ids)
         mask = input_ids == self.speech_token_index
         speech = self._scale(speech.reshape(-1, speech.shape[-1]).to(embeds.dtype))  # as 4.51 scales them

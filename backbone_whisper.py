@@ -14,12 +14,14 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from .backbone import Backbone, Projection, attend_memory, backs, fusable, fuse_linears, linear
+    from .backbone import (Backbone, Projection, attend_memory, backs, contiguous_stream, encoder_output, fusable,
+                           fuse_linears, linear)
     from .kv_cache import DecodeState, StaticKVCache, attention_mask
     from .logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules
     from .medusa_decoding import WindowPlan
 except ImportError:
-    from backbone import Backbone, Projection, attend_memory, backs, fusable, fuse_linears, linear
+    from backbone import (Backbone, Projection, attend_memory, backs, contiguous_stream, encoder_output, fusable,
+                          fuse_linears, linear)
     from kv_cache import DecodeState, StaticKVCache, attention_mask
     from logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules
     from medusa_decoding import WindowPlan
@@ -164,7 +166,8 @@ class WhisperBackbone(Backbone):
         own = encoder.forward  # the base's, bound before ours replaces it
 
         def encode(features):
-            return own(features).last_hidden_state
+            with contiguous_stream(encoder):
+                return own(features).last_hidden_state
 
         def forward(input_features=None, attention_mask=None, **kwargs):  # (Whisper's encoder ignores the mask)
             if input_features is None or any(kwargs.get(k) for k in ("head_mask", "output_attentions",
@@ -403,7 +406,7 @@ class WhisperBackbone(Backbone):
     def encode(self, inputs: dict) -> torch.Tensor:
         """The speech encoder's output [B, L, H] for these inputs."""
         features = inputs["input_features"].to(self.base.device, self.base.dtype)
-        return self.base.model.encoder(features).last_hidden_state
+        return encoder_output(self.base.model.encoder, features)
 
     def speech_memory_of(self, encoder_out: torch.Tensor) -> tuple:
         """(keys, values) [B, heads, L, D] of the last decoder layer's cross-attention over ``encoder_out``."""
