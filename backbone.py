@@ -403,7 +403,7 @@ def contiguous_stream(encoder: torch.nn.Module):
     its convolutions' [B, C, T] output to [B, T, C] and adds the positions to that view, so the stream keeps the
     strides of [B, C, T] through every layer: each layer norm copies it first and each residual add runs
     strided (H200, Whisper-large-v3 shape, bf16: 2.7 of 8.0 ms a window at batch 1, 38 of 110 ms for 16
-    windows; 2-core CPU, float32: 2-3 % of tiny.en's encoder, 10 % of base's). The same values in the same
+    windows; 2-core CPU, float32: 2-3 % of tiny.en's encoder, 8-10 % of base's). The same values in the same
     order: only the layout the first layer receives changes."""
     layers = getattr(encoder, "layers", None)
     handle = layers[0].register_forward_pre_hook(_contiguous_first_argument, with_kwargs=True) if layers else None

@@ -11,17 +11,18 @@ encoder with random weights (speed only; a layout's cost does not depend on the 
 """
 
 import argparse
-import statistics
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks/round_cost")
 from backbone import encoder_output  # noqa: E402
 from draft_policy import cuda_ms  # noqa: E402
 from medusa_fast import capture_cuda_graph  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
+from verify_pass_kernels import interleaved_ms, kernel_table  # noqa: E402
 
 
 def speech_encoder(args):
@@ -52,17 +53,6 @@ def wall_ms(fn) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def interleaved_ms(calls: dict, device, repeats: int) -> dict:
-    timer = cuda_ms if device.type == "cuda" else wall_ms
-    for call in calls.values():
-        call()
-    times = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            times[name].append(timer(call))
-    return {name: round(statistics.median(values), 3) for name, values in times.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
@@ -82,13 +72,11 @@ def main() -> None:
         library = lambda: encoder(features).last_hidden_state  # noqa: E731
         ours = lambda: encoder_output(encoder, features)  # noqa: E731
         row = {"batch": batch, "same_values": torch.equal(library(), ours())}
-        ms = interleaved_ms({"library": runner(library, device), "contiguous": runner(ours, device)}, device, args.repeats)
-        row.update({"library_ms": ms["library"], "contiguous_ms": ms["contiguous"],
+        calls = {"library": runner(library, device), "contiguous": runner(ours, device)}
+        ms = interleaved_ms(calls, args.repeats, timer=cuda_ms if device.type == "cuda" else wall_ms)
+        row.update({"library_ms": round(ms["library"], 3), "contiguous_ms": round(ms["contiguous"], 3),
                     "speedup": round(ms["library"] / ms["contiguous"], 3)})
         if device.type == "cuda":
-            sys.path.insert(0, "benchmarks/round_cost")
-            from verify_pass_kernels import kernel_table
-
             row["contiguous_kernels"] = kernel_table(runner(ours, device), replays=5, top=8)
             row["library_kernels"] = kernel_table(runner(library, device), replays=5, top=8)
         print(row, flush=True)
