@@ -189,8 +189,11 @@ class MERaLiON2Backbone(Backbone):
 
     def _prompt_pass(self, state: DecodeState, input_ids, features, placeholders: int) -> torch.Tensor:
         """Speech encoder -> adapter -> prompt embeddings -> the decoder layers over the whole prompt."""
-        embeds = self.prompt_embeddings(input_ids, features, placeholders)
-        prompt_len = input_ids.shape[1]
+        return self.layers_over_prompt(state, self.prompt_embeddings(input_ids, features, placeholders))
+
+    def layers_over_prompt(self, state: DecodeState, embeds) -> torch.Tensor:
+        """The decoder layers over a whole prompt's embeddings [B, T, H] (causal), writing its keys and values."""
+        prompt_len = embeds.shape[1]
         depths = torch.arange(prompt_len, device=embeds.device)
         causal = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=embeds.device).tril()
         return self._forward_embeds(state, embeds, depths, causal, upto=prompt_len)
