@@ -20,8 +20,8 @@ sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks/round_cost")
 from backbone import encoder_output  # noqa: E402
 from draft_policy import cuda_ms  # noqa: E402
-from medusa_fast import capture_cuda_graph  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
+from tools.profile_rounds import as_graph, wall_ms  # noqa: E402
 from verify_pass_kernels import interleaved_ms, kernel_table  # noqa: E402
 
 
@@ -38,19 +38,6 @@ def speech_encoder(args):
     model = load_medusa(args.model, dtype, base_to_load(args.model)).to(args.device)
     encoder = model.backbone.base.model.encoder
     return encoder, encoder.config.num_mel_bins, dtype
-
-
-def runner(fn, device):
-    """``fn`` as a timed call: a CUDA graph replay on a GPU."""
-    if device.type != "cuda":
-        return fn
-    return capture_cuda_graph(fn, warmups=3).replay
-
-
-def wall_ms(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1000
 
 
 def main() -> None:
@@ -72,13 +59,13 @@ def main() -> None:
         library = lambda: encoder(features).last_hidden_state  # noqa: E731
         ours = lambda: encoder_output(encoder, features)  # noqa: E731
         row = {"batch": batch, "same_values": torch.equal(library(), ours())}
-        calls = {"library": runner(library, device), "contiguous": runner(ours, device)}
+        calls = {"library": as_graph(library, device), "contiguous": as_graph(ours, device)}
         ms = interleaved_ms(calls, args.repeats, timer=cuda_ms if device.type == "cuda" else wall_ms)
         row.update({"library_ms": round(ms["library"], 3), "contiguous_ms": round(ms["contiguous"], 3),
                     "speedup": round(ms["library"] / ms["contiguous"], 3)})
         if device.type == "cuda":
-            row["contiguous_kernels"] = kernel_table(runner(ours, device), replays=5, top=8)
-            row["library_kernels"] = kernel_table(runner(library, device), replays=5, top=8)
+            row["contiguous_kernels"] = kernel_table(as_graph(ours, device), replays=5, top=8)
+            row["library_kernels"] = kernel_table(as_graph(library, device), replays=5, top=8)
         print(row, flush=True)
         rows.append(row)
     write_json_atomic(args.out, {

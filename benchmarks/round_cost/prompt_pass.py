@@ -22,21 +22,11 @@ from backbone import encoder_output  # noqa: E402
 from backbone_meralion2 import MERaLiON2Backbone  # noqa: E402
 from draft_policy import cuda_ms  # noqa: E402
 from kv_cache import CachePool, DecodeState  # noqa: E402
-from medusa_fast import _compiled_round, capture_cuda_graph  # noqa: E402
+from medusa_fast import _compiled_round  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
+from tools.profile_rounds import as_graph, wall_ms  # noqa: E402
 from tools.meralion2_shaped import build_model, make_prompt, prefill  # noqa: E402
 from verify_pass_kernels import interleaved_ms, kernel_table  # noqa: E402
-
-
-def wall_ms(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1000
-
-
-def runner(fn, device):
-    """``fn`` as a timed call: a CUDA graph replay on a GPU."""
-    return capture_cuda_graph(fn, warmups=3).replay if device.type == "cuda" else fn
 
 
 def batch_row(model, backbone, batch: int, compile: bool, top: int, repeats: int) -> dict:
@@ -52,9 +42,9 @@ def batch_row(model, backbone, batch: int, compile: bool, top: int, repeats: int
         return pass_fn(DecodeState(state.cache, zeros, zeros.clone(), hidden=None, next_token=None), embeds)
 
     calls = {
-        "encoder_and_adapter": runner(lambda: model.speech_audio_adapter(model.ln_speech(encoder_output(
+        "encoder_and_adapter": as_graph(lambda: model.speech_audio_adapter(model.ln_speech(encoder_output(
             model.speech_encoder, features))), device),
-        "prompt_pass": runner(layers, device),
+        "prompt_pass": as_graph(layers, device),
     }
     eager = layers()
     row = {"batch": batch, "prompt_tokens": embeds.shape[1]}
@@ -63,7 +53,7 @@ def batch_row(model, backbone, batch: int, compile: bool, top: int, repeats: int
         start = time.perf_counter()
         got = layers(compiled_pass)
         row["compile_s"] = round(time.perf_counter() - start, 1)
-        calls["prompt_pass_compiled"] = runner(lambda: layers(compiled_pass), device)
+        calls["prompt_pass_compiled"] = as_graph(lambda: layers(compiled_pass), device)
         first = [backbone.logits(h[:, -1:]).argmax(-1) for h in (eager, got)]
         row.update({"compiled_max_abs_difference": (got.float() - eager.float()).abs().max().item(),
                     "compiled_first_token_agrees": bool(torch.equal(*first))})
