@@ -390,6 +390,19 @@ def attend_memory(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return torch.nn.functional.scaled_dot_product_attention(query, keys, values, scale=scale)
 
 
+def compile_fixed_shape(fn):
+    """``torch.compile`` of a fixed-shape pass (a round, a prompt's pass). Every shape (batch size, draft tree,
+    cache capacity, prompt length) is one more specialisation of the same code, so the recompile limit must allow
+    many of them."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), 64))
+    return torch.compile(fn, dynamic=False)
+
+
 def encoder_output(encoder: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
     """``encoder(features).last_hidden_state`` of a Whisper speech encoder, its residual stream contiguous
     (``contiguous_stream``)."""

@@ -415,12 +415,13 @@ class WhisperBackbone(Backbone):
         return self._heads(attn.k_proj(encoder_out)), self._heads(attn.v_proj(encoder_out))
 
     def prefill(self, inputs: dict, max_new_tokens: int | None, extra_slots: int, process_logits, cache_pool=None,
-                capture=None):
+                capture=None, compile: bool = False):
         """Encoder (unless ``encoder_outputs`` are given) and decoder prompt: the one the base's generate builds
         (each row's language detected from its speech where none is given), or ``decoder_input_ids`` as given
         (left-padded rows marked by ``decoder_attention_mask``). ``capture`` (a ``CapturedCalls``) replays the
         encoder and the cross-attention projections as a CUDA graph and, for the base's own prompt, the language
-        detection and the prompt's decoder pass in the same graph."""
+        detection and the prompt's decoder pass in the same graph. ``compile`` changes nothing here: the decoder's
+        prompt is a few tokens; a compiled encoder is measured on the MERaLiON-2 shape only (``prompt_pass.py``)."""
         self._drop_stale_fusion()
         template = None if inputs.get("decoder_input_ids") is not None else \
             self.prompt_template(inputs.get("language"), inputs.get("task"))

@@ -14,10 +14,12 @@ import warnings
 import torch
 
 try:
+    from .backbone import compile_fixed_shape
     from .draft_trees import DraftTree
     from .kv_cache import DecodeState
     from .medusa_decoding import RoundResult, verify_round
 except ImportError:
+    from backbone import compile_fixed_shape
     from draft_trees import DraftTree
     from kv_cache import DecodeState
     from medusa_decoding import RoundResult, verify_round
@@ -82,18 +84,6 @@ class CapturedCalls:
         self.graphs.clear()
 
 
-def _compiled_round(round_fn):
-    """``torch.compile`` of a round. Every runner (batch size, draft tree, cache capacity) is one
-    more specialisation of the same code, so the recompile limit must allow many of them."""
-    import torch._dynamo
-
-    config = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
-        if hasattr(config, name):
-            setattr(config, name, max(getattr(config, name), 64))
-    return torch.compile(round_fn, dynamic=False)
-
-
 class CapturedRounds:
     """Rounds over a fixed-shape state (attention over the whole cache), replayed as one CUDA graph
     (``use_graph`` on CUDA) and optionally compiled; reused across calls through ``load``."""
@@ -114,7 +104,7 @@ class CapturedRounds:
         backbone.prepare_rounds()
         # no bound method stored on self: a runner<->method cycle would be freed by the cyclic GC at a
         # random moment, possibly while another runner is capturing (which invalidates that capture)
-        self._compiled = _compiled_round(type(self)._round) if compile else type(self)._round
+        self._compiled = compile_fixed_shape(type(self)._round) if compile else type(self)._round
         self.graph = self._capture() if use_graph and device.type == "cuda" else None
 
     @torch.no_grad()  # a round never needs autograd (and compiling one with it traces a backward)

@@ -377,8 +377,9 @@ class MedusaForASR(PreTrainedModel):
         rounds. ``cuda_graph`` (default: on for CUDA devices) runs each round as one captured CUDA graph
         over a fixed-shape cache; ``compile=True`` also compiles that round with ``torch.compile`` (fused
         kernels: faster rounds, but the first call of each batch size and draft compiles for a while; with
-        ``draft="auto"`` it compiles its best few candidates, up to three, and times them as the loop runs them).
-        Captured rounds are kept for later calls; ``release_caches()`` frees them.
+        ``draft="auto"`` it compiles its best few candidates, up to three, and times them as the loop runs them;
+        a backbone may compile its prefill too: MERaLiON-2's speech encoder and prompt pass, per batch size and
+        prompt length). Captured rounds are kept for later calls; ``release_caches()`` frees them.
         """
         if args:
             kwargs.setdefault(self.backbone.required_inputs[0], args[0])
@@ -427,7 +428,7 @@ class MedusaForASR(PreTrainedModel):
         pool = self.round_cache.pool if fixed_shape else None
         capture = self.round_cache.calls if graphs else None
         state, max_new, prompt = self.backbone.prefill(plan.inputs, plan.max_new_tokens, slack, plan.rules,
-                                                       cache_pool=pool, capture=capture)
+                                                       cache_pool=pool, capture=capture, compile=compile)
         timer.lap("prefill_seconds")
         tree = self._choose_draft(candidates, state, plan.rules, graphs, compile)
         chain_stop = 0.0 if fixed_shape else self._cpu_chain_stop(tree, state, plan.rules)

@@ -77,6 +77,35 @@ def test_collected_tokens_are_the_base_greedy_output(meralion_medusa):
         assert hiddens.shape == (len(tokens), meralion_medusa.config.hidden_size)
 
 
+def test_compiled_prefill_and_rounds_equal_the_base_greedy(meralion_medusa):
+    """``compile=True`` compiles the prefill's speech encoder and prompt pass as well as the rounds (on CPU without a
+    CUDA graph): the same ids as the base, for prompts of two lengths and batch sizes (each its own compile), oracle
+    drafts accepted, and the compiled prompt pass's hidden state equal to the eager one within fp32 rounding."""
+    from kv_cache import CachePool
+
+    model = meralion_medusa
+    rng = random.Random(5)
+    accepted = 0
+    for index in range(2):
+        inputs = make_inputs(model, rng, index + 1)
+        expected = model.generate(**inputs, use_medusa=False, max_new_tokens=10)
+        rows = model.collect_hidden_states(**inputs, max_new_tokens=18)
+        model.drafter = OracleDrafter(model, rows, model.backbone.vocab_size, 0.2, seed=index)
+        try:
+            got, stats = model.generate(**inputs, max_new_tokens=10, draft="chain", compile=True, cuda_graph=False,
+                                        return_stats=True)
+        finally:
+            model.drafter = None
+        assert torch.equal(expected, got), f"call {index}: base {expected.tolist()} compiled {got.tolist()}"
+        accepted += stats["accepted_tokens"]
+    assert accepted > 0 and model.backbone._compiled_prompt is not None
+
+    backbone, process = model.backbone, model.backbone.make_logits_processor(None)
+    hidden = {compiled: backbone.prefill(inputs, 4, 4, process, cache_pool=CachePool(), compile=compiled)[0].hidden
+              for compiled in (False, True)}
+    torch.testing.assert_close(hidden[True], hidden[False], rtol=1e-4, atol=1e-4)
+
+
 def test_bfloat16_equals_the_base_bfloat16_greedy_up_to_its_own_near_ties(meralion_medusa, tmp_path):
     """bf16: every row equals the base's own bf16 greedy output, or leaves it only where the base's top-2
     scores were within bf16 rounding and Medusa took the other tied token (see bf16_ties.py)."""

@@ -114,9 +114,10 @@ def make_prompt(model, batch, device):
     return {"input_ids": ids, "input_features": features, "feature_attention_mask": torch.ones(batch, 3000, device=device)}
 
 
-def prefill(backbone, inputs, max_new, extra, min_new=None, cache_pool=None, capture=None):
+def prefill(backbone, inputs, max_new, extra, min_new=None, cache_pool=None, capture=None, compile=False):
     process = backbone.make_logits_processor(min_new)
-    state, _, _ = backbone.prefill(inputs, max_new, extra, process, cache_pool=cache_pool, capture=capture)
+    state, _, _ = backbone.prefill(inputs, max_new, extra, process, cache_pool=cache_pool, capture=capture,
+                                   compile=compile)
     return state, process
 
 
@@ -203,11 +204,12 @@ def own_continuation(continuation: torch.Tensor, agreement: float, length: int, 
 class ReplayedRunner:
     """One captured (optionally compiled) round for a draft tree and batch size, reused by every timed call
     as ``generate`` reuses it: a call = the captured prefill (speech encoder, adapter and the prompt's pass as
-    one CUDA graph, into the runner's cache) + the rounds. Sized for ``max_new`` tokens; a call may stop
+    one CUDA graph, into the runner's cache; with ``compile``, the prompt's pass compiled as ``generate``'s is) +
+    the rounds. Sized for ``max_new`` tokens; a call may stop
     sooner (its tokens are then the first of the same continuation)."""
 
     def __init__(self, backbone, inputs, continuation, profile, tree, max_new, compile):
-        self.backbone, self.max_new = backbone, max_new
+        self.backbone, self.max_new, self.compile = backbone, max_new, compile
         self.pool, self.calls = CachePool(), CapturedCalls()
         state, self.process = self._prefill(inputs, tree)
         self.drafter = ReplayDrafter(backbone, continuation, profile, seed=1)
@@ -220,7 +222,7 @@ class ReplayedRunner:
 
     def _prefill(self, inputs, tree):
         return prefill(self.backbone, inputs, self.max_new, 2 * tree.num_nodes, min_new=self.max_new,
-                       cache_pool=self.pool, capture=self.calls)
+                       cache_pool=self.pool, capture=self.calls, compile=self.compile)
 
     @property
     def prefill_captured(self) -> bool:

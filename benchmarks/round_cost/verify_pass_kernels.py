@@ -25,7 +25,8 @@ import torch
 
 sys.path.insert(0, ".")
 from backbone_meralion2 import MERaLiON2Backbone  # noqa: E402
-from medusa_fast import _compiled_round, capture_cuda_graph  # noqa: E402
+from backbone import compile_fixed_shape  # noqa: E402
+from medusa_fast import capture_cuda_graph  # noqa: E402
 from draft_policy import cuda_ms  # noqa: E402
 from tools.benchmark_gpu import measure_copy_bandwidth, time_cuda, verify_pass  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
@@ -91,12 +92,12 @@ DEFAULTS = {"cache_form": MERaLiON2Backbone.compiled_cache_form, "rope_table_dev
 
 def capture(backbone, inputs, n: int, autotune: bool):
     """The pass of ``n`` tokens compiled (products autotuned or not) and captured as a CUDA graph. No reset of
-    dynamo between passes (``_compiled_round`` raises its recompile limit instead): the graphs captured before are
+    dynamo between passes (``compile_fixed_shape`` raises its recompile limit instead): the graphs captured before are
     replayed later, and a reset could free the compiled kernels they launch."""
     import torch._inductor.config as inductor
 
     inductor.max_autotune_gemm = autotune
-    return capture_cuda_graph(_compiled_round(verify_pass(backbone, inputs, n)), warmups=3)
+    return capture_cuda_graph(compile_fixed_shape(verify_pass(backbone, inputs, n)), warmups=3)
 
 
 def interleaved_ms(replays: dict, repeats: int = 30, timer=cuda_ms) -> dict:
