@@ -2,7 +2,7 @@
 pass through every decoder layer (``MERaLiON2Backbone.layers_over_prompt``), each timed alone as a CUDA graph, the
 prompt pass's kernels by kind (torch.profiler), and the same pass compiled (``--compile``: ``torch.compile`` of it,
 then captured; its output against the eager pass's: the largest difference of the last hidden state and whether the
-first token agrees). Random weights of the full shape (speed only).
+first token agrees), the speech encoder too. Random weights of the full shape (speed only).
 
     python benchmarks/round_cost/prompt_pass.py --shape meralion2-3b --batches 1,16 --compile \
         --out benchmarks/round_cost/h200_meralion2-3b_prompt_pass.json
@@ -18,11 +18,10 @@ import torch
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks/round_cost")
-from backbone import encoder_output  # noqa: E402
+from backbone import compile_fixed_shape, encoder_output  # noqa: E402
 from backbone_meralion2 import MERaLiON2Backbone  # noqa: E402
 from draft_policy import cuda_ms  # noqa: E402
 from kv_cache import CachePool, DecodeState  # noqa: E402
-from medusa_fast import _compiled_round  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 from tools.profile_rounds import as_graph, wall_ms  # noqa: E402
 from tools.meralion2_shaped import build_model, make_prompt, prefill  # noqa: E402
@@ -41,15 +40,14 @@ def batch_row(model, backbone, batch: int, compile: bool, top: int, repeats: int
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
         return pass_fn(DecodeState(state.cache, zeros, zeros.clone(), hidden=None, next_token=None), embeds)
 
-    calls = {
-        "encoder_and_adapter": as_graph(lambda: model.speech_audio_adapter(model.ln_speech(encoder_output(
-            model.speech_encoder, features))), device),
-        "prompt_pass": as_graph(layers, device),
-    }
+    def speech(encoder_fn=encoder_output):
+        return model.speech_audio_adapter(model.ln_speech(encoder_fn(model.speech_encoder, features)))
+
+    calls = {"encoder_and_adapter": as_graph(speech, device), "prompt_pass": as_graph(layers, device)}
     eager = layers()
     row = {"batch": batch, "prompt_tokens": embeds.shape[1]}
     if compile:
-        compiled_pass = _compiled_round(backbone.layers_over_prompt)
+        compiled_pass = compile_fixed_shape(backbone.layers_over_prompt)
         start = time.perf_counter()
         got = layers(compiled_pass)
         row["compile_s"] = round(time.perf_counter() - start, 1)
@@ -57,6 +55,12 @@ def batch_row(model, backbone, batch: int, compile: bool, top: int, repeats: int
         first = [backbone.logits(h[:, -1:]).argmax(-1) for h in (eager, got)]
         row.update({"compiled_max_abs_difference": (got.float() - eager.float()).abs().max().item(),
                     "compiled_first_token_agrees": bool(torch.equal(*first))})
+        compiled_encoder = compile_fixed_shape(encoder_output)
+        start = time.perf_counter()
+        speech_got = speech(compiled_encoder)
+        row["encoder_compile_s"] = round(time.perf_counter() - start, 1)
+        row["encoder_compiled_max_abs_difference"] = (speech_got.float() - speech().float()).abs().max().item()
+        calls["encoder_and_adapter_compiled"] = as_graph(lambda: speech(compiled_encoder), device)
     timer = cuda_ms if device.type == "cuda" else wall_ms
     row.update({f"{name}_ms": round(ms, 3) for name, ms in interleaved_ms(calls, repeats, timer=timer).items()})
     if device.type == "cuda":
