@@ -164,6 +164,26 @@ def test_missing_input_is_a_clear_error(meralion_medusa):
         meralion_medusa.generate(**inputs, max_new_tokens=3)
 
 
+def test_speech_encoder_attends_through_sdpa_unless_asked_otherwise(meralion_medusa):
+    """Loaded by us, the speech encoder's attention is SDPA (MERaLiON-2's code would hand it the decoder's eager
+    attention), over the same weights, giving the eager encoder's output to float32 rounding; the decoder stays eager
+    (soft-capping); an ``attn_implementation`` the caller names is left as asked."""
+    from transformers.models.whisper.modeling_whisper import WhisperAttention
+
+    from modeling_medusa import MedusaForASR
+
+    base = meralion_medusa.backbone.base
+    assert base.text_decoder.config._attn_implementation == "eager"
+    assert {type(layer.self_attn).__name__ for layer in base.speech_encoder.layers} == {"WhisperSdpaAttention"}
+    asked = MedusaForASR.from_base(meralion_medusa.config.base_model_name_or_path, family="meralion2",
+                                   attn_implementation="eager").backbone.base
+    assert all(type(layer.self_attn) is WhisperAttention for layer in asked.speech_encoder.layers)
+    features = make_inputs(meralion_medusa, random.Random(2), 2)["input_features"]
+    with torch.no_grad():
+        sdpa, eager = (b.speech_encoder(features).last_hidden_state for b in (base, asked))
+    torch.testing.assert_close(sdpa, eager, rtol=1e-4, atol=1e-4)
+
+
 def test_fused_projections_share_memory_and_keep_the_output(meralion_medusa):
     """q/k/v and gate/up fused into one weight each: the base's layers become views of it (no extra
     memory), the base's own generate is unchanged, and Medusa still equals it; new weight tensors
