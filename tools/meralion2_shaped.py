@@ -73,7 +73,7 @@ class MERaLiON2Shaped(nn.Module):
                             final_logit_softcapping=30.0, attn_logit_softcapping=50.0, query_pre_attn_scalar=256,
                             max_position_embeddings=8192)
         text._attn_implementation = "eager"  # soft-capping needs eager attention in the library
-        speech._attn_implementation = "sdpa"  # the library's default for a loaded Whisper encoder
+        speech._attn_implementation = "sdpa"  # as MedusaForASR loads MERaLiON-2 (speech_attention_as_sdpa)
         self.speech_encoder = WhisperEncoder(speech)
         self.ln_speech = nn.LayerNorm(1280)
         self.speech_audio_adapter = GatedAdapter(text_dim=sizes["hidden_size"])
