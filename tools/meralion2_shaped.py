@@ -57,23 +57,32 @@ class GatedAdapter(nn.Module):
         return self.out_proj(nn.functional.silu(self.gate_proj(x)) * self.pool_proj(x))
 
 
+def speech_encoder_config(attention: str = "sdpa"):
+    """MERaLiON-2's speech encoder (Whisper-large-v3's); SDPA attention as ``MedusaForASR`` loads it
+    (``speech_attention_as_sdpa``)."""
+    from transformers import WhisperConfig
+
+    config = WhisperConfig(d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120,
+                           num_mel_bins=128, max_source_positions=1500)
+    config._attn_implementation = attention
+    return config
+
+
 class MERaLiON2Shaped(nn.Module):
     """Same module names and sizes as MERaLiON-2 (``SHAPES``), built from the library's Whisper encoder
     (Whisper-large-v3's) and Gemma2."""
 
     def __init__(self, shape="meralion2-3b", text_layers=None):
         super().__init__()
-        from transformers import Gemma2Config, Gemma2ForCausalLM, GenerationConfig, WhisperConfig
+        from transformers import Gemma2Config, Gemma2ForCausalLM, GenerationConfig
         from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-        speech = WhisperConfig(d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120,
-                               num_mel_bins=128, max_source_positions=1500)
+        speech = speech_encoder_config()
         sizes = dict(SHAPES[shape], **({"num_hidden_layers": text_layers} if text_layers else {}))
         text = Gemma2Config(**sizes, head_dim=256, vocab_size=256000, sliding_window=4096,
                             final_logit_softcapping=30.0, attn_logit_softcapping=50.0, query_pre_attn_scalar=256,
                             max_position_embeddings=8192)
         text._attn_implementation = "eager"  # soft-capping needs eager attention in the library
-        speech._attn_implementation = "sdpa"  # as MedusaForASR loads MERaLiON-2 (speech_attention_as_sdpa)
         self.speech_encoder = WhisperEncoder(speech)
         self.ln_speech = nn.LayerNorm(1280)
         self.speech_audio_adapter = GatedAdapter(text_dim=sizes["hidden_size"])

@@ -15,18 +15,15 @@ sys.path.insert(0, ".")
 from backbone import encoder_output  # noqa: E402
 from draft_policy import cuda_ms  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
+from tools.meralion2_shaped import speech_encoder_config  # noqa: E402
 from tools.profile_rounds import as_graph  # noqa: E402
 
 
 def large_v3_encoder(attention: str, device):
-    from transformers import WhisperConfig
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-    config = WhisperConfig(d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120,
-                           num_mel_bins=128, max_source_positions=1500)
-    config._attn_implementation = attention
     torch.manual_seed(0)
-    return WhisperEncoder(config).to(device, torch.bfloat16).eval()
+    return WhisperEncoder(speech_encoder_config(attention)).to(device, torch.bfloat16).eval()
 
 
 def timed_rows(attention: str, batches, repeats: int, device) -> list[dict]:
