@@ -58,6 +58,16 @@ class StaticKVCache:
     def move(self, src_slots: torch.Tensor, dst_slots: torch.Tensor):
         """Copy slots src -> dst (per row, all layers); used to compact an accepted tree path."""
         n_layers, batch, heads, _, dim = self.keys.shape
+        if self.index_put_when_compiled and torch.compiler.is_compiling():
+            # (as in ``write``: compiled, the scatter below also copied a whole cache tensor back each round)
+            layers = torch.arange(n_layers, device=src_slots.device)[:, None, None, None, None]
+            rows = torch.arange(batch, device=src_slots.device)[None, :, None, None, None]
+            kv_heads = torch.arange(heads, device=src_slots.device)[None, None, :, None, None]
+            dims = torch.arange(dim, device=src_slots.device)[None, None, None, None, :]
+            src, dst = (slots[None, :, None, :, None] for slots in (src_slots, dst_slots))
+            for buf in (self.keys, self.values):
+                buf.index_put_((layers, rows, kv_heads, dst, dims), buf[layers, rows, kv_heads, src, dims])
+            return
         src = src_slots[None, :, None, :, None].expand(n_layers, batch, heads, -1, dim)
         dst = dst_slots[None, :, None, :, None].expand(n_layers, batch, heads, -1, dim)
         for buf in (self.keys, self.values):

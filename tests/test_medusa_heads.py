@@ -86,6 +86,24 @@ def test_best_indices_are_topk_best_first_for_every_k():
         assert torch.equal(best_indices(logits, k), logits.topk(k, dim=-1).indices), k
 
 
+def test_blocked_best_indices_equal_iterated_argmax_ties_and_ragged_blocks_included():
+    """The blocked search compiled GPU rounds use over a wide vocabulary: the same indices in the same order as k
+    argmax passes, lowest index first among equal logits, also where the last block holds fewer than k tokens."""
+    from medusa_heads import blocked_best_indices, iterated_argmax
+
+    generator = torch.Generator().manual_seed(0)
+    for vocab in (641, 777, 4096):  # 641 = 10 blocks of 64 + 1 token
+        ties = torch.randint(0, 6, (2, 3, vocab), generator=generator).float()
+        distinct = torch.randn(2, 3, vocab, generator=generator)
+        for k in range(1, 9):
+            assert torch.equal(blocked_best_indices(ties, k, 64), iterated_argmax(ties, k)), (vocab, k)
+            half = distinct.bfloat16()  # (bf16's ties too)
+            assert torch.equal(blocked_best_indices(half, k, 64), iterated_argmax(half, k)), (vocab, k)
+            assert torch.equal(blocked_best_indices(distinct, k, 64), distinct.topk(k, dim=-1).indices), (vocab, k)
+    compiled = torch.compile(blocked_best_indices, dynamic=False)
+    assert torch.equal(compiled(ties, 4, 64), iterated_argmax(ties, 4))
+
+
 def test_int8_drafting_copy_keeps_the_heads_outputs_within_int8_rounding_and_leaves_them_as_they_are():
     from medusa_heads import Int8Linear, int8_drafting_copy, int8_drafting_supported
 

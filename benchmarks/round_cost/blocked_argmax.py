@@ -16,30 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from backbone import blocked_argmax  # noqa: E402
 from graph_timing import graph_us  # noqa: E402
-from medusa_heads import best_indices  # noqa: E402
+from medusa_heads import best_indices, blocked_best_indices  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 
 # the verify pass (what, rows, vocabulary, hidden width) over tiny.en's and Gemma2's vocabularies; a draft depth's
 # (rows, k) over an 8 192-token draft vocabulary
 VERIFY = [("tiny.en", r, 51864, 384) for r in (1, 17)] + [("meralion2-3b", r, 256000, 2304) for r in (5, 64)]
 DRAFT = [(r, k) for r in (1, 4) for k in (1, 4)]
-
-
-def blocked_best_indices(logits: torch.Tensor, k: int, width: int) -> torch.Tensor:
-    """``best_indices`` through blocks of ``width`` logits: the k best lie in the k blocks with the highest maxima, so
-    short reductions over the blocks and over those k blocks replace k passes over the whole row (ties in any order:
-    drafts only propose)."""
-    vocab = logits.shape[-1]
-    blocks = -(-vocab // width)
-    if blocks < 2 * k:
-        return best_indices(logits, k)
-    if blocks * width != vocab:
-        logits = F.pad(logits, (0, blocks * width - vocab), value=float("-inf"))
-    logits = logits.unflatten(-1, (blocks, width))
-    top_blocks = best_indices(logits.amax(dim=-1), k)  # [..., k]
-    candidates = logits.gather(-2, top_blocks[..., None].expand(*top_blocks.shape, width)).flatten(-2)
-    best = best_indices(candidates, k)  # [..., k] in the k blocks' k * width logits
-    return top_blocks.gather(-1, best // width) * width + best % width
 
 
 def timed(fn, *inputs) -> float:
