@@ -11,9 +11,12 @@ from tiny_models import build_tiny_whisper, random_features
 pytestmark = requires_transformers5
 
 
+@pytest.mark.parametrize("cost", ["replay", "heads"])
 @pytest.mark.parametrize("top1, expect", [(1.0, "all"), (0.0, "none")])
-def test_replayed_drafts_follow_the_decode(top1, expect, tmp_path):
-    from tools.meralion2_shaped import ReplayDrafter, rank_profile
+def test_replayed_drafts_follow_the_decode(top1, expect, cost, tmp_path):
+    """Also at trained heads' cost (``HeadsCostDrafter``: heads and a draft-vocabulary projection run, the replayed
+    ranks written over their logits): the same acceptance."""
+    from tools.meralion2_shaped import HeadsCostDrafter, ReplayDrafter, rank_profile
     from draft_trees import DraftTree
     from medusa_decoding import MedusaStats, run_rounds
     from medusa_fast import CapturedRounds
@@ -27,9 +30,14 @@ def test_replayed_drafts_follow_the_decode(top1, expect, tmp_path):
     process = backbone.make_logits_processor(max_new)
     state, _, _ = backbone.prefill(features, max_new, 10, process)
     continuation = torch.cat([state.next_token[:, None], greedy[:, 1:]], dim=1)
-    drafter = ReplayDrafter(backbone, continuation, rank_profile([top1] * 4, [[top1] * 4] * 4), seed=0)
+    profile = rank_profile([top1] * 4, [[top1] * 4] * 4)
+    if cost == "heads":  # (a draft vocabulary smaller than the base's, so the columns are mapped)
+        drafter = HeadsCostDrafter(backbone, continuation, profile, seed=0, draft_vocab=backbone.vocab_size // 2)
+        assert len(drafter.vocab_ids) == backbone.vocab_size // 2
+    else:
+        drafter = ReplayDrafter(backbone, continuation, profile, seed=0)
     tree = DraftTree.chain(4)
-    rounds = CapturedRounds(backbone, MedusaDrafter(tree, "cpu", drafter), process, state, tree,
+    rounds = CapturedRounds(backbone, MedusaDrafter(tree, "cpu", drafter, drafter.token_ids), process, state, tree,
                             use_graph=False, num_generated=drafter.num_generated)
     stats = MedusaStats()
     out = run_rounds(rounds, state.next_token.tolist(), max_new, backbone.eos_token_ids, stats)

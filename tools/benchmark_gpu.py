@@ -32,7 +32,7 @@ from draft_policy import cuda_ms
 from draft_trees import DraftTree, build_tree_from_accuracy
 from kv_cache import CachePool
 from medusa_fast import capture_cuda_graph
-from tools.meralion2_shaped import (SEED_PROFILE, SEED_TOP1, SHAPES, ReplayDrafter, ReplayedRunner,
+from tools.meralion2_shaped import (DRAFTER_COSTS, SEED_PROFILE, SEED_TOP1, SHAPES, ReplayDrafter, ReplayedRunner,
                                    build_model, decoder_bytes, make_prompt, plain_continuation, prefill, rank_profile)
 
 SECTIONS = ("verify", "lengths", "batching")
@@ -203,9 +203,9 @@ class DecodeBench:
     replayed profile, our plain greedy, and the library's generate (static and dynamic cache), each row
     one measurement of ``new_tokens`` per row of the batch."""
 
-    def __init__(self, model, backbone, shape, max_new, repeats):
+    def __init__(self, model, backbone, shape, max_new, repeats, drafter_cost="replay"):
         self.model, self.backbone, self.shape = model, backbone, shape
-        self.max_new, self.repeats = max_new, repeats
+        self.max_new, self.repeats, self.drafter_cost = max_new, repeats, drafter_cost
         self.inputs1 = make_prompt(model, 1, model.device)
         self.continuation = plain_continuation(backbone, self.inputs1, max_new)
         self.rows, self.report = [], None
@@ -226,11 +226,11 @@ class DecodeBench:
         """``method`` ("ours" / "ours_greedy") with one runner, timed at each of ``lengths``."""
         inputs, cont = self.batched(batch)
         base = {"method": method, "draft": draft, "profile": profile_name, "batch": batch,
-                "rounds_mode": "compiled" if compile else "graph"}
+                "rounds_mode": "compiled" if compile else "graph", "drafter_cost": self.drafter_cost}
         torch.cuda.reset_peak_memory_stats()
         replay = None
         try:
-            replay = ReplayedRunner(self.backbone, inputs, cont, profile, tree, self.max_new, compile)
+            replay = ReplayedRunner(self.backbone, inputs, cont, profile, tree, self.max_new, compile, self.drafter_cost)
             replay(inputs)  # warm-up call
             for n in lengths:
                 self.add({**base, **self.call_row(replay, inputs, n, batch)})
@@ -370,6 +370,9 @@ def parse_args(argv=None):
     parser.add_argument("--max-verify-tokens", type=int, default=1024, help="batching: skip trees above batch x nodes")
     parser.add_argument("--compile-batches", default="1,16", help="batch sizes whose rounds are also compiled")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--drafter-cost", choices=DRAFTER_COSTS, default="replay",
+                        help="replay: the replayed drafts' own cost; heads: also what trained heads with an 8 192-token "
+                             "draft vocabulary compute each round (tools.meralion2_shaped.HeadsCostDrafter)")
     parser.add_argument("--whisper-topk", default=None, help="artifact config.json whose head_accuracy.topk to replay too")
     args = parser.parse_args(argv)
     args.sections = [name for name in args.sections.split(",") if name]
@@ -450,7 +453,7 @@ def main(argv=None):
     lengths, compile_batches = ints(args.lengths), set(ints(args.compile_batches))
     if "lengths" in args.sections or "batching" in args.sections:
         max_new = max(lengths + [args.batch_new_tokens])
-        bench = DecodeBench(model, backbone, args.shape, max_new, args.repeats)
+        bench = DecodeBench(model, backbone, args.shape, max_new, args.repeats, args.drafter_cost)
         if "lengths" in args.sections:
             groups = [g for g in args.length_methods.split(",") if g]
             bench.start_section(section("lengths", length_rows_kept(result.get("lengths", []), groups, set(lengths))))

@@ -147,7 +147,8 @@ class ReplayDrafter:
     """Head logits built on the device from the known continuation: head h's true token (the
     (h+1)-th after the round's root) is put at a sampled rank (or missed), decoys fill the ranks above
     it. Used as a ``MedusaDrafter``'s heads; capturable in a CUDA graph. ``num_generated`` is the
-    runner's own count of emitted tokens (shared buffer), so the drafts follow the decode."""
+    runner's own count of emitted tokens (shared buffer), so the drafts follow the decode. Its cost is only that
+    of writing and searching those logits: ``HeadsCostDrafter`` also pays what trained heads compute."""
 
     def __init__(self, backbone, continuation, profile, seed=0):
         self.backbone, self.cont = backbone, continuation  # cont [B, L]
@@ -162,18 +163,69 @@ class ReplayDrafter:
 
     def __call__(self, hidden):
         """hidden [B, H] of the round's root -> head logits [B, K, V]."""
-        batch, device = hidden.shape[0], hidden.device
+        drafts = torch.zeros(hidden.shape[0], self.num_heads, self.vocab, device=hidden.device, dtype=hidden.dtype)
+        return self.replayed(drafts, lambda tokens: tokens)
+
+    def token_ids(self, indices):
+        """The token ids of the logits' columns (``MedusaDrafter``'s ``token_ids``)."""
+        return indices
+
+    def replayed(self, drafts, column):
+        """``drafts`` [B, K, columns] with this round's replayed ranks written in: the true token (column ``column(
+        token)``) at its sampled rank, decoys above it, every score above what ``drafts`` held (at most 0)."""
+        batch, device = drafts.shape[0], drafts.device
         heads = torch.arange(self.num_heads, device=device)
         pos = (self.num_generated[:, None] + heads[None, :]).clamp(max=self.cont.shape[1] - 1)  # [B, K]
         true = self.cont.gather(1, pos)
         rank = self.rank_table[torch.arange(batch, device=device)[:, None], pos, heads[None, :]]
-        drafts = torch.zeros(batch, self.num_heads, self.vocab, device=device, dtype=hidden.dtype)
         for j in range(self.ranks):
-            decoy = (true + 1 + j) % self.vocab
-            drafts.scatter_(2, decoy[..., None], torch.where(j < rank, 10.0 - j, 0.0)[..., None].to(hidden.dtype))
+            decoy = column(decoy_token(true, j, self.vocab))
+            drafts.scatter_(2, decoy[..., None], torch.where(j < rank, 10.0 - j, 0.0)[..., None].to(drafts.dtype))
         score = torch.where(rank < self.ranks, 10.0 - rank.float(), torch.zeros_like(rank, dtype=torch.float32))
-        drafts.scatter_(2, true[..., None], score[..., None].to(hidden.dtype))
+        drafts.scatter_(2, column(true)[..., None], score[..., None].to(drafts.dtype))
         return drafts
+
+
+def decoy_token(true, j: int, vocab: int):
+    """The token a replayed head ranks j-th above a true token it does not put first."""
+    return (true + 1 + j) % vocab
+
+
+class HeadsCostDrafter(ReplayDrafter):
+    """The replayed drafts at the cost of trained Medusa heads: every round ``num_heads`` residual heads of
+    ``layers`` blocks (random weights) run on the root's hidden state and project onto a draft vocabulary of
+    ``draft_vocab`` rows of the base's output projection (as the pipeline trains them), and the replayed ranks are
+    written over their logits (shifted far below), so acceptance is the replay's and the time is the heads'. The
+    draft vocabulary holds every token the replay can write (the continuation's and their decoys)."""
+
+    def __init__(self, backbone, continuation, profile, seed=0, draft_vocab=8192, layers=1):
+        super().__init__(backbone, continuation, profile, seed)
+        from medusa_heads import DraftProjection, MedusaHeads
+
+        device, weight = continuation.device, backbone.output_projection.weight
+        written = torch.cat([continuation.flatten()] + [decoy_token(continuation, j, self.vocab).flatten()
+                                                        for j in range(self.ranks)]).unique()
+        draft_vocab = min(draft_vocab, self.vocab)
+        if len(written) > draft_vocab:
+            raise ValueError(f"draft_vocab={draft_vocab} cannot hold the {len(written)} tokens the replay writes")
+        others = torch.ones(self.vocab, dtype=torch.bool, device=device)
+        others[written] = False
+        fill = others.nonzero()[:, 0][: draft_vocab - len(written)]
+        self.vocab_ids = torch.cat([written, fill]).sort().values
+        self.columns = torch.zeros(self.vocab, dtype=torch.long, device=device)
+        self.columns[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=device)
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.heads = MedusaHeads(self.num_heads, layers, weight.shape[1])
+        for parameter in self.heads.parameters():  # (zero-initialised heads would be the identity: still the cost)
+            parameter.data = (torch.randn(parameter.shape, generator=generator) * 0.02).to(device, weight.dtype)
+        self.projection = DraftProjection(backbone, self.vocab_ids)
+
+    def __call__(self, hidden):
+        logits = self.projection.logits(self.heads(hidden)) - 1e4  # [B, K, draft_vocab], below every replayed score
+        return self.replayed(logits, lambda tokens: self.columns[tokens])
+
+    def token_ids(self, indices):
+        return self.vocab_ids[indices]
 
 
 class ReplayedVerdicts:
@@ -210,6 +262,18 @@ def own_continuation(continuation: torch.Tensor, agreement: float, length: int, 
     return torch.where(misses & (torch.arange(length, device=own.device) < known), (own + 1) % vocab, own)
 
 
+DRAFTER_COSTS = ("replay", "heads")
+
+
+def replay_drafter(cost: str, backbone, continuation, profile, seed=0) -> ReplayDrafter:
+    """``cost``: "replay" (only the replayed logits' own cost) or "heads" (also what trained heads with a draft
+    vocabulary compute: ``HeadsCostDrafter``)."""
+    if cost not in DRAFTER_COSTS:
+        raise ValueError(f"drafter cost {cost!r}: use one of {', '.join(DRAFTER_COSTS)}")
+    kind = HeadsCostDrafter if cost == "heads" else ReplayDrafter
+    return kind(backbone, continuation, profile, seed=seed)
+
+
 class ReplayedRunner:
     """One captured (optionally compiled) round for a draft tree and batch size, reused by every timed call
     as ``generate`` reuses it: a call = the captured prefill (speech encoder, adapter and the prompt's pass as
@@ -217,12 +281,13 @@ class ReplayedRunner:
     the rounds. Sized for ``max_new`` tokens; a call may stop
     sooner (its tokens are then the first of the same continuation)."""
 
-    def __init__(self, backbone, inputs, continuation, profile, tree, max_new, compile):
+    def __init__(self, backbone, inputs, continuation, profile, tree, max_new, compile, drafter_cost="replay"):
         self.backbone, self.max_new, self.compile = backbone, max_new, compile
         self.pool, self.calls = CachePool(), CapturedCalls()
         state, self.process = self._prefill(inputs, tree)
-        self.drafter = ReplayDrafter(backbone, continuation, profile, seed=1)
-        drafter = MedusaDrafter(tree, continuation.device, self.drafter) if tree.num_nodes > 1 else None
+        self.drafter = replay_drafter(drafter_cost, backbone, continuation, profile, seed=1)
+        drafter = (MedusaDrafter(tree, continuation.device, self.drafter, self.drafter.token_ids)
+                   if tree.num_nodes > 1 else None)
         start = time.perf_counter()
         self.runner = CapturedRounds(backbone, drafter, self.process, state, tree, compile=compile,
                                      num_generated=self.drafter.num_generated)

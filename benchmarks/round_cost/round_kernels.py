@@ -26,15 +26,15 @@ from benchmarks.round_cost.verify_pass_kernels import kernel_table  # noqa: E402
 from tools.benchmark_gpu import draft_trees  # noqa: E402
 from tools.profile_rounds import wall_ms  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
-from tools.meralion2_shaped import (SEED_TOP1, ReplayDrafter, build_model, make_prompt, plain_continuation,  # noqa: E402
-                                    prefill, rank_profile)
+from tools.meralion2_shaped import (DRAFTER_COSTS, SEED_TOP1, build_model, make_prompt, plain_continuation,  # noqa: E402
+                                    prefill, rank_profile, replay_drafter)
 
 
-def round_runner(backbone, inputs, continuation, profile, tree, max_new):
+def round_runner(backbone, inputs, continuation, profile, tree, max_new, drafter_cost):
     """A compiled, captured round over a prefilled state (the prefill itself eager: only the rounds are timed)."""
     state, process = prefill(backbone, inputs, max_new, 2 * tree.num_nodes, min_new=max_new, cache_pool=CachePool())
-    replay = ReplayDrafter(backbone, continuation, profile, seed=1)
-    drafter = MedusaDrafter(tree, continuation.device, replay) if tree.num_nodes > 1 else None
+    replay = replay_drafter(drafter_cost, backbone, continuation, profile, seed=1)
+    drafter = MedusaDrafter(tree, continuation.device, replay, replay.token_ids) if tree.num_nodes > 1 else None
     start = time.perf_counter()
     runner = CapturedRounds(backbone, drafter, process, state, tree, compile=True, num_generated=replay.num_generated)
     if inputs["input_ids"].is_cuda:
@@ -71,6 +71,8 @@ def main() -> None:
     parser.add_argument("--drafts", default="none,chain,tree-32")
     parser.add_argument("--rounds", type=int, default=16, help="rounds timed (and profiled) back to back")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--drafter-cost", choices=DRAFTER_COSTS, default="replay",
+                        help="heads: the replayed drafts at trained heads' cost (tools.meralion2_shaped.HeadsCostDrafter)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -86,10 +88,10 @@ def main() -> None:
         write_json_atomic(args.out, {"command": command_line("benchmarks/round_cost/round_kernels.py"),
                                      "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                                      "torch": torch.__version__, "text_layers": args.text_layers,
-                                     "shape": args.shape, "rows": rows})
+                                     "shape": args.shape, "drafter_cost": args.drafter_cost, "rows": rows})
 
     for name, tree in draft_trees(profile, args.drafts.split(",")).items():
-        runner, setup = round_runner(backbone, inputs, continuation, profile, tree, max_new)
+        runner, setup = round_runner(backbone, inputs, continuation, profile, tree, max_new, args.drafter_cost)
         start = runner.snapshot()
         row = {"draft": name, "nodes": tree.num_nodes, "setup_seconds": setup,
                "round_ms_back_to_back": back_to_back_ms(runner, start, args.rounds)}
