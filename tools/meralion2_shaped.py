@@ -171,8 +171,8 @@ class ReplayDrafter:
         return indices
 
     def replayed(self, drafts, column):
-        """``drafts`` [B, K, columns] with this round's replayed ranks written in: the true token (column ``column(
-        token)``) at its sampled rank, decoys above it, every score above what ``drafts`` held (at most 0)."""
+        """``drafts`` [B, K, columns] (at most 0 everywhere) with this round's replayed ranks written in: the true token
+        (column ``column(token)``) at its sampled rank with a score of 10 - rank, decoys above it (0 for a miss)."""
         batch, device = drafts.shape[0], drafts.device
         heads = torch.arange(self.num_heads, device=device)
         pos = (self.num_generated[:, None] + heads[None, :]).clamp(max=self.cont.shape[1] - 1)  # [B, K]
