@@ -255,15 +255,23 @@ def best_indices(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 def iterated_argmax(logits: torch.Tensor, k: int) -> torch.Tensor:
     """[..., V] -> the k best indices [..., k]: k argmax passes, each masking the index found before it."""
-    if k == 1:  # (a chain's every depth: no positions to mask)
-        return logits.argmax(dim=-1, keepdim=True)
+    return argmax_passes(logits, k)[0]
+
+
+def argmax_passes(logits: torch.Tensor, k: int, with_values: bool = False) -> tuple:
+    """``iterated_argmax``'s indices [..., k] and, ``with_values``, each one's logit as its pass saw it (an index a
+    pass had masked, found again where fewer than k logits are finite, reads as -inf: never a candidate twice)."""
+    if k == 1 and not with_values:  # (a chain's every depth: no positions to mask)
+        return logits.argmax(dim=-1, keepdim=True), None
     positions = torch.arange(logits.shape[-1], device=logits.device)
-    best = []
+    best, values = [], []
     for _ in range(k):
         best.append(logits.argmax(dim=-1, keepdim=True))
+        if with_values:
+            values.append(logits.gather(-1, best[-1]))
         if len(best) < k:
             logits = torch.where(positions == best[-1], float("-inf"), logits)
-    return torch.cat(best, dim=-1)
+    return torch.cat(best, dim=-1), torch.cat(values, dim=-1) if with_values else None
 
 
 def blocked_best_indices(logits: torch.Tensor, k: int, width: int) -> torch.Tensor:
@@ -276,17 +284,10 @@ def blocked_best_indices(logits: torch.Tensor, k: int, width: int) -> torch.Tens
         return iterated_argmax(logits, k)
     if blocks * width != vocab:
         logits = F.pad(logits, (0, blocks * width - vocab), value=float("-inf"))
-    grid = logits.unflatten(-1, (blocks, width))  # [..., blocks, width]
-    positions = torch.arange(width, device=logits.device)
-    values, inside = [], []
-    for _ in range(k):
-        inside.append(grid.argmax(dim=-1, keepdim=True))
-        values.append(grid.gather(-1, inside[-1]))  # (taken after the masking: a position is never a candidate twice)
-        if len(inside) < k:
-            grid = torch.where(positions == inside[-1], float("-inf"), grid)
+    inside, values = argmax_passes(logits.unflatten(-1, (blocks, width)), k, with_values=True)  # [..., blocks, k]
     offsets = torch.arange(blocks, device=logits.device)[:, None] * width
-    candidates = (torch.cat(inside, dim=-1) + offsets).flatten(-2)  # [..., blocks * k], block by block, best first
-    return candidates.gather(-1, iterated_argmax(torch.cat(values, dim=-1).flatten(-2), k))
+    candidates = (inside + offsets).flatten(-2)  # [..., blocks * k], block by block, best first
+    return candidates.gather(-1, iterated_argmax(values.flatten(-2), k))
 
 
 def draft_probability(logits: torch.Tensor) -> torch.Tensor:
