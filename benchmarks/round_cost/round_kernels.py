@@ -1,5 +1,5 @@
 """Where a whole MERaLiON-2 round goes on the GPU, beside the verify pass alone: the benchmark's captured, compiled
-round (``tools.benchmark_gpu``'s replayed drafts, random weights of the full shape, batch 1) for each draft, timed
+round (``tools.benchmark_gpu``'s replayed drafts, random weights of the full shape, batch 1 or ``--batch``) for each draft, timed
 back to back as a graph replay, then as ``run_rounds`` drives it (the host reading each round's tokens), with its
 kernels grouped by kind and the costliest listed (torch.profiler). Writes one JSON with the command. ``--device cpu --text-layers 1`` runs it small on a CPU (no graphs, no kernel
 table): a check of the script itself.
@@ -70,6 +70,7 @@ def main() -> None:
     parser.add_argument("--text-layers", type=int, default=None, help="fewer decoder layers (a check of the script)")
     parser.add_argument("--drafts", default="none,chain,tree-32")
     parser.add_argument("--rounds", type=int, default=16, help="rounds timed (and profiled) back to back")
+    parser.add_argument("--batch", type=int, default=1, help="rows of every round (the same prompt repeated)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--drafter-cost", choices=DRAFTER_COSTS, default="replay",
                         help="heads: the replayed drafts at trained heads' cost (tools.meralion2_shaped.HeadsCostDrafter)")
@@ -79,16 +80,18 @@ def main() -> None:
     model = build_model(device, torch.bfloat16 if device.type == "cuda" else torch.float32, args.shape, args.text_layers)
     backbone = MERaLiON2Backbone(model)
     backbone.fuse_projections()
-    inputs = make_prompt(model, 1, model.device)
+    one = make_prompt(model, 1, model.device)
     max_new = 4 * args.rounds + 16
-    continuation = plain_continuation(backbone, inputs, max_new)
+    continuation = plain_continuation(backbone, one, max_new).expand(args.batch, -1).contiguous()
+    inputs = {name: value.expand(args.batch, *value.shape[1:]).contiguous() for name, value in one.items()}
     profile, rows = rank_profile(SEED_TOP1), []
 
     def write():
         write_json_atomic(args.out, {"command": command_line("benchmarks/round_cost/round_kernels.py"),
                                      "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                                      "torch": torch.__version__, "text_layers": args.text_layers,
-                                     "shape": args.shape, "drafter_cost": args.drafter_cost, "rows": rows})
+                                     "shape": args.shape, "batch": args.batch, "drafter_cost": args.drafter_cost,
+                                     "rows": rows})
 
     for name, tree in draft_trees(profile, args.drafts.split(",")).items():
         runner, setup = round_runner(backbone, inputs, continuation, profile, tree, max_new, args.drafter_cost)
