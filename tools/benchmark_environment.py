@@ -57,7 +57,7 @@ def environment_info(device, dtype, threads) -> dict:
     if device.startswith("cuda"):
         name = torch.cuda.get_device_name(torch.device(device))
     else:
-        name = _cpu_name()
+        name = cpu_name()
     try:
         affinity = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -81,7 +81,7 @@ def environment_info(device, dtype, threads) -> dict:
     }
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith("model name"):
