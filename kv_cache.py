@@ -35,7 +35,8 @@ class StaticKVCache:
             # Compiled, a scatter into ``self.keys[layer]`` (a view of the whole cache) became copies of the whole
             # cache every few layers (the 3B shape: seven copies of 20 MB a verify pass); one index_put_ into the
             # whole tensor is written in place.
-            index = self._index(layer, slots, keys.shape)
+            layers = torch.tensor(layer, device=slots.device)
+            index = self._index(layers, slots, keys.shape[0], keys.shape[1], keys.shape[3])
             self.keys.index_put_(index, keys)
             self.values.index_put_(index, values)
             return
@@ -44,11 +45,11 @@ class StaticKVCache:
         self.values[layer].scatter_(2, index, values)
 
     @staticmethod
-    def _index(layer: int, slots: torch.Tensor, shape) -> tuple:
-        """Index tensors of the cache's entries [layer, B, Hkv, slots, D] for values of ``shape`` [B, Hkv, T, D]."""
-        batch, heads, _, dim = shape
+    def _index(layers: torch.Tensor, slots: torch.Tensor, batch: int, heads: int, dim: int) -> tuple:
+        """Index tensors of the cache's entries [layers, B, Hkv, slots, D]: ``layers`` a 0-d tensor (one layer: values
+        [B, Hkv, T, D]) or one broadcast over all the others (every layer: values [L, B, Hkv, T, D])."""
         device = slots.device
-        return (torch.tensor(layer, device=device), torch.arange(batch, device=device)[:, None, None, None],
+        return (layers, torch.arange(batch, device=device)[:, None, None, None],
                 torch.arange(heads, device=device)[None, :, None, None], slots[:, None, :, None],
                 torch.arange(dim, device=device)[None, None, None, :])
 
@@ -61,12 +62,9 @@ class StaticKVCache:
         if self.index_put_when_compiled and torch.compiler.is_compiling():
             # (as in ``write``: compiled, the scatter below also copied a whole cache tensor back each round)
             layers = torch.arange(n_layers, device=src_slots.device)[:, None, None, None, None]
-            rows = torch.arange(batch, device=src_slots.device)[None, :, None, None, None]
-            kv_heads = torch.arange(heads, device=src_slots.device)[None, None, :, None, None]
-            dims = torch.arange(dim, device=src_slots.device)[None, None, None, None, :]
-            src, dst = (slots[None, :, None, :, None] for slots in (src_slots, dst_slots))
+            src, dst = (self._index(layers, slots, batch, heads, dim) for slots in (src_slots, dst_slots))
             for buf in (self.keys, self.values):
-                buf.index_put_((layers, rows, kv_heads, dst, dims), buf[layers, rows, kv_heads, src, dims])
+                buf.index_put_(dst, buf[src])
             return
         src = src_slots[None, :, None, :, None].expand(n_layers, batch, heads, -1, dim)
         dst = dst_slots[None, :, None, :, None].expand(n_layers, batch, heads, -1, dim)
