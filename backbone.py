@@ -203,15 +203,22 @@ class ScreenedArgmax:
     @staticmethod
     def _largest_outside(t, h, x, bias, eps_w: float, norm_w: float) -> torch.Tensor:
         """[R] the most any token outside the candidates can score, from the best screened score outside them."""
-        width, h_norm, x_norm = h.shape[-1], h.norm(dim=-1), x.float().norm(dim=-1)
         # the screened score's bf16 roundings (of the product; with a bias, of the bias and the sum too)
         rounding = ROUNDING_BF16 * (1 + 2 * ROUNDING_BF16) * (
             t.abs() if bias is None else 2 * t.abs() + 2 * float(bias.abs().max()))
-        weight_error = eps_w * h_norm  # |(W_j - bf16(W_j)) . h|
-        input_error = norm_w * ((h - x.float()).norm(dim=-1) + width * 2**-24 * x_norm)  # bf16 h, float32 sums
-        exact_rounding = 4 * width * 2**-24 * norm_w * h_norm  # the float32 scores, ours and the full projection's
+        weight_error = eps_w * h.norm(dim=-1)  # |(W_j - bf16(W_j)) . h|
+        input_error, exact_rounding = ScreenedArgmax.arithmetic_errors(h, x, norm_w)
         largest = t + rounding + weight_error + input_error + exact_rounding
         return torch.where(t == float("-inf"), t, largest)  # (every token outside blocked)
+
+    @staticmethod
+    def arithmetic_errors(h, x, norm_w: float) -> tuple:
+        """([R], [R]) what the screen's input and sums may add to any token's score, whatever the copy: the bf16
+        input x for h with float32 sums, and the float32 rounding of the exact scores (ours and the full
+        projection's)."""
+        width, h_norm = h.shape[-1], h.norm(dim=-1)
+        input_error = norm_w * ((h - x.float()).norm(dim=-1) + width * 2**-24 * x.float().norm(dim=-1))
+        return input_error, 4 * width * 2**-24 * norm_w * h_norm
 
 
 SCREEN_CANDIDATES = 8  # tokens per row scored again in float32

@@ -1,6 +1,6 @@
 """The CPU's screened output projection (``backbone.ScreenedArgmax``) in other forms, on a real converted Whisper:
 the screen's product timed as it runs now (a bfloat16 copy of the weight) against an int8 weight-only copy
-(``aten._weight_int8pack_mm``, per-row scales: half the bytes again) and the float32 projection in full; and, on the
+(``aten._weight_int8pack_mm``, per-row scales: half the bytes again) and the float32 projection in full (``Projection``, as the CPU rounds run it); and, on the
 decoder states of real speech (the base's own greedy continuation of each clip, teacher-forced), how many rows each
 screen proves with 8, 16 or 32 candidates: the bf16 and int8 copies with the bound as ``ScreenedArgmax`` computes it
 (the largest row error of the copy for every token), and the int8 copy with each token's own error. A row the bound
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, ".")
-from backbone import ROUNDING_BF16, ScreenedArgmax, cpu_linear, screen_copy  # noqa: E402
+from backbone import ROUNDING_BF16, Projection, ScreenedArgmax, cpu_linear, screen_copy  # noqa: E402
 from medusa_heads import int8_drafting_supported, int8_rows  # noqa: E402
 from tools.benchmark_environment import cpu_name  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
@@ -57,9 +57,7 @@ def median_ms(fn, repeats: int) -> float:
 
 def product_times(weight: torch.Tensor, rows: list[int], repeats: int) -> list[dict]:
     low = screen_copy(weight)[0]
-    transposed = weight.T.contiguous()
-    forms = {"float32_full": lambda x: x @ transposed if x.shape[0] == 1 else (weight @ x.T).T,
-             "bf16_screen": lambda x: cpu_linear(x.bfloat16(), low)}
+    forms = {"float32_full": Projection(lambda: weight), "bf16_screen": lambda x: cpu_linear(x.bfloat16(), low)}
     if int8_drafting_supported("cpu"):
         q, scales = int8_rows(weight)
         forms["int8_screen"] = lambda x: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), q, scales.bfloat16())
@@ -83,10 +81,8 @@ def rows_proved(h: torch.Tensor, weight: torch.Tensor, copy: torch.Tensor, m: in
     errors = (weight - copy).norm(dim=1) * (1 + 1e-6)  # each token's |W_j - copy_j|
     if per_token:
         upper = screened + ROUNDING_BF16 * (1 + 2 * ROUNDING_BF16) * screened.abs() + errors[None, :] * h.norm(dim=-1)[:, None]
-        outside = upper.scatter(1, candidates, float("-inf")).amax(dim=-1)
-        width = h.shape[-1]
-        outside = outside + norm_w * ((h - x.float()).norm(dim=-1) + width * 2**-24 * x.float().norm(dim=-1)) \
-            + 4 * width * 2**-24 * norm_w * h.norm(dim=-1)
+        input_error, exact_rounding = ScreenedArgmax.arithmetic_errors(h, x, norm_w)
+        outside = upper.scatter(1, candidates, float("-inf")).amax(dim=-1) + input_error + exact_rounding
     else:
         outside = ScreenedArgmax._largest_outside(top.values[:, m], h, x, None, float(errors.max()), norm_w)
     return int((best > outside + 1e-6 * best.abs()).sum())
@@ -126,4 +122,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with torch.no_grad():  # (as generate runs: with autograd on, ``Projection`` takes the plain F.linear route)
+        main()
