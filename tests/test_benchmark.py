@@ -230,6 +230,27 @@ def test_gpu_summary_rows_come_from_the_results_files(tmp_path):
     assert has_table_row(report.render_markdown(results), "32", "tree-32")
 
 
+def test_gpu_tables_name_every_run_of_a_section_and_the_drafts_cost():
+    """A section measured in parts lists each part's command (the rows keep theirs), and rows run at trained heads'
+    cost say so, in the header and in a column."""
+    from tools import benchmark_gpu_report as report
+
+    row = {"method": "ours", "draft": "chain-4", "profile": "seed_76_47_35_27", "batch": 1, "new_tokens": 32,
+           "call_tok_per_s": 700.0, "loop_tok_per_s": 950.0, "outside_rounds_ms": 11.0, "tokens_per_round": 2.4,
+           "exact": True, "call_seconds": 0.05, "rounds_mode": "compiled", "time_to_first_token_ms": 11.0,
+           "drafter_cost": "heads", "command": "run --length-drafts chain"}
+    results = {"shape": "meralion2-3b", "text_layers": 26, "device": "GPU", "torch": "t", "transformers": "x",
+               "date": "2026-12-04", "floor_ms": 1.2, "decoder_weight_GB": 5.2, "copy_bandwidth_GBps": 4300.0,
+               "commands": {"lengths": "run --length-drafts tree-32"},
+               "lengths": [row, {**row, "draft": "tree-32", "command": "run --length-drafts tree-32"}]}
+    assert report.section_commands(results) == [("lengths", "run --length-drafts chain"),
+                                                ("lengths", "run --length-drafts tree-32")]
+    table = report.render_markdown(results)
+    assert "drafter cost `heads`" in table
+    assert has_table_row(table, "ours", "chain-4", "seed_76_47_35_27", "compiled", "heads")
+    assert report.section_commands({"commands": {"verify": "run --sections verify"}}) == [("verify", "run --sections verify")]
+
+
 def test_a_gpu_batching_run_keeps_the_rows_it_does_not_measure_again():
     """Batch sizes measured in parts (each within a device call's limit): a run of batch 64 compiled keeps batch
     16's rows and batch 64's graph rows, and replaces batch 64's compiled rows and the library's batch-64 rows."""

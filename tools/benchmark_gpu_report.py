@@ -49,14 +49,32 @@ def render_markdown(result: dict) -> str:
              f"Floor (one read of the decoder's {result['decoder_weight_GB']:.2f} GB at the measured "
              f"{result['copy_bandwidth_GBps']:.0f} GB/s copy bandwidth): {floor:.2f} ms = {1000 / floor:.0f} tok/s. "
              "Decode rows replay an acceptance profile on random weights: speed only, never quality. "
-             f"Speech encoder + adapter alone (one 30 s window, CUDA graph): {result.get('speech_encoder_graph_ms', 0):.2f} ms.", ""]
+             f"Speech encoder + adapter alone (one 30 s window, CUDA graph): {result.get('speech_encoder_graph_ms', 0):.2f} ms."
+             + _drafter_cost_note(decode_rows(result)), ""]
     lines += _verify_lines(result.get("verify", []), floor)
     rows = decode_rows(result)
     lines += _lengths_lines([r for r in rows if r["batch"] == 1])
     lines += _batching_lines(rows)
     lines += _all_rows_lines(result)
-    lines += ["", "Commands:", ""] + [f"- {name}: `{cmd}`" for name, cmd in result.get("commands", {}).items()]
+    lines += ["", "Commands:", ""] + [f"- {name}: `{cmd}`" for name, cmd in section_commands(result)]
     return "\n".join(lines) + "\n"
+
+
+def _drafter_cost_note(rows) -> str:
+    if not any(r.get("drafter_cost") == "heads" for r in rows):
+        return ""
+    return (" Rows with drafter cost `heads` run, each round, what trained heads compute (four residual heads and"
+            " their projection onto an 8 192-token draft vocabulary) and draft the replayed ranks from it.")
+
+
+def section_commands(result: dict) -> list[tuple[str, str]]:
+    """(section, command) for every run whose rows a section holds, in order (a section measured in parts has
+    several), else the section's last command."""
+    pairs = []
+    for name, last in result.get("commands", {}).items():
+        commands = list(dict.fromkeys(r["command"] for r in result.get(name, []) if r.get("command"))) or [last]
+        pairs += [(name, command) for command in commands]
+    return pairs
 
 
 def _table(header: list[str], rows: list[list]) -> str:
@@ -128,6 +146,8 @@ def _all_rows_lines(result) -> list[str]:
     fields = ["method", "draft", "profile", "rounds_mode", "batch", "new_tokens", "call_tok_per_s", "loop_tok_per_s",
               "outside_rounds_ms", "time_to_first_token_ms", "tokens_per_round", "exact", "prefill_captured",
               "setup_seconds", "peak_memory_allocated_GB", "error"]
+    if any("drafter_cost" in r for r in rows):
+        fields.insert(4, "drafter_cost")
     return ["## Every decode row", "", _table(fields, [[r.get(f) for f in fields] for r in rows])]
 
 
