@@ -296,7 +296,7 @@ class MedusaForASR(PreTrainedModel):
         fused = (torch.device(device).type in self.fused_path_drafting and self.drafter is None
                  and FusedPathWeights.supports(self.medusa_heads, self.draft_vocab))
         # an int8 or fused drafter holds derived copies of the heads: a new one once they change (training, a reload)
-        heads_version = tuple((p.data_ptr(), p._version) for p in self.medusa_heads.parameters()) \
+        heads_version = tuple((p.data_ptr(), p._version) for p in parameter_tensors(self.medusa_heads)) \
             if int8 or fused else None
         key = (tree, str(device), id(self.drafter), heads_version, fused)
         if key not in self._drafters:
@@ -452,8 +452,8 @@ class MedusaForASR(PreTrainedModel):
         the captures use (fusing gives the layers new tensors: unrecorded, the next call would drop every capture
         as stale and fuse again)."""
         cache = self.round_cache
-        if cache.check_weights(self.parameters()) and fuse and self.backbone.fuse_projections():
-            cache.check_weights(self.parameters())
+        if cache.check_weights(parameter_tensors(self)) and fuse and self.backbone.fuse_projections():
+            cache.check_weights(parameter_tensors(self))
         return cache.calls
 
     def _through_base_generate(self, kwargs: dict, max_new_tokens, min_new_tokens, decode):
@@ -914,11 +914,27 @@ def _activation_quantization(base) -> str | None:
     """Why a base with quantised activations is decoded by its own generate: each activation is rounded to
     a few bits, so the last-bit differences of verifying several tokens in one pass can move it to the
     next level, and the output would not be the base's own (weight-only quantisation is exact)."""
+    # every call runs this: plain parameters (the type itself) are passed over first
+    if not any(type(p) is not torch.nn.Parameter and hasattr(p, "act_quant_kwargs") for p in parameter_tensors(base)):
+        return None
     for name, module in base.named_modules():
         weight = getattr(module, "weight", None)
         if getattr(weight, "act_quant_kwargs", None) is not None:  # torchao dynamic activation quantisation
             return f"a base with quantised activations ({name}: {type(weight).__name__}, dynamic activation scales)"
     return None
+
+
+def parameter_tensors(module: torch.nn.Module) -> list:
+    """Every parameter of ``module`` and its submodules, in a fixed order, a tied one once per module holding it:
+    what ``module.parameters()`` yields, without its generators and de-duplication, which cost more than the
+    checks every call runs over them (whisper-tiny.en with its heads, 208 tensors: their signature 285 us through
+    ``parameters()`` against 141 on the 2-core development CPU; ``benchmarks/round_cost/host_checks.py``)."""
+    tensors, stack = [], [module]
+    while stack:
+        current = stack.pop()
+        tensors += [p for p in current._parameters.values() if p is not None]
+        stack += [m for m in reversed(current._modules.values()) if m is not None]
+    return tensors
 
 
 def _generation_fallback_reason(kwargs: dict, base_config, backbone) -> str | None:
@@ -929,7 +945,7 @@ def _generation_fallback_reason(kwargs: dict, base_config, backbone) -> str | No
     for name in CALL_ONLY_OPTIONS:
         if kwargs.get(name) is not None:
             return f"the {name} argument"
-    merged = copy.deepcopy(base_config)
+    merged = copy.copy(base_config)  # (attributes are only replaced below, never changed in place)
     for name, value in kwargs.items():
         if hasattr(merged, name):
             setattr(merged, name, value)

@@ -251,6 +251,21 @@ def test_kept_rounds_are_dropped_when_weights_are_replaced(whisper_medusa):
     assert after is not before and before.graph is None
 
 
+def test_the_weights_checked_every_call_are_every_parameter(whisper_medusa):
+    """``parameter_tensors`` (the cheap walk each call's weight check runs over) holds the same tensors as
+    ``parameters()`` (a tied one once per module holding it) in a fixed order, and sees a layer replaced."""
+    from modeling_medusa import parameter_tensors
+
+    walked = parameter_tensors(whisper_medusa)
+    assert {id(p) for p in walked} == {id(p) for p in whisper_medusa.parameters()}
+    assert [id(p) for p in parameter_tensors(whisper_medusa)] == [id(p) for p in walked]
+    layers = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8, bias=False))
+    layers[1].weight = layers[0].weight  # tied, as Whisper's output projection is
+    assert [id(p) for p in parameter_tensors(layers)] == [id(layers[0].weight)] * 2
+    layers[1] = torch.nn.Linear(4, 8)
+    assert [id(p) for p in parameter_tensors(layers)] == [id(p) for p in layers.parameters()]
+
+
 def emitted_by_rounds(sequences: torch.Tensor, max_new_tokens: int, eos: int) -> int:
     """Tokens the rounds emitted, counted from returned ids: each row's new tokens (Whisper drops the
     final EOS and pads with it, so a row shorter than the limit ended by one EOS), less the first token,
