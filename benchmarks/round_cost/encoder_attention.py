@@ -45,7 +45,7 @@ def sdpa_backend(name: str):
 def timed_rows(encoder, attention: str, batches, repeats: int, device, backend: str = "default",
                compiled: bool = False, profile: bool = False) -> list[dict]:
     rows = []
-    torch._dynamo.reset()  # (a compiled encoder traced under another backend must not be reused)
+    torch._dynamo.reset()  # (each compiled row traces the encoder afresh)
     encode = compile_fixed_shape(encoder_output) if compiled else encoder_output
     for batch in batches:
         features = torch.randn(batch, 128, 3000, device=device, dtype=torch.bfloat16)
