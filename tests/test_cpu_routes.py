@@ -47,8 +47,17 @@ def suppression(vocab, num_generated):
     return lambda logits: rules(logits, num_generated)
 
 
+@pytest.mark.parametrize("form", ["unpacked", "packed"])
 @pytest.mark.parametrize("vocab,width,bias", [(100, 8, False), (4099, 64, True), (51865, 384, False)])
-def test_screened_argmax_equals_the_full_projection(vocab, width, bias):
+def test_screened_argmax_equals_the_full_projection(vocab, width, bias, form, monkeypatch):
+    """In either form of the screen's product (the bf16 copy as it is, or in oneDNN's layout), whichever this
+    machine times faster."""
+    from backbone import SCREEN_PRODUCT, FastestForm, onednn_packed
+
+    if form == "packed" and onednn_packed(torch.zeros(8, 8, dtype=torch.bfloat16)) is None:
+        pytest.skip("this torch build has no oneDNN linear for bf16")
+    monkeypatch.setattr(SCREEN_PRODUCT, "chosen", {})
+    monkeypatch.setattr(FastestForm, "_fastest", lambda self, operands: form)
     torch.manual_seed(vocab)
     weight = torch.randn(vocab, width) * 0.05
     b = torch.randn(vocab) * 0.5 if bias else None
@@ -64,6 +73,7 @@ def test_screened_argmax_equals_the_full_projection(vocab, width, bias):
         with torch.no_grad():
             assert torch.equal(screen(hidden, rules), full_argmax(hidden, weight, b, rules))
     assert 0 < screen.projected_in_full < screen.rows  # both paths ran
+    assert set(SCREEN_PRODUCT.chosen.values()) == {form}
 
 
 def test_screened_argmax_when_the_rules_leave_few_tokens_or_none():

@@ -1,5 +1,6 @@
 """The CPU's screened output projection (``backbone.ScreenedArgmax``) in other forms, on a real converted Whisper:
-the screen's product timed as it runs now (a bfloat16 copy of the weight) against an int8 weight-only copy
+the screen's product timed on a bfloat16 copy of the weight (as it is, and in oneDNN's own layout, made once:
+``ScreenedArgmax`` runs the faster of the two) against an int8 weight-only copy
 (``aten._weight_int8pack_mm``, per-row scales: half the bytes again) and the float32 projection in full (``Projection``, as the CPU rounds run it); and, on the
 decoder states of real speech (the base's own greedy continuation of each clip, teacher-forced), how many rows each
 screen proves with 8, 16 or 32 candidates: the bf16 and int8 copies with the bound as ``ScreenedArgmax`` computes it
@@ -20,7 +21,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, ".")
-from backbone import ROUNDING_BF16, Projection, ScreenedArgmax, cpu_linear, screen_copy  # noqa: E402
+from backbone import (ROUNDING_BF16, Projection, ScreenedArgmax, cpu_linear, onednn_linear, onednn_packed,  # noqa: E402
+                      screen_copy)
 from medusa_heads import int8_drafting_supported, int8_rows  # noqa: E402
 from tools.benchmark_environment import cpu_name  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
@@ -58,6 +60,9 @@ def median_ms(fn, repeats: int) -> float:
 def product_times(weight: torch.Tensor, rows: list[int], repeats: int) -> list[dict]:
     low = screen_copy(weight)[0]
     forms = {"float32_full": Projection(lambda: weight), "bf16_screen": lambda x: cpu_linear(x.bfloat16(), low)}
+    packed = onednn_packed(low)
+    if packed is not None:  # the bf16 copy in oneDNN's own layout, as ScreenedArgmax runs it where it is faster
+        forms["bf16_screen_packed"] = lambda x: onednn_linear(x.bfloat16(), packed)
     if int8_drafting_supported("cpu"):
         q, scales = int8_rows(weight)
         forms["int8_screen"] = lambda x: torch.ops.aten._weight_int8pack_mm(x.bfloat16(), q, scales.bfloat16())
