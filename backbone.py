@@ -166,8 +166,9 @@ class ScreenedArgmax:
 
     def _screen_product(self, x: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
         """``x @ low.T`` in bf16 (float32 sums) in the form this machine runs fastest: the copy as it is, or in
-        oneDNN's own layout, made once. Unpacked, oneDNN lays the 40 MB copy out again on every call (2-core AMD
-        EPYC, tiny.en's [51 968, 384]: 2.7-3.2 ms for 1-5 rows, packed 0.7-1.2; ``screen_forms.py``)."""
+        oneDNN's own layout, made once (a second copy, 40 MB for tiny.en). Unpacked, oneDNN lays the copy out again
+        on every call (2-core AMD EPYC, tiny.en's [51 968, 384]: 3.4 ms for 1 or 5 rows, packed 1.9 / 1.3; a plain
+        round 13.2 -> 11.1 ms; ``benchmarks/round_cost/screen_forms.py``, ``screen_packing.py``)."""
         packed = self._packed(low)
         if packed is None:
             return cpu_linear(x, low)
@@ -238,7 +239,7 @@ ROUNDING_BF16 = 2.0**-8
 
 def onednn_packed(weight: torch.Tensor) -> torch.Tensor | None:
     """``weight`` in oneDNN's blocked layout for its linear kernel (``onednn_linear``); None where this torch
-    build has no oneDNN for it."""
+    build has no oneDNN for it or its product does not run."""
     if not torch.backends.mkldnn.is_available():
         return None
     try:
