@@ -42,7 +42,7 @@ def fastest(rows, method, batch, new_tokens) -> dict | None:
 
 
 def render_markdown(result: dict) -> str:
-    floor = result["floor_ms"]
+    floor, rows = result["floor_ms"], decode_rows(result)
     lines = [f"# GPU benchmark: {result['shape']} shape ({result['text_layers']} decoder layers), random weights, bf16",
              "",
              f"{result['device']}, torch {result['torch']}, transformers {result['transformers']}, {result['date']}. "
@@ -50,9 +50,8 @@ def render_markdown(result: dict) -> str:
              f"{result['copy_bandwidth_GBps']:.0f} GB/s copy bandwidth): {floor:.2f} ms = {1000 / floor:.0f} tok/s. "
              "Decode rows replay an acceptance profile on random weights: speed only, never quality. "
              f"Speech encoder + adapter alone (one 30 s window, CUDA graph): {result.get('speech_encoder_graph_ms', 0):.2f} ms."
-             + _drafter_cost_note(decode_rows(result)), ""]
+             + _drafter_cost_note(rows), ""]
     lines += _verify_lines(result.get("verify", []), floor)
-    rows = decode_rows(result)
     lines += _lengths_lines([r for r in rows if r["batch"] == 1])
     lines += _batching_lines(rows)
     lines += _all_rows_lines(result)
