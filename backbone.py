@@ -4,8 +4,10 @@ device-laid-out output projection (plus the few-query speech attention) the adap
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import time
+import weakref
 
 import torch
 
@@ -250,9 +252,33 @@ def onednn_packed(weight: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
-def onednn_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` [R, in] -> [R, out] from ``onednn_packed(weight)``."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T (+ bias)`` [R, in] -> [R, out] from ``onednn_packed(weight)``."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@functools.cache
+def packs_float32() -> bool:
+    """Whether this torch build runs float32 products on oneDNN-packed weights (``onednn_packed``)."""
+    return onednn_packed(torch.zeros(8, 8)) is not None
+
+
+class PackedCopies:
+    """One ``onednn_packed`` copy per weight tensor, made on first use, made again when the weight changes
+    (``DerivedCopy``) and dropped with the weight."""
+
+    def __init__(self):
+        self._copies: dict[int, DerivedCopy] = {}
+
+    def __call__(self, weight: torch.Tensor) -> torch.Tensor | None:
+        copy = self._copies.get(id(weight))
+        if copy is None:
+            copy = self._copies[id(weight)] = DerivedCopy(onednn_packed)
+            weakref.finalize(weight, self._copies.pop, id(weight), None)
+        return copy(weight)
+
+    def __len__(self) -> int:
+        return len(self._copies)
 
 
 def screen_copy(weight: torch.Tensor) -> tuple:
@@ -326,40 +352,76 @@ def pad_rows(weight: torch.Tensor, bias: torch.Tensor | None, multiple: int) -> 
 
 class FastestForm:
     """Forms of one product that compute the same dot products (equal up to float rounding), and the one this
-    machine runs fastest: timed on first use for each key (the operands' shapes and dtypes), the choice kept for
-    the process. Which wins depends on the CPU, so it is measured, not assumed: for a few float32 rows through
-    tiny.en's fc1, ``W @ x.T`` beat ``F.linear`` on a 2-core AMD EPYC (one row 114 us against 214, five rows 153
-    against 302; weights not in cache), while on a 2-core Intel Xeon with AMX ``F.linear`` wins up to three rows
-    (one row 45 us against 86) and ``W @ x.T`` from 9 to 16 (85 against 124)."""
+    machine runs fastest, timed for each key (the operands' shapes and dtypes), the choice kept for the process.
+    Which wins depends on the CPU, so it is measured, not assumed: for a few float32 rows through tiny.en's fc1,
+    ``W @ x.T`` beat ``F.linear`` on a 2-core AMD EPYC (one row 114 us against 214, five rows 153 against 302;
+    weights not in cache), while on a 2-core Intel Xeon with AMX ``F.linear`` wins up to three rows (one row 45 us
+    against 86) and ``W @ x.T`` from 9 to 16 (85 against 124).
 
-    def __init__(self, **forms):
-        self.forms = forms
+    By default the forms are timed on first use, in turn on the same operands. ``in_use=True`` times them on the
+    calls themselves instead: the key's first calls run each form in turn (each call's output is its form's),
+    until every form has ``FORM_TIMING_TURNS`` timings, so each is timed as the loop runs it, on the weights of
+    every layer as they come from memory. (Timed back to back, a small weight stays in cache: on the AMD EPYC,
+    tiny.en's 384 x 384 product for one row takes 20 us through ``F.linear`` warm and 80 in the loop, where its
+    oneDNN-packed form takes 47.) A call's ``without`` names forms that cannot run for the key."""
+
+    def __init__(self, in_use: bool = False, **forms):
+        self.forms, self.in_use = forms, in_use
         self.chosen: dict = {}
+        self._timings: dict = {}  # key -> {form: [seconds, ...]} while the key is timed in use
 
-    def __call__(self, key, *operands):
+    def __call__(self, key, *operands, without: tuple = ()):
         name = self.chosen.get(key)
-        if name is None:
-            name = self.chosen[key] = self._fastest(operands)
-        return self.forms[name](*operands)
+        if name is not None:
+            return self.forms[name](*operands)
+        if not self.in_use:
+            name = self.chosen[key] = self._fastest(operands, without)
+            return self.forms[name](*operands)
+        return self._timed_in_use(key, operands, without)
 
-    def _fastest(self, operands) -> str:
-        seconds = {name: [] for name in self.forms}
+    def may_choose(self, key, name: str) -> bool:
+        """Whether ``name`` is this key's form or may still become it."""
+        return self.chosen.get(key, name) == name
+
+    def _fastest(self, operands, without: tuple = ()) -> str:
+        seconds = {name: [] for name in self.forms if name not in without}
         for _ in range(FORM_TIMING_TURNS):  # in turn, so drift falls on every form alike
-            for name, form in self.forms.items():
+            for name in seconds:
                 start = time.perf_counter()
-                form(*operands)
+                self.forms[name](*operands)
                 seconds[name].append(time.perf_counter() - start)
+        return self._least(seconds)
+
+    def _timed_in_use(self, key, operands, without: tuple):
+        seconds = self._timings.setdefault(key, {name: [] for name in self.forms if name not in without})
+        if len(seconds) == 1:  # nothing to choose between
+            self.chosen[key] = next(iter(self._timings.pop(key)))
+            return self.forms[self.chosen[key]](*operands)
+        name = min(seconds, key=lambda n: len(seconds[n]))  # (in turn)
+        start = time.perf_counter()
+        out = self.forms[name](*operands)
+        seconds[name].append(time.perf_counter() - start)
+        if all(len(times) >= FORM_TIMING_TURNS for times in seconds.values()):
+            self.chosen[key] = self._least(self._timings.pop(key))
+        return out
+
+    @staticmethod
+    def _least(seconds: dict) -> str:
         return min(seconds, key=lambda name: statistics.median(seconds[name][1:]))  # (the first turn warms up)
 
 
 FORM_TIMING_TURNS = 7
 
 
-def _rows_product(x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+def _rows_product(x: torch.Tensor, weight: torch.Tensor, bias, packed=None) -> torch.Tensor:
     return torch.nn.functional.linear(x, weight, bias)
 
 
-def _columns_product(x: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
+def _packed_product(x: torch.Tensor, weight: torch.Tensor, bias, packed) -> torch.Tensor:
+    return onednn_linear(x, packed, bias)
+
+
+def _columns_product(x: torch.Tensor, weight: torch.Tensor, bias, packed=None) -> torch.Tensor:
     """``x @ weight.T + bias`` as ``weight @ x.T`` with at least two columns (one row is doubled), contiguous."""
     rows = x.shape[0]
     columns = (x if rows > 1 else torch.cat([x, x])).T
@@ -380,19 +442,30 @@ def transposed_copy(matrix: torch.Tensor) -> torch.Tensor:
     return matrix.unsqueeze(1).permute(2, 1, 0).contiguous().view(columns, rows)
 
 
-FEW_ROWS_PRODUCT = FastestForm(rows=_rows_product, columns=_columns_product)
+# A few rows through a decoder's weight, timed as the loop runs them; a float32 weight also in oneDNN's own layout
+# (a second copy of it, made on first use): on the 2-core AMD EPYC, weights from memory, tiny.en's 384 x 384 for one /
+# five / 17 rows 80 / 75 / 95 us through F.linear, 47 / 41 / 54 packed; fc1 307 / 357 / 380 against 146 / 111 / 168
+# (``benchmarks/round_cost/float32_packing.py``).
+FEW_ROWS_PRODUCT = FastestForm(in_use=True, rows=_rows_product, columns=_columns_product, packed=_packed_product)
 SCREEN_PRODUCT = FastestForm(unpacked=lambda x, low, packed: cpu_linear(x, low),
                              packed=lambda x, low, packed: onednn_linear(x, packed))
-CPU_FEW_ROWS = 16  # rows of a product on a CPU that ``FEW_ROWS_PRODUCT`` times its forms for
+CPU_FEW_ROWS = 64  # rows of a product on a CPU that ``FEW_ROWS_PRODUCT`` times its forms for (a 63-node tree)
+PACKED_WEIGHTS = PackedCopies()
 
 
 def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for x [R, in] on a CPU: up to ``CPU_FEW_ROWS`` rows in the form this machine
-    runs fastest for these shapes (``FastestForm``)."""
+    runs fastest for these shapes (``FEW_ROWS_PRODUCT``); a float32 weight is packed for oneDNN only while that
+    form may be chosen for its key."""
     if x.shape[0] > CPU_FEW_ROWS:
         return torch.nn.functional.linear(x, weight, bias)
     key = (tuple(weight.shape), weight.dtype, x.shape[0], bias is not None)
-    return FEW_ROWS_PRODUCT(key, x, weight, bias)
+    packed = None
+    if weight.dtype == torch.float32 and packs_float32() and FEW_ROWS_PRODUCT.may_choose(key, "packed"):
+        packed = PACKED_WEIGHTS(weight)
+        if packed is None and FEW_ROWS_PRODUCT.chosen.get(key) == "packed":  # (a weight oneDNN would not pack)
+            return torch.nn.functional.linear(x, weight, bias)
+    return FEW_ROWS_PRODUCT(key, x, weight, bias, packed, without=() if packed is not None else ("packed",))
 
 
 def linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

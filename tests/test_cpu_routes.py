@@ -52,12 +52,12 @@ def suppression(vocab, num_generated):
 def test_screened_argmax_equals_the_full_projection(vocab, width, bias, form, monkeypatch):
     """In either form of the screen's product (the bf16 copy as it is, or in oneDNN's layout), whichever this
     machine times faster."""
-    from backbone import SCREEN_PRODUCT, FastestForm, onednn_packed
+    from backbone import SCREEN_PRODUCT, onednn_packed
 
     if form == "packed" and onednn_packed(torch.zeros(8, 8, dtype=torch.bfloat16)) is None:
         pytest.skip("this torch build has no oneDNN linear for bf16")
     monkeypatch.setattr(SCREEN_PRODUCT, "chosen", {})
-    monkeypatch.setattr(FastestForm, "_fastest", lambda self, operands: form)
+    monkeypatch.setattr(SCREEN_PRODUCT, "forms", {form: SCREEN_PRODUCT.forms[form]})  # as if timed fastest
     torch.manual_seed(vocab)
     weight = torch.randn(vocab, width) * 0.05
     b = torch.randn(vocab) * 0.5 if bias else None
@@ -144,13 +144,16 @@ def test_only_rules_that_block_tokens_are_screened():
         assert not ScreenedArgmax.applies(hidden, weight, LogitsRules())
 
 
-@pytest.mark.parametrize("form", ["rows", "columns"])
-def test_linear_for_a_few_rows_equals_the_layer_in_either_form(form, monkeypatch):
-    from backbone import CPU_FEW_ROWS, FastestForm, FEW_ROWS_PRODUCT
+@pytest.mark.parametrize("form", ["rows", "columns", "packed"])
+def test_linear_for_a_few_rows_equals_the_layer_in_each_form(form, monkeypatch):
+    from backbone import CPU_FEW_ROWS, FEW_ROWS_PRODUCT, packs_float32
 
+    if form == "packed" and not packs_float32():
+        pytest.skip("this torch build has no oneDNN linear for float32")
     # every key takes this form, as if it had been timed fastest
-    monkeypatch.setattr(FEW_ROWS_PRODUCT, "chosen", {}, raising=False)
-    monkeypatch.setattr(FastestForm, "_fastest", lambda self, operands: form)
+    monkeypatch.setattr(FEW_ROWS_PRODUCT, "chosen", {})
+    monkeypatch.setattr(FEW_ROWS_PRODUCT, "_timings", {})
+    monkeypatch.setattr(FEW_ROWS_PRODUCT, "forms", {form: FEW_ROWS_PRODUCT.forms[form]})
     torch.manual_seed(2)
     for out_features, in_features, bias in ((384, 384, True), (1536, 384, True), (384, 1536, False), (64, 8, False)):
         layer = torch.nn.Linear(in_features, out_features, bias=bias)
@@ -186,6 +189,48 @@ def test_fastest_form_times_each_key_once_and_keeps_the_faster():
     assert timed["slow"] >= 3 and timed["fast"] >= 3  # both were timed, in turn
     assert chooser("key", 2) == ("fast", 2) and calls == {"slow": timed["slow"], "fast": timed["fast"] + 1}
     assert chooser.chosen == {"key": "fast"}
+
+
+def test_fastest_form_in_use_times_the_calls_themselves_in_turn():
+    import time
+
+    from backbone import FORM_TIMING_TURNS, FastestForm
+
+    ran = []
+
+    def form(name, pause):
+        def run(x):
+            ran.append(name)
+            time.sleep(pause)
+            return (name, x)
+        return run
+
+    chooser = FastestForm(in_use=True, slow=form("slow", 0.004), fast=form("fast", 0.0), gone=form("gone", 0.0))
+    outputs = [chooser("key", i, without=("gone",)) for i in range(2 * FORM_TIMING_TURNS)]
+    assert outputs == [(name, i) for i, name in enumerate(ran)]  # each call ran one form, and returned its output
+    assert ran[:2 * FORM_TIMING_TURNS] == ["slow", "fast"] * FORM_TIMING_TURNS  # in turn; never the form left out
+    assert chooser.chosen == {"key": "fast"} and chooser("key", 9) == ("fast", 9)
+    assert not chooser.may_choose("key", "slow") and chooser.may_choose("other", "slow")
+    one = FastestForm(in_use=True, only=form("only", 0.0), gone=form("gone", 0.0))
+    assert one("k", 1, without=("gone",)) == ("only", 1) and one.chosen == {"k": "only"}
+
+
+def test_packed_copies_follow_their_weights():
+    import gc
+
+    from backbone import PackedCopies, onednn_linear, packs_float32
+
+    if not packs_float32():
+        pytest.skip("this torch build has no oneDNN linear for float32")
+    copies = PackedCopies()
+    weight, x = torch.randn(48, 32), torch.randn(3, 32)
+    packed = copies(weight)
+    assert copies(weight) is packed and torch.allclose(onednn_linear(x, packed), x @ weight.T, atol=1e-5)
+    weight.mul_(2)  # changed in place: packed again
+    assert torch.allclose(onednn_linear(x, copies(weight)), x @ weight.T, atol=1e-5)
+    del weight, packed
+    gc.collect()
+    assert len(copies) == 0  # dropped with its weight
 
 
 def test_transposed_copy_is_the_contiguous_transpose():
