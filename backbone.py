@@ -362,8 +362,8 @@ class FastestForm:
     calls themselves instead: the key's first calls run each form in turn (each call's output is its form's),
     until every form has ``FORM_TIMING_TURNS`` timings, so each is timed as the loop runs it, on the weights of
     every layer as they come from memory. (Timed back to back, a small weight stays in cache: on the AMD EPYC,
-    tiny.en's 384 x 384 product for one row takes 20 us through ``F.linear`` warm and 80 in the loop, where its
-    oneDNN-packed form takes 47.) A call's ``without`` names forms that cannot run for the key."""
+    tiny.en's 384 x 384 product for one row takes 20 us through ``F.linear`` warm and 72-80 in the loop, where its
+    oneDNN-packed form takes ~40.) A call's ``without`` names forms that cannot run for the key."""
 
     def __init__(self, in_use: bool = False, **forms):
         self.forms, self.in_use = forms, in_use
@@ -444,8 +444,7 @@ def transposed_copy(matrix: torch.Tensor) -> torch.Tensor:
 
 # A few rows through a decoder's weight, timed as the loop runs them; a float32 weight also in oneDNN's own layout
 # (a second copy of it, made on first use): on the 2-core AMD EPYC, weights from memory, tiny.en's 384 x 384 for one /
-# five / 17 rows 80 / 75 / 95 us through F.linear, 47 / 41 / 54 packed; fc1 307 / 357 / 380 against 146 / 111 / 168
-# (``benchmarks/round_cost/float32_packing.py``).
+# five / 17 rows 72 / 77 / 102 us through F.linear, 40 / 40 / 53 packed (``benchmarks/round_cost/float32_packing.py``).
 FEW_ROWS_PRODUCT = FastestForm(in_use=True, rows=_rows_product, columns=_columns_product, packed=_packed_product)
 SCREEN_PRODUCT = FastestForm(unpacked=lambda x, low, packed: cpu_linear(x, low),
                              packed=lambda x, low, packed: onednn_linear(x, packed))
