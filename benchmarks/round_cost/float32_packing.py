@@ -12,7 +12,6 @@
         --audio work_data/eval_speech/manifest.jsonl --out benchmarks/round_cost/cpu_tiny.en_float32_packing.json
 """
 
-import argparse
 import statistics
 import sys
 import time
@@ -21,7 +20,7 @@ import torch
 
 sys.path.insert(0, ".")
 import backbone  # noqa: E402
-from benchmarks.round_cost.screen_packing import ms_per_round  # noqa: E402
+from benchmarks.round_cost.screen_packing import ms_per_round, rounds_arguments  # noqa: E402
 from tools import runtime  # noqa: E402
 from tools.audio_io import load_audio  # noqa: E402
 from tools.benchmark_environment import cpu_name  # noqa: E402
@@ -77,15 +76,7 @@ def forms_alone(model, rows_counts, turns: int = 9) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="heads/whisper-tiny.en")
-    parser.add_argument("--audio", default="work_data/eval_speech/manifest.jsonl")
-    parser.add_argument("--drafts", default="none,chain,tree")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = rounds_arguments(__doc__, "none,chain,tree")
     if not backbone.packs_float32():
         raise SystemExit("this torch build has no oneDNN linear for float32: nothing to compare")
     model = runtime.load_medusa(args.model, torch.float32, runtime.base_to_load(args.model, None)).eval()

@@ -41,16 +41,23 @@ def ms_per_round(model, inputs, draft: str, expected) -> float:
     return 1000 * seconds / rounds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def rounds_arguments(doc: str, drafts: str) -> argparse.Namespace:
+    """The options of a script that times whole CPU rounds on real speech (this one, ``float32_packing.py``), parsed;
+    the torch threads set."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="heads/whisper-tiny.en")
     parser.add_argument("--audio", default="work_data/eval_speech/manifest.jsonl")
-    parser.add_argument("--drafts", default="none,chain")
+    parser.add_argument("--drafts", default=drafts)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    return args
+
+
+def main() -> None:
+    args = rounds_arguments(__doc__, "none,chain")
     if backbone.onednn_packed(torch.zeros(8, 8, dtype=torch.bfloat16)) is None:
         raise SystemExit("this torch build has no oneDNN linear for bf16: nothing to compare")
     model = runtime.load_medusa(args.model, torch.float32, runtime.base_to_load(args.model, None)).eval()
