@@ -14,9 +14,15 @@ drops them when the weights they were captured with are replaced.
 from __future__ import annotations
 
 import functools
+import json
+import os
+import platform
 import statistics
+import tempfile
 import time
-from typing import NamedTuple
+import warnings
+from pathlib import Path
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -95,9 +101,107 @@ def sized_tree_nodes(draft) -> int | None:
     return None
 
 
+class TimingStore:
+    """Verify-pass timings kept between processes in one JSON file, so that ``auto`` times its candidates once per
+    machine and model, not once per process (2-core AMD EPYC, whisper tiny.en: a process's first call took 2.7 s,
+    1.6 of them timing the candidates, where later calls take 0.3). An entry is found by ``context(key)``: what a
+    pass's time depends on besides the draft (the machine, torch, the artifact's code, the model's shapes; see
+    ``MedusaForASR.timing_context``) and the ``TimingKey``; where any of them changes, the candidates are timed
+    afresh. ``context`` returns None where nothing is to be kept (a stand-in drafter)."""
+
+    MAX_ENTRIES = 256  # the most recently written are kept
+
+    def __init__(self, path: Path, context: Callable[[TimingKey], str | None]):
+        self.path, self.context = Path(path), context
+        self._warned = False
+
+    @classmethod
+    def default(cls, context) -> "TimingStore | None":
+        """The store at ``$MEDUSA_ASR_DRAFT_TIMINGS``, else ``draft_timings.json`` in ``cache_dir()``; None where
+        that variable says ``off``."""
+        where = os.environ.get(TIMINGS_ENV, "").strip()
+        if where.lower() in ("off", "0", "false", "no"):
+            return None
+        return cls(Path(where) if where else cache_dir() / TIMINGS_FILE, context)
+
+    def recall(self, key: TimingKey, trees: list[DraftTree]) -> dict | None:
+        """Each of ``trees``' seconds as kept for ``key``, or None unless all of them were (timings from two
+        processes are not mixed: the machine may have drifted between them)."""
+        entry = self._entries().get(self._entry_name(key) or "", {})
+        kept = entry.get("seconds", {})
+        if not all(tree_name(tree) in kept for tree in trees):
+            return None
+        return {tree: float(kept[tree_name(tree)]) for tree in trees}
+
+    def remember(self, key: TimingKey, seconds: dict) -> None:
+        """Keep ``seconds`` (tree -> seconds of one pass) for ``key``, beside those kept for it before (``choose``
+        and ``chain_stop`` time different drafts under one key); a store that cannot be written warns once."""
+        name = self._entry_name(key)
+        if name is None:
+            return
+        entries = self._entries()
+        kept = entries.get(name, {}).get("seconds", {})  # (the same process's other timings for ``key``)
+        kept.update({tree_name(tree): s for tree, s in seconds.items()})
+        entries[name] = {"seconds": kept, "written": time.time()}
+        newest = sorted(entries, key=lambda n: entries[n].get("written", 0), reverse=True)[: self.MAX_ENTRIES]
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=self.path.parent, suffix=".tmp", delete=False) as f:
+                json.dump({"entries": {n: entries[n] for n in newest}}, f, indent=1)
+            os.replace(f.name, self.path)
+        except OSError as error:
+            if not self._warned:
+                warnings.warn(f"draft timings not kept in {self.path} ({error}); set {TIMINGS_ENV}=off or a writable "
+                              "file to silence this", stacklevel=2)
+                self._warned = True
+
+    def _entry_name(self, key: TimingKey) -> str | None:
+        context = self.context(key)
+        return None if context is None else json.dumps([context, list(key)])
+
+    def _entries(self) -> dict:
+        try:
+            entries = json.loads(self.path.read_text()).get("entries", {})
+            return entries if isinstance(entries, dict) else {}
+        except (OSError, ValueError, AttributeError):  # (none yet, or unreadable: timed afresh)
+            return {}
+
+
+TIMINGS_ENV = "MEDUSA_ASR_DRAFT_TIMINGS"  # a file for the kept timings, or "off"
+TIMINGS_FILE = "draft_timings.json"
+CACHE_ENV = "MEDUSA_ASR_CACHE"
+
+
+def cache_dir() -> Path:
+    """This project's one cache folder: ``$MEDUSA_ASR_CACHE``, else ``$XDG_CACHE_HOME/medusa-asr``, else
+    ``~/.cache/medusa-asr``. It holds the Whisper bases converted offline by ``pipeline.real_whisper``
+    (loading looks there before the Hub), the wheels and packages they come from, the demo clip and the kept
+    draft timings."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "medusa-asr"
+
+
+def tree_name(tree: DraftTree) -> str:
+    """A draft's paths as text: ``"none"``, else e.g. ``"0 0.0 1"``."""
+    return " ".join(".".join(map(str, path)) for path in tree.paths) or "none"
+
+
+def processor_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
 class DraftPolicy:
-    def __init__(self, config):
+    def __init__(self, config, store: TimingStore | None = None):
         self.config = config
+        self.store = store  # verify-pass timings kept between processes (None: timed in every process)
         self.verify_seconds: dict = {}  # (device, dtype, batch, captured, tree) -> seconds of one verify pass
         self.observed: dict = {}  # tree -> [tokens emitted, rounds] in this process
         self.chosen: dict = {}  # (device, dtype, batch, captured) -> the draft last chosen for it
@@ -234,9 +338,17 @@ class DraftPolicy:
         return [tree for tree in ranked if rates[tree] >= REFINED_SHARE * rates[ranked[0]]]
 
     def _time_untimed(self, candidates: list[DraftTree], key: TimingKey, timer, drop_slow: bool = True) -> None:
+        """Time the candidates not timed under ``key`` yet, unless the store kept them all; keep what was timed."""
         untimed = [tree for tree in candidates if (key, tree) not in self.verify_seconds]
-        if untimed:
+        if not untimed:
+            return
+        kept = self.store.recall(key, untimed) if self.store is not None else None
+        if kept is None:
             self._time(untimed, key, timer, drop_slow)
+            kept = {tree: self.verify_seconds[key, tree] for tree in untimed}
+            if self.store is not None:
+                self.store.remember(key, kept)
+        self.verify_seconds.update({(key, tree): seconds for tree, seconds in kept.items()})
 
     def _time(self, trees: list[DraftTree], key: tuple, pass_timer, drop_slow: bool = True) -> None:
         """Time ``trees`` in turn, one pass each per turn: a warm-up turn (first uses build copies and caches),

@@ -8,6 +8,8 @@ drafts with the heads and verifies with the base: the output is the base's own g
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
 import json
 import os
 import shutil
@@ -28,6 +30,7 @@ try:
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
     from .draft_policy import (CREDITED_CHAIN_STOP, TIMED_PASSES, DraftPolicy, RoundCache, TimingKey,
+                               TimingStore, cache_dir, processor_name,
                                evict_cpu_caches, graph_seconds, wall_seconds)
     from .draft_trees import DraftTree
     from .kv_cache import DecodeState
@@ -43,6 +46,7 @@ except ImportError:
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
     from draft_policy import (CREDITED_CHAIN_STOP, TIMED_PASSES, DraftPolicy, RoundCache, TimingKey,
+                              TimingStore, cache_dir, processor_name,
                               evict_cpu_caches, graph_seconds, wall_seconds)
     from draft_trees import DraftTree
     from kv_cache import DecodeState
@@ -64,7 +68,6 @@ ASR_PIPELINE = {"impl": "asr_pipeline.MedusaSpeechRecognitionPipeline", "pt": ["
 BACKBONES: dict[str, type[Backbone]] = {backbone.family: backbone for backbone in (WhisperBackbone, MERaLiON2Backbone)}
 BASE_LOAD_KWARGS = ("torch_dtype", "dtype", "device_map", "attn_implementation", "quantization_config",
                     "revision", "token", "cache_dir", "local_files_only", "low_cpu_mem_usage")
-CACHE_ENV = "MEDUSA_ASR_CACHE"
 CONVERSION_MARKER = "conversion.json"  # written last into a base folder converted by pipeline.real_whisper
 TRAIN_HINT = ("Train heads for this base with: python -m pipeline.collect --base BASE --audio AUDIO && "
               "python -m pipeline.train ... && python -m pipeline.export ... (see README.md).")
@@ -95,7 +98,7 @@ class MedusaForASR(PreTrainedModel):
         # Optional replacement for the trained heads when drafting: hidden [..., H] -> logits [..., K, V]
         # (an oracle in tests, a replayed acceptance profile in benchmarks). None = the heads.
         self.drafter = None
-        self.draft_policy = DraftPolicy(config)
+        self.draft_policy = DraftPolicy(config, TimingStore.default(self.timing_context))
         self.round_cache = RoundCache()
         self._drafters: dict = {}
         # Draft on a CPU with int8 weight-only copies of the heads and the draft projection (drafts only
@@ -331,6 +334,23 @@ class MedusaForASR(PreTrainedModel):
             return FusedPathDrafter(tree, device, heads, projection, self.backbone.embed, speech,
                                     self._fused_weights(projection, fused_heads_version))
         return PathDrafter(tree, device, heads, projection, self.backbone.embed, speech)
+
+    def timing_context(self, key: TimingKey) -> str | None:
+        """What one verify pass's time depends on besides the draft and ``key``, for the draft timings kept between
+        processes (``TimingStore``): the machine (the CPU's or GPU's name, torch's threads), torch's version, this
+        artifact's code, the base's configuration (its shapes, a quantisation) and the heads' and drafting settings.
+        None (nothing kept) with a stand-in drafter (tests, replayed benchmarks)."""
+        if self.drafter is not None or self.backbone is None:
+            return None
+        device = self.backbone.base.device
+        machine = torch.cuda.get_device_name(device) if device.type == "cuda" else processor_name()
+        base = {k: v for k, v in self.backbone.base.config.to_dict().items()
+                if not k.startswith("_") and k != "transformers_version"}
+        heads = {k: getattr(self.config, k) for k in ("head_kind", "medusa_num_heads", "medusa_num_layers",
+                                                       "hidden_size", "speech_attention", "draft_vocab_size")}
+        model = _digest([base, heads, self.int8_cpu_drafting, list(self.fused_path_drafting)])
+        return f"{machine} | {torch.get_num_threads()} threads | torch {torch.__version__} | code {_code_digest()} | " \
+               f"model {model}"
 
     def draft_tree(self, draft="auto") -> DraftTree:
         """``"chain"``, ``"tree"``/``"auto"`` (the artifact's tree), ``"none"`` or explicit paths."""
@@ -649,13 +669,15 @@ class _GraphPassTimer:
         return self.seconds
 
 
-def cache_dir() -> Path:
-    """This project's one cache folder: ``$MEDUSA_ASR_CACHE``, else ``$XDG_CACHE_HOME/medusa-asr``, else
-    ``~/.cache/medusa-asr``. It holds the Whisper bases converted offline by ``pipeline.real_whisper``
-    (loading looks there before the Hub), the wheels and packages they come from, and the demo clip."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "medusa-asr"
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@functools.cache
+def _code_digest() -> str:
+    """A digest of the artifact's code files as they are here (a changed file: its timings anew)."""
+    folder = Path(__file__).parent
+    return _digest([(name, (folder / name).read_text()) for name in CODE_FILES if (folder / name).is_file()])
 
 
 def detect_family(base) -> str:

@@ -484,3 +484,43 @@ def test_a_base_that_needs_the_hub_without_a_network_says_how_to_skip_it(monkeyp
     assert "HF_HUB_OFFLINE" not in str(BaseModelNotFound("org/base", "404 Client Error: Repository Not Found"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert "HF_HUB_OFFLINE" not in str(BaseModelNotFound("org/base", unreachable))
+
+
+@requires_transformers5
+def test_auto_draft_timings_are_kept_for_a_later_process(artifact, tmp_path, monkeypatch):
+    """A model made later (as a new process makes it) with the same timings file recalls what auto timed: its first
+    call times no verify pass and decodes the same ids with the same draft. What keys the timings names the machine and
+    changes with the drafting settings; with a stand-in drafter nothing is kept."""
+    from draft_policy import TimingKey, processor_name
+    from modeling_medusa import MedusaForASR
+
+    monkeypatch.setenv("MEDUSA_ASR_DRAFT_TIMINGS", str(tmp_path / "timings.json"))
+    accuracy = [[0.8, 0.9, 0.95], [0.6, 0.75, 0.85], [0.45, 0.6, 0.7], [0.3, 0.45, 0.55]]
+    features = random_features(1, 5)
+
+    def fresh_model():
+        model = MedusaForASR.from_pretrained(str(artifact))
+        model.config.head_accuracy = {"topk": accuracy}
+        return model
+
+    def counting_timers(model) -> list:
+        timed, own_timer = [], model._verify_pass_timer
+        monkeypatch.setattr(model, "_verify_pass_timer", lambda *args: timed.append(args) or own_timer(*args))
+        return timed
+
+    first = fresh_model()
+    first_timed = counting_timers(first)
+    expected, first_stats = first.generate(input_features=features, max_new_tokens=10, return_stats=True)
+    assert len(first_timed) >= 4 and (tmp_path / "timings.json").is_file()  # (plain greedy, the chain, trees)
+    later = fresh_model()
+    later_timed = counting_timers(later)
+    got, stats = later.generate(input_features=features, max_new_tokens=10, return_stats=True)
+    assert not later_timed and stats["draft"] == first_stats["draft"] and torch.equal(got, expected)
+
+    key = TimingKey("cpu", str(later.dtype), 1, False)
+    context = later.timing_context(key)
+    assert processor_name() in context and f"{torch.get_num_threads()} threads" in context
+    later.int8_cpu_drafting = not later.int8_cpu_drafting
+    assert later.timing_context(key) != context
+    later.drafter = lambda hidden: torch.zeros(*hidden.shape[:-1], 4, later.config.vocab_size)
+    assert later.timing_context(key) is None

@@ -176,3 +176,89 @@ def test_a_cpu_chain_stops_where_one_more_depth_costs_more_than_the_tokens_it_li
     assert policy().chain_stop(chain, key, timer({1: 10.0, 2: 10.01})) < 0.01
     assert policy().chain_stop(chain, key, timer({1: 1.0, 2: 12.0})) == CHAIN_STOP_MAX
     assert policy().chain_stop(DraftTree.chain(1), key, timer({1: 10.0})) == 0.0  # nothing to stop before
+
+
+# --------------------------------------------------------------------------- timings kept between processes
+
+
+def counting_timer(costs: dict, calls: list):
+    def timer(tree):
+        def one_pass():
+            calls.append(tree.num_nodes)
+            return costs[tree.num_nodes]
+        return one_pass
+    return timer
+
+
+def stored_policy(path, context="machine A") -> DraftPolicy:
+    from draft_policy import TimingStore
+
+    p = policy()
+    p.store = TimingStore(path, lambda key: context)
+    return p
+
+
+def test_a_later_process_recalls_the_kept_timings_instead_of_timing_again(tmp_path):
+    key, costs = TimingKey("cpu", "f32", 1, False), {1: 1.0, 3: 1.5, 4: 2.2}
+    first_calls, later_calls = [], []
+    first = stored_policy(tmp_path / "timings.json")
+    chosen = first.choose(first.candidates("auto"), key, counting_timer(costs, first_calls))
+    later = stored_policy(tmp_path / "timings.json")  # a new process: a new model, the same file
+    assert later.choose(later.candidates("auto"), key, counting_timer(costs, later_calls)) == chosen
+    assert first_calls and not later_calls
+    assert {t: later.verify_seconds[key, t] for t in later.candidates("auto")} == \
+        {t: first.verify_seconds[key, t] for t in first.candidates("auto")}
+    # the chain's stop times a one-draft chain too, under the same key: kept beside the candidates, recalled too
+    chain = DraftTree.from_paths(CHAIN)
+    costs[2] = 1.2
+    first.chain_stop(chain, key, counting_timer(costs, first_calls))
+    again = stored_policy(tmp_path / "timings.json")
+    assert again.chain_stop(chain, key, counting_timer(costs, later_calls)) == first.chain_stop(chain, key, None)
+    assert again.choose(again.candidates("auto"), key, counting_timer(costs, later_calls)) == chosen
+    assert not later_calls
+
+
+def test_kept_timings_are_recalled_only_for_the_same_machine_and_key_and_never_mixed(tmp_path):
+    key, costs = TimingKey("cpu", "f32", 1, False), {1: 1.0, 3: 1.5, 4: 2.2}
+    first = stored_policy(tmp_path / "t.json")
+    first.choose(first.candidates("auto"), key, counting_timer(costs, []))
+    for context, other_key in (("machine B", key), ("machine A", key._replace(batch=4))):
+        calls = []
+        p = stored_policy(tmp_path / "t.json", context)
+        p.choose(p.candidates("auto"), other_key, counting_timer(costs, calls))
+        assert sorted(set(calls)) == [1, 3, 4]  # timed afresh
+    # a candidate the file does not hold: every untimed candidate is timed again, none recalled beside them
+    p, calls = stored_policy(tmp_path / "t.json"), []
+    p.config.draft_candidates.append({"paths": [[0], [1], [2]], "nodes": 3, "tokens_per_round": 2.5})
+    p._measured = None
+    p.choose(p.candidates("auto"), key, counting_timer({**costs, 4: 2.2}, calls))
+    assert sorted(set(calls)) == [1, 3, 4]
+
+
+def test_nothing_is_kept_without_a_context_and_an_unwritable_store_warns_once(tmp_path):
+    from draft_policy import TimingStore
+
+    key, costs = TimingKey("cpu", "f32", 1, False), {1: 1.0, 3: 1.5, 4: 2.2}
+    p = policy()
+    p.store = TimingStore(tmp_path / "t.json", lambda key: None)  # (a stand-in drafter)
+    p.choose(p.candidates("auto"), key, counting_timer(costs, []))
+    assert not (tmp_path / "t.json").exists()
+    (tmp_path / "file").write_text("")
+    p = stored_policy(tmp_path / "file" / "t.json")  # its folder is a file
+    with pytest.warns(UserWarning, match="draft timings not kept") as caught:
+        p.choose(p.candidates("auto"), key, counting_timer(costs, []))
+        p.chain_stop(DraftTree.from_paths(CHAIN), key, counting_timer({**costs, 2: 1.2}, []))
+    assert len(caught) == 1
+    assert p.chosen[key] == DraftTree.from_paths(CHAIN)  # chosen all the same
+
+
+def test_the_store_is_where_the_variable_says_or_in_the_cache_folder_or_off(tmp_path, monkeypatch):
+    from draft_policy import TIMINGS_ENV, TimingStore
+
+    monkeypatch.setenv("MEDUSA_ASR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(TIMINGS_ENV, "")
+    assert TimingStore.default(lambda key: "x").path == tmp_path / "cache" / "draft_timings.json"
+    monkeypatch.setenv(TIMINGS_ENV, str(tmp_path / "mine.json"))
+    assert TimingStore.default(lambda key: "x").path == tmp_path / "mine.json"
+    monkeypatch.setenv(TIMINGS_ENV, "off")
+    assert TimingStore.default(lambda key: "x") is None

@@ -461,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    runtime.time_drafts_afresh()
     try:
         return _main(args, argv)
     except BenchmarkError as err:

@@ -82,13 +82,9 @@ def environment_info(device, dtype, threads) -> dict:
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
+    from draft_policy import processor_name
+
+    return processor_name()
 
 
 def cpu_seconds():

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from tools import benchmark_gpu_report as report_gpu
+from tools import runtime
 from tools.files import command_line, write_atomic, write_json_atomic
 from backbone import encoder_output
 from backbone_meralion2 import MERaLiON2Backbone
@@ -408,6 +409,7 @@ def ints(text: str) -> list[int]:
 
 def main(argv=None):
     args = parse_args(argv)
+    runtime.time_drafts_afresh()
     if not torch.cuda.is_available():
         raise SystemExit("tools.benchmark_gpu needs a CUDA GPU; tools.benchmark measures the CPU.")
     import transformers

@@ -33,6 +33,7 @@ from medusa_fast import CapturedCalls, CapturedRounds
 from medusa_heads import MedusaDrafter
 from tools.benchmark_gpu import DecodeBench, draft_trees
 from tools.benchmark_report import QUANTISED_SUMMARY_KEY, ratio, update_summary
+from tools import runtime
 from tools.files import command_line, write_atomic, write_json_atomic
 from tools.hierarchical import (ChainFromBuffer, HierarchicalStats, IntermediateRounds, run_hierarchical,
                                 slots_past_max_new)
@@ -219,6 +220,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    runtime.time_drafts_afresh()
     if not torch.cuda.is_available():
         raise SystemExit("tools.benchmark_hierarchical_gpu needs a CUDA GPU (the int4 kernel is CUDA-only).")
     import transformers

@@ -31,6 +31,7 @@ from backbone_meralion2 import MERaLiON2Backbone
 from draft_trees import expected_tokens_per_round
 from tools.benchmark_gpu import DecodeBench, draft_trees, graph_ms, measure_copy_bandwidth, verify_pass
 from tools.benchmark_report import QUANTISED_SUMMARY_KEY, ratio, update_summary
+from tools import runtime
 from tools.files import command_line, write_atomic, write_json_atomic
 from tools.markdown import markdown_table, number_cell
 from tools.meralion2_shaped import SEED_PROFILE, SEED_TOP1, SHAPES, build_model, make_prompt, rank_profile
@@ -203,6 +204,7 @@ def report_from_results(paths: list[str], summary: Path) -> None:
 
 def main(argv=None):
     args = parse_args(argv)
+    runtime.time_drafts_afresh()
     if args.from_results:
         return report_from_results(args.from_results, Path(args.out) / "summary.json")
     if not torch.cuda.is_available():

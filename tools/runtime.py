@@ -8,6 +8,7 @@ are plain ``ValueError`` / ``OSError``: each command turns them into its own one
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -159,6 +160,12 @@ def base_to_load(model_path, base: str | None = None) -> str | None:
 
     declared, family = declared_base(model_path)
     return offline_base(base or declared, family) or base
+
+
+def time_drafts_afresh() -> None:
+    """Models made from now on time ``auto``'s candidates in this process, not recall what an earlier one timed
+    (``draft_policy.TimingStore``): a benchmark records its own measurement."""
+    os.environ["MEDUSA_ASR_DRAFT_TIMINGS"] = "off"
 
 
 def load_medusa(model_path, dtype, base: str | None = None, **options):
