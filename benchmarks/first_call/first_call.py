@@ -4,7 +4,7 @@ processes, interleaved, medians of the repeats, every output checked equal to th
 
 - the first ``generate`` call of a process that loaded the model (and its phases), then its second;
 - ``python -m tools.transcribe CLIP`` of one clip, the whole process (imports, loading, transcription), and the same
-  with ``--no-medusa`` beside them.
+  with ``--no-medusa`` (the base's own ``generate``) beside them, the three in turn in every order.
 
     python benchmarks/first_call/first_call.py --model heads/whisper-tiny.en \\
         --audio work_data/eval_speech/wavs/CLIP.wav --out benchmarks/first_call/cpu_tiny.en.json
@@ -81,8 +81,10 @@ def main() -> None:
             calls[mode].append(run_child(args, envs[mode]))
             if calls[mode][-1]["ids"] != reference["ids"]:
                 raise SystemExit(f"{mode}: the transcript's ids differ from the first run's")
-            cli[mode].append(cli_seconds(args, envs[mode])[0])
-        cli["no_medusa"].append(cli_seconds(args, envs["timed_here"], "--no-medusa")[0])
+        order = list(cli)[repeat % 3:] + list(cli)[: repeat % 3]  # (each in every position in turn: drift)
+        for mode in order:
+            options = ("--no-medusa",) if mode == "no_medusa" else ()
+            cli[mode].append(cli_seconds(args, envs["timed_here" if mode == "no_medusa" else mode], *options)[0])
         print(repeat, {mode: round(runs[-1], 2) for mode, runs in cli.items()}, flush=True)
 
     def medians(runs: list[dict]) -> dict:
