@@ -8,6 +8,7 @@ processes, interleaved, medians of the repeats, every output checked equal to th
 
     python benchmarks/first_call/first_call.py --model heads/whisper-tiny.en \\
         --audio work_data/eval_speech/wavs/CLIP.wav --out benchmarks/first_call/cpu_tiny.en.json
+    (on a GPU: --device cuda --dtype bfloat16 [--compile], where auto captures or compiles its candidates to time them)
 """
 
 import argparse
@@ -21,41 +22,49 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, ".")
+from tools import runtime  # noqa: E402
 from tools.benchmark_environment import cpu_name  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 
 MODES = ("timed_here", "recalled")
 
 
-def first_calls(model_path: str, audio: str) -> dict:
+def first_calls(args) -> dict:
     """(Run in a child process.) Seconds of loading, of the first and second calls and the first call's phases."""
-    import torch
-
     from tools import runtime
     from tools.audio_io import load_audio
 
+    device = runtime.resolve_device(args.device)
     start = time.perf_counter()
-    model = runtime.load_medusa(model_path, torch.float32, runtime.base_to_load(model_path, None)).eval()
+    model = runtime.load_medusa(args.model, runtime.resolve_dtype(args.dtype, device),
+                                runtime.base_to_load(args.model, None), device_map=device).eval()
     loaded = time.perf_counter()
-    inputs = model.prepare_audio_inputs([load_audio(audio)])
-    out, stats = model.generate(**inputs, draft="auto", return_stats=True)
+    inputs = runtime.to_model(model.prepare_audio_inputs([load_audio(args.audio)]), model)
+    out, stats = model.generate(**inputs, draft="auto", compile=args.compile, return_stats=True)
+    runtime.synchronize(model)
     first = time.perf_counter()
-    model.generate(**inputs, draft="auto")
+    model.generate(**inputs, draft="auto", compile=args.compile)
+    runtime.synchronize(model)
     second = time.perf_counter()
     return {"load_s": loaded - start, "first_call_s": first - loaded, "second_call_s": second - first,
             "first_call_phases_s": {k: v for k, v in stats.items() if k.endswith("_seconds")},
             "draft": stats["draft"], "ids": out[0].tolist()}
 
 
+def device_options(args) -> list[str]:
+    return ["--device", args.device, "--dtype", args.dtype, *(["--compile"] if args.compile else [])]
+
+
 def run_child(args, env: dict) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--child", "--model", args.model, "--audio", args.audio],
-                          env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, __file__, "--child", "--model", args.model, "--audio", args.audio,
+                           *device_options(args)], env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def cli_seconds(args, env: dict, *options: str) -> tuple[float, str]:
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "tools.transcribe", args.audio, "--model", args.model, *options],
+    done = subprocess.run([sys.executable, "-m", "tools.transcribe", args.audio, "--model", args.model,
+                           *device_options(args), *options],
                           env=env, capture_output=True, text=True, check=True)
     return time.perf_counter() - start, done.stdout.strip().splitlines()[-1]
 
@@ -66,10 +75,12 @@ def main() -> None:
     parser.add_argument("--audio", required=True, help="one clip")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out")
+    parser.add_argument("--compile", action="store_true", help="compiled rounds (auto compiles its best few)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    runtime.add_device_options(parser, device="cpu")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(first_calls(args.model, args.audio)))
+        print(json.dumps(first_calls(args)))
         return
     store = Path(tempfile.mkdtemp()) / "draft_timings.json"
     envs = {"timed_here": {**os.environ, "MEDUSA_ASR_DRAFT_TIMINGS": "off"},
@@ -96,7 +107,8 @@ def main() -> None:
 
     import torch
 
-    result = {"command": command_line("benchmarks/first_call/first_call.py"), "cpu": cpu_name(),
+    gpu = torch.cuda.get_device_name() if runtime.resolve_device(args.device).startswith("cuda") else None
+    result = {"command": command_line("benchmarks/first_call/first_call.py"), "cpu": cpu_name(), "gpu": gpu,
               "threads": torch.get_num_threads(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
               "model": args.model, "audio": args.audio, "repeats": args.repeats,
               "first_calls": {mode: medians(runs) for mode, runs in calls.items()},
