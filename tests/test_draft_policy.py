@@ -262,3 +262,22 @@ def test_the_store_is_where_the_variable_says_or_in_the_cache_folder_or_off(tmp_
     assert TimingStore.default(lambda key: "x").path == tmp_path / "mine.json"
     monkeypatch.setenv(TIMINGS_ENV, "off")
     assert TimingStore.default(lambda key: "x") is None
+
+
+def test_with_compiled_rounds_a_later_process_compiles_no_candidate_to_time_it(tmp_path):
+    """The stand-in passes and the compiled runners' timings are both kept: a later process recalls the same
+    shortlist and choice without capturing or compiling any candidate (the loop then compiles the draft it runs)."""
+    key = TimingKey("cuda", "bf16", 1, True, compiled=True)
+    stand_in, loop = {1: 1.0, 3: 1.5, 4: 2.0}, {1: 1.0, 3: 1.4, 4: 1.5}
+    built = []
+
+    def timers(costs):
+        return lambda tree: built.append(tree.num_nodes) or (lambda: costs[tree.num_nodes])
+
+    first = stored_policy(tmp_path / "t.json", "GPU A")
+    chosen = first.choose(first.candidates("auto"), key, timers(stand_in), timers(loop))
+    assert chosen == DraftTree.from_paths(TREE) and built
+    built.clear()
+    later = stored_policy(tmp_path / "t.json", "GPU A")
+    assert later.choose(later.candidates("auto"), key, timers(stand_in), timers(loop)) == chosen
+    assert not built
