@@ -103,8 +103,8 @@ def sized_tree_nodes(draft) -> int | None:
 
 class TimingStore:
     """Verify-pass timings kept between processes in one JSON file, so that ``auto`` times its candidates once per
-    machine and model, not once per process (2-core AMD EPYC, whisper tiny.en: a process's first call took 2.7 s,
-    1.6 of them timing the candidates, where later calls take 0.3). An entry is found by ``context(key)``: what a
+    machine and model, not once per process (2-core AMD EPYC, whisper tiny.en: a new process's first call 1.98 s, most
+    of it timing the candidates, against 0.72 s recalling them; ``benchmarks/first_call/``). An entry is found by ``context(key)``: what a
     pass's time depends on besides the draft (the machine, torch, the artifact's code, the model's shapes; see
     ``MedusaForASR.timing_context``) and the ``TimingKey``; where any of them changes, the candidates are timed
     afresh. ``context`` returns None where nothing is to be kept (a stand-in drafter)."""
@@ -144,12 +144,16 @@ class TimingStore:
         kept.update({tree_name(tree): s for tree, s in seconds.items()})
         entries[name] = {"seconds": kept, "written": time.time()}
         newest = sorted(entries, key=lambda n: entries[n].get("written", 0), reverse=True)[: self.MAX_ENTRIES]
+        temporary = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("w", dir=self.path.parent, suffix=".tmp", delete=False) as f:
+                temporary = f.name
                 json.dump({"entries": {n: entries[n] for n in newest}}, f, indent=1)
-            os.replace(f.name, self.path)
+            os.replace(temporary, self.path)  # (atomic: a reader sees the old file or the new one)
         except OSError as error:
+            if temporary is not None and os.path.exists(temporary):
+                os.unlink(temporary)
             if not self._warned:
                 warnings.warn(f"draft timings not kept in {self.path} ({error}); set {TIMINGS_ENV}=off or a writable "
                               "file to silence this", stacklevel=2)
