@@ -11,14 +11,15 @@ MLP and rotary embedding, so it is correct on every transformers version.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 try:
-    from .backbone import Backbone, Projection, backs, compile_fixed_shape, encoder_output, fusable, fuse_linears
+    from .backbone import (Backbone, Projection, backs, compile_fixed_shape, encoder_output, fusable, fuse_linears,
+                           weight_product)
     from .kv_cache import DecodeState, StaticKVCache, attention_mask
     from .logits_rules import SuppressionRules
 except ImportError:
-    from backbone import Backbone, Projection, backs, compile_fixed_shape, encoder_output, fusable, fuse_linears
+    from backbone import (Backbone, Projection, backs, compile_fixed_shape, encoder_output, fusable, fuse_linears,
+                          weight_product)
     from kv_cache import DecodeState, StaticKVCache, attention_mask
     from logits_rules import SuppressionRules
 
@@ -325,7 +326,7 @@ class MERaLiON2Backbone(Backbone):
     def _mlp(mlp, x, fused):
         if fused is None:
             return mlp(x)
-        gate, up = F.linear(x, fused[1]).chunk(2, dim=-1)
+        gate, up = weight_product(x, fused[1]).chunk(2, dim=-1)
         return mlp.down_proj(mlp.act_fn(gate) * up)
 
     def _self_attention(self, attn, x, cos, sin, state, layer_idx, slots, upto, mask, fused=None):
@@ -334,7 +335,7 @@ class MERaLiON2Backbone(Backbone):
             query, key, value = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         else:
             kv_width = self.num_kv_heads * self.head_dim
-            query, key, value = F.linear(x, fused[0]).split([self.num_heads * self.head_dim, kv_width, kv_width], dim=-1)
+            query, key, value = weight_product(x, fused[0]).split([self.num_heads * self.head_dim, kv_width, kv_width], dim=-1)
         query = query.view(batch, n, self.num_heads, self.head_dim).transpose(1, 2)
         key = key.view(batch, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
         value = value.reshape(batch, n, self.num_kv_heads, self.head_dim).transpose(1, 2)

@@ -15,13 +15,13 @@ import torch.nn.functional as F
 
 try:
     from .backbone import (Backbone, Projection, attend_memory, backs, contiguous_stream, encoder_output, fusable,
-                           fuse_linears, linear)
+                           fuse_linears, linear, speech_scores, weight_product)
     from .kv_cache import DecodeState, StaticKVCache, attention_mask
     from .logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules
     from .medusa_decoding import WindowPlan
 except ImportError:
     from backbone import (Backbone, Projection, attend_memory, backs, contiguous_stream, encoder_output, fusable,
-                          fuse_linears, linear)
+                          fuse_linears, linear, speech_scores, weight_product)
     from kv_cache import DecodeState, StaticKVCache, attention_mask
     from logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules
     from medusa_decoding import WindowPlan
@@ -532,7 +532,7 @@ class WhisperBackbone(Backbone):
             if self.fused is None:
                 query, key, value = None, linear(attn.k_proj, x), linear(attn.v_proj, x)
             else:
-                query, key, value = F.linear(x, *self.fused[i]).chunk(3, dim=-1)
+                query, key, value = weight_product(x, *self.fused[i]).chunk(3, dim=-1)
             state.cache.write(i, slots, self._heads(key), self._heads(value))
             keys, values = state.cache.layer(i, upto)
             hidden = hidden + self._attend(attn, x, keys, values, mask, query)
@@ -551,7 +551,7 @@ class WhisperBackbone(Backbone):
         if mode == "matmul":
             # A verify chunk has a handful of queries: SDPA's fused kernels run one block per head for them
             # (fp32: half of a tiny.en round on an H200; bf16 over the cache: 17 us, compiled matmuls 8.6)
-            scores = torch.matmul(query, keys.transpose(-1, -2))
+            scores = torch.matmul(query, keys.transpose(-1, -2)) if mask is not None else speech_scores(query, keys)
             if mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype), values)

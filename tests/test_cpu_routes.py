@@ -169,6 +169,28 @@ def test_linear_for_a_few_rows_equals_the_layer_in_each_form(form, monkeypatch):
         assert linear(layer, torch.randn(1, 2, 8)).requires_grad
 
 
+@pytest.mark.parametrize("form", ["keys_right", "keys_left"])
+def test_speech_scores_equal_the_queries_times_the_keys_in_each_form(form, monkeypatch):
+    """Whichever form a machine times fastest, the scores of a few float32 queries over the speech's keys are
+    ``query @ keys^T`` (same products, float rounding aside); fused q/k/v weights go through the same CPU route."""
+    from backbone import SPEECH_SCORES, speech_scores, weight_product
+
+    monkeypatch.setattr(SPEECH_SCORES, "chosen", {})
+    monkeypatch.setattr(SPEECH_SCORES, "_timings", {})
+    monkeypatch.setattr(SPEECH_SCORES, "forms", {form: SPEECH_SCORES.forms[form]})
+    torch.manual_seed(3)
+    for batch, heads, queries, frames in ((1, 6, 1, 1500), (1, 6, 5, 1500), (2, 8, 17, 300)):
+        query, keys = torch.randn(batch, heads, queries, 64), torch.randn(batch, heads, frames, 64)
+        got = speech_scores(query, keys)
+        assert got.shape == (batch, heads, queries, frames)
+        assert torch.allclose(got, query @ keys.transpose(-1, -2), rtol=1e-5, atol=1e-4)
+    assert set(SPEECH_SCORES.chosen.values()) == {form}
+    weight, bias, x = torch.randn(3 * 384, 384), torch.randn(3 * 384), torch.randn(1, 5, 384)
+    with torch.no_grad():
+        assert torch.allclose(weight_product(x, weight, bias), torch.nn.functional.linear(x, weight, bias),
+                              rtol=1e-5, atol=1e-4)
+
+
 def test_fastest_form_times_each_key_once_and_keeps_the_faster():
     import time
 

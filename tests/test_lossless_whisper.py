@@ -522,9 +522,10 @@ def test_generate_under_inference_mode_equals_the_base_greedy(tmp_path_factory):
 
 
 def test_fused_self_attention_projections_share_memory_and_keep_the_output(tmp_path_factory):
-    """The self-attention's q/k/v fused into one weight and bias (what a GPU's rounds run): the base's layers become
+    """The self-attention's q/k/v fused into one weight and bias (what the rounds run): the base's layers become
     views of them (no memory added, k keeps no bias), the base's own generate is unchanged, Medusa still equals it,
-    and new weight tensors (what ``.to()`` makes) drop the fusion instead of reading stale weights."""
+    and new weight tensors (what ``.to()`` makes) are fused anew instead of stale weights read."""
+    from backbone import backs
     from modeling_medusa import MedusaForASR
 
     folder = build_tiny_whisper(tmp_path_factory.mktemp("whisper_fused"), seed=7)
@@ -550,9 +551,11 @@ def test_fused_self_attention_projections_share_memory_and_keep_the_output(tmp_p
     for param in model.base.parameters():
         param.data = param.data.clone()
     features, _ = cases[0]
+    stale = model.backbone.fused
     assert torch.equal(model.generate(input_features=features, draft="chain", max_new_tokens=20), expected[0])
-    assert model.backbone.fused is None
-    assert model.backbone.fuse_projections()  # fused again, then a layer swapped for another kind of module
+    fused_weight = model.backbone.fused[0][0]  # fused again, over the new tensors
+    assert model.backbone.fused is not stale and backs(fused_weight, model.backbone.decoder.layers[0].self_attn.q_proj)
+    assert model.backbone.fuse_projections()  # then a layer swapped for another kind of module: nothing to fuse
     attn = model.backbone.decoder.layers[0].self_attn
     attn.q_proj = torch.nn.Sequential(copy.deepcopy(attn.q_proj))
     assert torch.equal(model.generate(input_features=features, draft="chain", max_new_tokens=20), expected[0])
