@@ -567,7 +567,8 @@ def fusable(linears, biases: bool = False) -> bool:
     """Whether ``nn.Linear`` layers can share one weight tensor (``fuse_linears``): plain layers (not quantised
     ones, which may have no dense weight at all) of one dtype, device and input width, without biases unless
     ``biases``."""
-    if not all(type(linear) is torch.nn.Linear and (biases or linear.bias is None) for linear in linears):
+    if not all(type(linear) is torch.nn.Linear and is_dense(linear.weight) and (biases or linear.bias is None)
+               for linear in linears):  # (a torchao weight-only layer is an nn.Linear whose weight is not dense)
         return False
     weights = [linear.weight for linear in linears]
     return len({(w.dtype, w.device, w.shape[1]) for w in weights}) == 1 and weights[0].device.type != "meta"
