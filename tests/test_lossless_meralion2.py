@@ -187,7 +187,8 @@ def test_speech_encoder_attends_through_sdpa_unless_asked_otherwise(meralion_med
 def test_fused_projections_share_memory_and_keep_the_output(meralion_medusa):
     """q/k/v and gate/up fused into one weight each: the base's layers become views of it (no extra
     memory), the base's own generate is unchanged, and Medusa still equals it; new weight tensors
-    (what ``.to()`` makes) drop the fusion instead of using stale weights."""
+    (what ``.to()`` makes) are fused anew instead of stale weights used."""
+    from backbone import backs
     from modeling_medusa import MedusaForASR
 
     model = MedusaForASR.from_base(meralion_medusa.config.base_model_name_or_path, family="meralion2")
@@ -210,8 +211,10 @@ def test_fused_projections_share_memory_and_keep_the_output(meralion_medusa):
     for param in model.base.parameters():  # what .to(device/dtype) does: every parameter gets a new tensor
         param.data = param.data.clone()
     inputs, _ = cases[0]
+    stale = backbone.fused
     assert torch.equal(model.generate(**inputs, draft="chain", max_new_tokens=12), expected[0])
-    assert backbone.fused is None
+    qkv, _ = backbone.fused[0]  # fused again, over the new tensors
+    assert backbone.fused is not stale and backs(qkv, backbone.model.layers[0].self_attn.q_proj)
 
 
 def test_fusing_keeps_the_captures_of_later_calls(meralion_medusa):
