@@ -335,7 +335,8 @@ class MERaLiON2Backbone(Backbone):
             query, key, value = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         else:
             kv_width = self.num_kv_heads * self.head_dim
-            query, key, value = weight_product(x, fused[0]).split([self.num_heads * self.head_dim, kv_width, kv_width], dim=-1)
+            widths = [self.num_heads * self.head_dim, kv_width, kv_width]
+            query, key, value = weight_product(x, fused[0]).split(widths, dim=-1)
         query = query.view(batch, n, self.num_heads, self.head_dim).transpose(1, 2)
         key = key.view(batch, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
         value = value.reshape(batch, n, self.num_kv_heads, self.head_dim).transpose(1, 2)

@@ -104,10 +104,10 @@ def sized_tree_nodes(draft) -> int | None:
 class TimingStore:
     """Verify-pass timings kept between processes in one JSON file, so that ``auto`` times its candidates once per
     machine and model, not once per process (2-core AMD EPYC, whisper tiny.en: a new process's first call 1.98 s, most
-    of it timing the candidates, against 0.72 s recalling them; ``benchmarks/first_call/``). An entry is found by ``context(key)``: what a
-    pass's time depends on besides the draft (the machine, torch, the artifact's code, the model's shapes; see
-    ``MedusaForASR.timing_context``) and the ``TimingKey``; where any of them changes, the candidates are timed
-    afresh. ``context`` returns None where nothing is to be kept (a stand-in drafter)."""
+    of it timing the candidates, against 0.72 s recalling them; ``benchmarks/first_call/``). An entry is found by
+    ``context(key)``: what a pass's time depends on besides the draft (the machine, torch, the artifact's code, the
+    model's shapes; see ``MedusaForASR.timing_context``) and the ``TimingKey``; where any of them changes, the
+    candidates are timed afresh. ``context`` returns None where nothing is to be kept (a stand-in drafter)."""
 
     MAX_ENTRIES = 256  # the most recently written are kept
 

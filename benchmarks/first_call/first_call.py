@@ -100,7 +100,8 @@ def main() -> None:
 
     def medians(runs: list[dict]) -> dict:
         phases = runs[0]["first_call_phases_s"]
-        return {**{k: round(statistics.median(r[k] for r in runs), 3) for k in ("load_s", "first_call_s", "second_call_s")},
+        seconds = ("load_s", "first_call_s", "second_call_s")
+        return {**{k: round(statistics.median(r[k] for r in runs), 3) for k in seconds},
                 "first_call_phases_s": {k: round(statistics.median(r["first_call_phases_s"][k] for r in runs), 3)
                                         for k in phases},
                 "draft": runs[0]["draft"]}
