@@ -34,6 +34,10 @@ def first_calls(args) -> dict:
     from tools import runtime
     from tools.audio_io import load_audio
 
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = runtime.resolve_device(args.device)
     start = time.perf_counter()
     model = runtime.load_medusa(args.model, runtime.resolve_dtype(args.dtype, device),
@@ -52,7 +56,8 @@ def first_calls(args) -> dict:
 
 
 def device_options(args) -> list[str]:
-    return ["--device", args.device, "--dtype", args.dtype, *(["--compile"] if args.compile else [])]
+    threads = ["--threads", str(args.threads)] if args.threads else []
+    return ["--device", args.device, "--dtype", args.dtype, *threads, *(["--compile"] if args.compile else [])]
 
 
 def run_child(args, env: dict) -> dict:
