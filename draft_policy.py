@@ -18,8 +18,8 @@ import json
 import os
 import platform
 import statistics
-import tempfile
 import time
+import uuid
 import warnings
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -144,16 +144,16 @@ class TimingStore:
         kept.update({tree_name(tree): s for tree, s in seconds.items()})
         entries[name] = {"seconds": kept, "written": time.time()}
         newest = sorted(entries, key=lambda n: entries[n].get("written", 0), reverse=True)[: self.MAX_ENTRIES]
-        temporary = None
+        # (a file of its own, renamed over the store: a reader sees the old file or the new one; written with the
+        # umask's permissions, where a NamedTemporaryFile's 0600 would hide a shared cache's timings from others)
+        temporary = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=self.path.parent, suffix=".tmp", delete=False) as f:
-                temporary = f.name
-                json.dump({"entries": {n: entries[n] for n in newest}}, f, indent=1)
-            os.replace(temporary, self.path)  # (atomic: a reader sees the old file or the new one)
+            temporary.write_text(json.dumps({"entries": {n: entries[n] for n in newest}}, indent=1))
+            os.replace(temporary, self.path)
         except OSError as error:
-            if temporary is not None and os.path.exists(temporary):
-                os.unlink(temporary)
+            if temporary.exists():
+                temporary.unlink()
             if not self._warned:
                 warnings.warn(f"draft timings not kept in {self.path} ({error}); set {TIMINGS_ENV}=off or a writable "
                               "file to silence this", stacklevel=2)
