@@ -48,3 +48,35 @@ def test_auto_with_compiled_rounds_times_the_loops_own_runners_and_stays_exact(t
     runners = dict(model.round_cache.runners)
     assert torch.equal(model.generate(input_features=features, max_new_tokens=16, draft="auto", compile=True), expected)
     assert model.round_cache.runners == runners  # the second call replays what the first compiled
+
+
+def test_kept_compiled_timings_let_a_later_model_compile_only_the_draft_it_runs(tmp_path, monkeypatch):
+    """With ``compile=True`` and a timings file, a model made later (as a new process makes it) recalls what the
+    first timed: it compiles one runner, the draft the first picked, and gives the same ids."""
+    from modeling_medusa import MedusaForASR
+
+    monkeypatch.setenv("MEDUSA_ASR_DRAFT_TIMINGS", str(tmp_path / "timings.json"))
+    base = str(build_tiny_whisper(tmp_path / "whisper", seed=4))
+    features = random_features(1, 1).to("cuda")
+
+    def fresh_model():
+        model = MedusaForASR.from_base(base, device_map="cuda")
+        randomize_heads(model, 2)
+        heads = model.config.medusa_num_heads
+        model.config.head_accuracy = {"topk": [[0.8 - 0.1 * h, 0.9 - 0.1 * h, 0.95 - 0.1 * h] for h in range(heads)]}
+        return model
+
+    first = fresh_model()
+    expected = first.generate(input_features=features, max_new_tokens=16, use_medusa=False)
+    out, first_stats = first.generate(input_features=features, max_new_tokens=16, draft="auto", compile=True,
+                                      return_stats=True)
+    assert torch.equal(out, expected) and len(first.round_cache.runners) >= 2
+    later = fresh_model()
+    timed = []
+    for timer in ("_verify_pass_timer", "_loop_round_timer"):
+        own = getattr(later, timer)
+        monkeypatch.setattr(later, timer, lambda *args, own=own: timed.append(args) or own(*args))
+    got, stats = later.generate(input_features=features, max_new_tokens=16, draft="auto", compile=True,
+                                return_stats=True)
+    assert torch.equal(got, expected) and stats["draft"] == first_stats["draft"]
+    assert not timed and len(later.round_cache.runners) == 1
