@@ -2,7 +2,10 @@
 (every encoder layer, path heads with an 8 192-token draft vocabulary, as the committed heads), one 30 s window,
 a fixed number of new tokens. Per shape: the call's wall time and the phases ``return_stats`` reports (medians),
 the host's Python time per function over the calls (cProfile: its own overhead inflates every figure, so read
-the ranking and the shares), and torch.profiler's host ops and device kernels per call.
+the ranking and the shares), torch.profiler's host ops and device kernels per call, and how the host reads each
+round's verdict (``--readbacks``, alternated call by call: ``sync``, the rounds' own ``tolist()`` of the device
+tensor, a blocking copy through pageable memory, against ``pinned``, a copy into page-locked memory then waited
+on; the GPU idles while the host reads, decides and relaunches, so the form is part of every round's cost).
 
     python benchmarks/round_cost/call_overhead.py --shapes tiny.en,base \
         --out benchmarks/round_cost/h200_call_overhead.json
@@ -21,6 +24,8 @@ import time
 import torch
 
 sys.path.insert(0, ".")
+from medusa_decoding import RoundResult  # noqa: E402
+from medusa_fast import CapturedRounds  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 from tools.profile_rounds import build_model  # noqa: E402
 
@@ -60,6 +65,43 @@ def phases(model, features, tokens: int, draft: str, repeats: int) -> dict:
         out[key.replace("_seconds", "_ms")] = round(statistics.median(lap[key] for lap in laps), 3)
     out["outside_rounds_ms"] = round(out["wall_with_stats_ms"] - out["rounds_ms"], 3)
     return out
+
+
+def pinned_step(self, active: list[bool]) -> RoundResult:
+    """``CapturedRounds.step`` reading the round's verdict through page-locked memory (the form under test)."""
+    self._set_active(active)
+    self.replay()
+    if not hasattr(self, "pinned_result"):
+        self.pinned_result = torch.empty(self.result.shape, dtype=self.result.dtype, pin_memory=True)
+        self.pinned_read = torch.cuda.Event()
+    self.pinned_result.copy_(self.result, non_blocking=True)
+    self.pinned_read.record()
+    self.pinned_read.synchronize()
+    rows = self.pinned_result.tolist()
+    return RoundResult([r[0] for r in rows], [r[1:] for r in rows])
+
+
+READBACKS = {"sync": CapturedRounds.step, "pinned": pinned_step}
+
+
+def readback_forms(model, features, tokens: int, draft: str, forms: list[str], repeats: int) -> dict:
+    """Per form of reading a round's verdict: the median call and round in the loop (calls alternated)."""
+    if not torch.cuda.is_available():
+        return {}
+    samples = {form: [] for form in forms}
+    try:
+        for _ in range(repeats):
+            for form in forms:
+                CapturedRounds.step = READBACKS[form]
+                start = time.perf_counter()
+                _, stats = call(model, features, tokens, draft, stats=True)
+                sync()
+                samples[form].append(((time.perf_counter() - start) * 1000, stats["rounds_seconds"] * 1000 / stats["rounds"]))
+    finally:
+        CapturedRounds.step = READBACKS["sync"]
+    return {form: {"wall_ms": round(statistics.median(s[0] for s in rows), 3),
+                   "round_in_loop_us": round(statistics.median(s[1] for s in rows) * 1000, 1)}
+            for form, rows in samples.items()}
 
 
 def host_functions(model, features, tokens: int, draft: str, calls: int, top: int) -> list[dict]:
@@ -107,6 +149,7 @@ def main() -> None:
     parser.add_argument("--drafts", default="none,chain")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--readbacks", default="pinned,sync", help="forms of reading a round's verdict to alternate")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the CPU: a check of the script only
@@ -119,6 +162,11 @@ def main() -> None:
                 call(model, features, args.tokens, draft)
             row = {"shape": shape, "draft": draft, "tokens": args.tokens,
                    **phases(model, features, args.tokens, draft, args.repeats)}
+            try:  # (an experiment: its failure must not cost the lease the rest of the row)
+                row["readback"] = readback_forms(model, features, args.tokens, draft, args.readbacks.split(","),
+                                                 args.repeats)
+            except Exception as error:  # noqa: BLE001
+                row["readback"] = {"error": " ".join(str(error).split())[:300]}
             print({k: v for k, v in row.items()}, flush=True)
             row["host_functions"] = host_functions(model, features, args.tokens, draft, args.repeats, args.top)
             row["profiler"] = device_and_ops(model, features, args.tokens, draft, 10, args.top)
