@@ -152,6 +152,9 @@ def main() -> None:
     parser.add_argument("--readbacks", default="pinned,sync", help="forms of reading a round's verdict to alternate")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    unknown = set(args.readbacks.split(",")) - set(READBACKS)
+    if unknown:
+        parser.error(f"--readbacks: unknown form(s) {sorted(unknown)}; use {', '.join(READBACKS)}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the CPU: a check of the script only
     rows = []
     for shape in args.shapes.split(","):
