@@ -665,6 +665,19 @@ class Backbone:
         return self.output_projection.weight.shape[0]
 
     @property
+    def device(self) -> torch.device:
+        """The base's device as ``base.device`` gives it (its first parameter's), without the generators that
+        property walks the modules with: a call reads it a dozen times."""
+        stack = [self.base]
+        while stack:
+            module = stack.pop()
+            for parameter in module._parameters.values():
+                if parameter is not None:
+                    return parameter.device
+            stack += [m for m in reversed(module._modules.values()) if m is not None]
+        return self.base.device
+
+    @property
     def eos_token_ids(self) -> list[int]:
         eos = getattr(self.generation_config, "eos_token_id", None)
         if eos is None:
@@ -752,9 +765,8 @@ class Backbone:
         state.next_token = self.predict(hidden[:, -1:], process_logits, nothing_yet, path)[:, -1]
 
     def padded(self, rows: list[list[int]], like: torch.Tensor) -> torch.Tensor:
-        """Token rows right-padded with the pad id into one [B, max_len] tensor."""
-        out = torch.full((len(rows), max((len(r) for r in rows), default=0)), self.pad_token_id,
-                         dtype=torch.long, device=like.device)
-        for i, row in enumerate(rows):
-            out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        return out
+        """Token rows right-padded with the pad id into one [B, max_len] tensor (one copy to the device: a copy a
+        row costs a GPU batch of 64 ~1 ms)."""
+        width = max((len(r) for r in rows), default=0)
+        padded = [list(row) + [self.pad_token_id] * (width - len(row)) for row in rows]
+        return torch.tensor(padded, dtype=torch.long).reshape(len(rows), width).to(like.device)

@@ -142,7 +142,7 @@ class MERaLiON2Backbone(Backbone):
         return [t.replace("<Speaker1>:", "").replace("<Speaker2>:", "").strip() for t in texts]
 
     def make_logits_processor(self, min_new_tokens: int | None):
-        return SuppressionRules(self.vocab_size, self.base.device, self.eos_token_ids, min_new_tokens)
+        return SuppressionRules(self.vocab_size, self.device, self.eos_token_ids, min_new_tokens)
 
     def fuse_projections(self) -> bool:
         """Give every layer one q/k/v weight and one gate/up weight, so a verify pass runs two GEMMs
@@ -176,7 +176,7 @@ class MERaLiON2Backbone(Backbone):
         compiled too, as ``compile=True`` rounds are (one compile per batch size and prompt length; the same
         bfloat16 standard)."""
         self._drop_stale_fusion()
-        input_ids = inputs["input_ids"].to(self.base.device)
+        input_ids = inputs["input_ids"].to(self.device)
         batch, prompt_len = input_ids.shape
         mask = inputs.get("attention_mask")
         mask = torch.ones_like(input_ids) if mask is None else mask.to(input_ids.device)
@@ -243,7 +243,7 @@ class MERaLiON2Backbone(Backbone):
 
     def speech_features(self, input_features) -> torch.Tensor:
         encoder = self.base.speech_encoder
-        return input_features.to(self.base.device, getattr(encoder, "dtype", self.base.dtype))
+        return input_features.to(self.device, getattr(encoder, "dtype", self.base.dtype))
 
     def prompt_embeddings(self, input_ids, input_features, placeholders: int | None = None, encode=encoder_output):
         """Speech encoder -> ln_speech -> adapter, scattered into the <SpeechHere> placeholders (``placeholders``:

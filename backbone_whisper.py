@@ -17,13 +17,13 @@ try:
     from .backbone import (Backbone, Projection, attend_memory, backs, contiguous_stream, encoder_output, fusable,
                            fuse_linears, linear, speech_scores, weight_product)
     from .kv_cache import DecodeState, StaticKVCache, attention_mask
-    from .logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules
+    from .logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules, device_ids
     from .medusa_decoding import WindowPlan
 except ImportError:
     from backbone import (Backbone, Projection, attend_memory, backs, contiguous_stream, encoder_output, fusable,
                           fuse_linears, linear, speech_scores, weight_product)
     from kv_cache import DecodeState, StaticKVCache, attention_mask
-    from logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules
+    from logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules, device_ids
     from medusa_decoding import WindowPlan
 
 
@@ -174,7 +174,7 @@ class WhisperBackbone(Backbone):
                                                                       "output_hidden_states")):
                 return own(input_features, attention_mask=attention_mask, **kwargs)
             if "features" not in last or not torch.equal(last["features"], input_features):
-                features = input_features.to(self.base.device, self.base.dtype)
+                features = input_features.to(self.device, self.base.dtype)
                 speech = encode(features) if capture is None else capture(
                     ("whisper-encoder", tuple(features.shape)), encode, features)
                 last.update(features=input_features, speech=speech)
@@ -216,13 +216,13 @@ class WhisperBackbone(Backbone):
                 return f"the logits processor {type(processor).__name__} after the timestamp rules"
             if isinstance(processor, logits_process.WhisperTimeStampLogitsProcessor) and \
                     processor.begin_index == prompt_length:
-                timestamps = TimestampRules(processor, self.vocab_size, self.base.device)
+                timestamps = TimestampRules(processor, self.vocab_size, self.device)
             elif not _add_suppression(suppress, processor, prompt_length):
                 return f"the logits processor {type(processor).__name__}"
         mask = model_kwargs.get("decoder_attention_mask")
         if mask is not None and not _is_left_padding(mask):
             return "a decoder attention mask other than left padding"
-        rules = SuppressionRules(self.vocab_size, self.base.device, suppress["eos_token_ids"],
+        rules = SuppressionRules(self.vocab_size, self.device, suppress["eos_token_ids"],
                                  suppress["min_new_tokens"] or None, suppress["always"], suppress["at_begin"])
         inputs = {"encoder_outputs": model_kwargs["encoder_outputs"], "decoder_input_ids": input_ids,
                   "decoder_attention_mask": mask}
@@ -383,13 +383,13 @@ class WhisperBackbone(Backbone):
     def language_ids(self) -> torch.Tensor:
         """The language tokens' ids on the base's device (made outside any captured function: a CUDA graph cannot
         hold the copy from the host)."""
-        return torch.tensor(sorted(self.gen.lang_to_id.values()), device=self.base.device)
+        return device_ids(tuple(sorted(self.gen.lang_to_id.values())), self.device)
 
     def _with_languages(self, prompt: torch.Tensor, encoder_kv, language_ids: torch.Tensor) -> torch.Tensor:
         """``prompt`` [B, T] with its ``LANGUAGE_SLOT`` filled, per row, like the base's detect_language: the argmax
         over the language tokens after the start token. On the device, no host sync (a CUDA graph can hold it)."""
         batch = prompt.shape[0]
-        start = torch.full((batch, 1), self.gen.decoder_start_token_id, device=self.base.device)
+        start = torch.full((batch, 1), self.gen.decoder_start_token_id, device=self.device)
         state = self._empty_state(encoder_kv, batch, capacity=1)
         logits = self.logits(self._forward(state, start))[:, -1]
         detected = language_ids[logits[:, language_ids].argmax(-1)]
@@ -397,7 +397,7 @@ class WhisperBackbone(Backbone):
 
     def make_logits_processor(self, min_new_tokens: int | None):
         return SuppressionRules(
-            self.vocab_size, self.base.device, self.eos_token_ids, min_new_tokens,
+            self.vocab_size, self.device, self.eos_token_ids, min_new_tokens,
             always=getattr(self.gen, "suppress_tokens", None),
             at_begin=getattr(self.gen, "begin_suppress_tokens", None),
         )
@@ -405,7 +405,7 @@ class WhisperBackbone(Backbone):
     # ------------------------------------------------------------------ prefill & decode
     def encode(self, inputs: dict) -> torch.Tensor:
         """The speech encoder's output [B, L, H] for these inputs."""
-        features = inputs["input_features"].to(self.base.device, self.base.dtype)
+        features = inputs["input_features"].to(self.device, self.base.dtype)
         return encoder_output(self.base.model.encoder, features)
 
     def speech_memory_of(self, encoder_out: torch.Tensor) -> tuple:
@@ -429,15 +429,15 @@ class WhisperBackbone(Backbone):
         encoder_kv = None if one_graph else self._speech_kv(inputs, capture)
         batch = inputs["input_features"].shape[0] if one_graph else encoder_kv[0].shape[1]
         if template is None:
-            prompt = inputs["decoder_input_ids"].to(self.base.device)
+            prompt = inputs["decoder_input_ids"].to(self.device)
         else:  # (its language slots are filled by the prompt's pass below)
-            prompt = torch.tensor(template, device=self.base.device).expand(batch, -1)
+            prompt = device_ids(tuple(template), self.device).expand(batch, -1)
         detect = template is not None and LANGUAGE_SLOT in template
         prompt_len = prompt.shape[1]
         max_new = self._max_new_tokens(max_new_tokens, prompt_len)
         state = self._empty_state(encoder_kv, batch, prompt_len + max_new + extra_slots, cache_pool)
-        state.first_slot = _left_padding(inputs.get("decoder_attention_mask"), batch, self.base.device)
-        if self.base.device.type == "cpu" and inputs.get("input_features") is not None:
+        state.first_slot = _left_padding(inputs.get("decoder_attention_mask"), batch, self.device)
+        if self.device.type == "cpu" and inputs.get("input_features") is not None:
             state.speech_frames = speech_frames(inputs["input_features"])  # (a host read: CPU only)
         if one_graph:
             hidden, prompt = self._captured_speech_and_prompt(state, inputs["input_features"], prompt, detect, capture)
@@ -463,7 +463,7 @@ class WhisperBackbone(Backbone):
                                        extra={"cross_keys": keys, "cross_values": values})
             return keys, values, self._forward(prompt_state, prompt), prompt
 
-        features = features.to(self.base.device, self.base.dtype)
+        features = features.to(self.device, self.base.dtype)
         key = ("whisper-prefill", id(cache), tuple(features.shape), tuple(prompt.shape), detect)
         # (the language ids are an input too: a tensor the graph only closed over would be freed after this call)
         language_ids = self.language_ids() if detect else prompt.new_empty(0)
@@ -476,8 +476,8 @@ class WhisperBackbone(Backbone):
         """Every decoder layer's cross-attention keys and values [layers, B, heads, L, D] for the speech."""
         encoder_out = getattr(inputs.get("encoder_outputs"), "last_hidden_state", inputs.get("encoder_outputs"))
         if encoder_out is not None:  # (the base's generate ran the encoder)
-            return self._cross_attention_kv(encoder_out.to(self.base.device, self.base.dtype))
-        features = inputs["input_features"].to(self.base.device, self.base.dtype)
+            return self._cross_attention_kv(encoder_out.to(self.device, self.base.dtype))
+        features = inputs["input_features"].to(self.device, self.base.dtype)
         if capture is None:
             return self._speech_kv_of(features)
         return capture(("whisper-speech-kv", tuple(features.shape)), self._speech_kv_of, features)
@@ -505,7 +505,7 @@ class WhisperBackbone(Backbone):
         return torch.stack(keys), torch.stack(values)
 
     def _empty_state(self, encoder_kv, batch, capacity, cache_pool=None) -> DecodeState:
-        device, dtype = self.base.device, self.base.dtype
+        device, dtype = self.device, self.base.dtype
         make = cache_pool.get if cache_pool is not None else StaticKVCache
         cache = make(len(self.decoder.layers), batch, self.num_heads, capacity, self.head_dim, dtype, device)
         zeros = torch.zeros(batch, dtype=torch.long, device=device)

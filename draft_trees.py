@@ -3,6 +3,7 @@ and the trees built from the heads' measured accuracy."""
 
 from __future__ import annotations
 
+import functools
 import heapq
 from dataclasses import dataclass
 
@@ -58,6 +59,12 @@ class DraftTree:
         return all(p == (0,) * len(p) for p in self.paths)
 
     def tensors(self, device) -> "TreeTensors":
+        """This tree's tensors on ``device``, made once and shared, so never written: every call's prefill and
+        rounds read them, and on a GPU each made afresh is a copy from the host that first waits for all the work
+        queued before it (the call's speech encoder), idling the GPU while the host sets the rounds up."""
+        return _tree_tensors(self, torch.device(device))
+
+    def _make_tensors(self, device: torch.device) -> "TreeTensors":
         index = {path: i + 1 for i, path in enumerate(self.paths)}
         parents = [0] + [index.get(p[:-1], 0) for p in self.paths]
         depths = [0] + [len(p) for p in self.paths]
@@ -79,6 +86,11 @@ class DraftTree:
             # path_nodes[n, d]: the node at depth d on the path to n (n itself past its depth).
             path_nodes=_path_nodes(parents, depths, self.depth).to(device),
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _tree_tensors(tree: DraftTree, device: torch.device) -> "TreeTensors":
+    return tree._make_tensors(device)
 
 
 @dataclass

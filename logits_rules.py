@@ -130,11 +130,10 @@ class SuppressionRules(LogitsRules):
     masks_only = True
 
     def __init__(self, vocab: int, device, eos_token_ids, min_new_tokens=None, always=None, at_begin=None):
-        self.suppress = _token_ids(always, vocab, device)
-        self.begin = _token_ids(at_begin, vocab, device)
-        self.eos = _token_ids(eos_token_ids, vocab, device)
+        ids = [_valid_ids(token_ids, vocab) for token_ids in (always, at_begin, eos_token_ids)]
+        self.suppress, self.begin, self.eos = (device_ids(i, torch.device(device)) for i in ids)
         self.min_new_tokens = min_new_tokens
-        self.key = ("suppress", *(tuple(t.tolist()) for t in (self.suppress, self.begin, self.eos)), min_new_tokens)
+        self.key = ("suppress", *ids, min_new_tokens)
 
     def __call__(self, logits, num_generated, path=None):
         return self.block_in_place(logits.clone(), num_generated, path)
@@ -160,6 +159,12 @@ def _block_where_(logits: torch.Tensor, ids: torch.Tensor, where: torch.Tensor) 
     logits[..., ids] = torch.where(where[..., None], float("-inf"), logits[..., ids])
 
 
-def _token_ids(token_ids, vocab: int, device) -> torch.Tensor:
-    ids = sorted({int(t) for t in (token_ids or []) if 0 <= int(t) < vocab})
+def _valid_ids(token_ids, vocab: int) -> tuple[int, ...]:
+    return tuple(sorted({int(t) for t in (token_ids or []) if 0 <= int(t) < vocab}))
+
+
+@functools.lru_cache(maxsize=64)
+def device_ids(ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``ids`` on ``device``, made once and shared (never written): every call builds its rules and prompt, and on a
+    GPU a tensor made from host values is a copy that first waits for all the work queued before it."""
     return torch.tensor(ids, dtype=torch.long, device=device)

@@ -342,7 +342,7 @@ class MedusaForASR(PreTrainedModel):
         None (nothing kept) with a stand-in drafter (tests, replayed benchmarks)."""
         if self.drafter is not None or self.backbone is None:
             return None
-        device = self.backbone.base.device
+        device = self.backbone.device
         machine = torch.cuda.get_device_name(device) if device.type == "cuda" else processor_name()
         base = {k: v for k, v in self.backbone.base.config.to_dict().items()
                 if not k.startswith("_") and k != "transformers_version"}
@@ -405,7 +405,8 @@ class MedusaForASR(PreTrainedModel):
             kwargs.setdefault(self.backbone.required_inputs[0], args[0])
         _check_max_new_tokens(max_new_tokens)
         reason = None if use_medusa else "disabled"
-        reason = (reason or _activation_quantization(self.base)
+        parameters = parameter_tensors(self)  # (one walk a call: every check below reads it)
+        reason = (reason or _activation_quantization(self.base, parameters)
                   or _generation_fallback_reason(kwargs, self.base.generation_config, self.backbone)
                   or self.backbone.unsupported_reason(kwargs))
         if reason is not None:
@@ -414,7 +415,8 @@ class MedusaForASR(PreTrainedModel):
             out = self._base_generate(**_base_kwargs(kwargs, max_new_tokens, min_new_tokens))
             return (out, MedusaStats().as_dict()) if return_stats else out
         stats = MedusaStats()
-        timer = _PhaseTimer(self.backbone.base.device, enabled=return_stats)
+        timer = _PhaseTimer(self.backbone.device, enabled=return_stats)
+        self._captured_calls(fuse=True, parameters=parameters)
 
         def decode(plan: WindowPlan):
             return self._decode(plan, draft, cuda_graph, compile, stats, timer)
@@ -427,7 +429,7 @@ class MedusaForASR(PreTrainedModel):
         base's own generate where the backbone says the call takes it (timestamps, long-form, prompts); there,
         ``captured``, what the backbone runs of the base's replays as CUDA graphs."""
         if self.backbone.windowed(kwargs):
-            capture = self._captured_calls(fuse=True) if captured else None
+            capture = self.round_cache.calls if captured else None
             with self.backbone.around_base_generate(capture):
                 return self._through_base_generate(kwargs, max_new_tokens, min_new_tokens, decode)
         _check_inputs(kwargs, self.backbone.required_inputs)
@@ -438,10 +440,9 @@ class MedusaForASR(PreTrainedModel):
     def _decode(self, plan: WindowPlan, draft, cuda_graph, compile: bool, stats: MedusaStats, timer):
         """Prefill and Medusa rounds for one batch (a direct call, or one window of the base's generate);
         returns (tokens generated per row, the prompt)."""
-        on_cuda, graphs = self.backbone.base.device.type == "cuda", self._replays_graphs(cuda_graph)
+        on_cuda, graphs = self.backbone.device.type == "cuda", self._replays_graphs(cuda_graph)
         captured = on_cuda if cuda_graph is None else bool(cuda_graph)  # off CUDA: fixed shapes, no capture
         fixed_shape = captured or compile
-        self._captured_calls(fuse=True)
         candidates = self.draft_policy.candidates(draft)
         slack = self.draft_policy.cache_slack(candidates)
         pool = self.round_cache.pool if fixed_shape else None
@@ -463,16 +464,17 @@ class MedusaForASR(PreTrainedModel):
 
     def _replays_graphs(self, cuda_graph) -> bool:
         """Whether this call replays CUDA graphs: on a CUDA base, unless ``cuda_graph=False``."""
-        return self.backbone.base.device.type == "cuda" and cuda_graph is not False
+        return self.backbone.device.type == "cuda" and cuda_graph is not False
 
-    def _captured_calls(self, fuse: bool):
-        """The round cache's captured calls, after dropping every capture made with weights since replaced; with
+    def _captured_calls(self, fuse: bool, parameters: list | None = None):
+        """The round cache's captured calls, after dropping every capture made with weights since replaced
+        (``parameters``: ``parameter_tensors(self)``, walked here when not given); with
         ``fuse`` the backbone's projections are fused then (a GPU round of a small model is a chain of ~3 us kernels;
         on a 2-core CPU one q/k/v product a layer took 1-3 % off tiny.en's rounds), and the fused weights recorded as
         the ones the captures use (fusing gives the layers new tensors: unrecorded, the next call would drop every
         capture as stale and fuse again)."""
         cache = self.round_cache
-        if cache.check_weights(parameter_tensors(self)) and fuse and self.backbone.fuse_projections():
+        if cache.check_weights(parameter_tensors(self) if parameters is None else parameters) and fuse and self.backbone.fuse_projections():
             cache.check_weights(parameter_tensors(self))
         return cache.calls
 
@@ -932,12 +934,13 @@ CALL_ONLY_OPTIONS = ("generation_config", "logits_processor", "stopping_criteria
 MODE_NAMES = {"sample": "sampling", "beam_sample": "beam sampling"}
 
 
-def _activation_quantization(base) -> str | None:
+def _activation_quantization(base, parameters: list) -> str | None:
     """Why a base with quantised activations is decoded by its own generate: each activation is rounded to
     a few bits, so the last-bit differences of verifying several tokens in one pass can move it to the
-    next level, and the output would not be the base's own (weight-only quantisation is exact)."""
+    next level, and the output would not be the base's own (weight-only quantisation is exact).
+    ``parameters``: ``parameter_tensors`` of the model holding ``base``."""
     # every call runs this: plain parameters (the type itself) are passed over first
-    if not any(type(p) is not torch.nn.Parameter and hasattr(p, "act_quant_kwargs") for p in parameter_tensors(base)):
+    if not any(type(p) is not torch.nn.Parameter and hasattr(p, "act_quant_kwargs") for p in parameters):
         return None
     for name, module in base.named_modules():
         weight = getattr(module, "weight", None)

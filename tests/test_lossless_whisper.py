@@ -266,6 +266,25 @@ def test_the_weights_checked_every_call_are_every_parameter(whisper_medusa):
     assert [id(p) for p in parameter_tensors(layers)] == [id(p) for p in layers.parameters()]
 
 
+def test_a_later_call_makes_no_tensor_from_host_values_before_its_rounds(whisper_medusa, monkeypatch):
+    """The prompt, the language and suppressed ids and the draft tree's tensors are made once per device and
+    shared (on a GPU each made afresh is a copy that waits for the work queued before it), and a call walks its
+    parameters once; the backbone's device is the base's."""
+    import modeling_medusa
+    from draft_trees import _tree_tensors
+    from logits_rules import device_ids
+
+    features = random_features(1, 2)
+    whisper_medusa.generate(input_features=features, max_new_tokens=6, draft="chain")
+    walks, walk = [], modeling_medusa.parameter_tensors
+    monkeypatch.setattr(modeling_medusa, "parameter_tensors", lambda module: walks.append(module) or walk(module))
+    made = (device_ids.cache_info().misses, _tree_tensors.cache_info().misses)
+    whisper_medusa.generate(input_features=features, max_new_tokens=6, draft="chain")
+    assert (device_ids.cache_info().misses, _tree_tensors.cache_info().misses) == made
+    assert walks.count(whisper_medusa) == 1
+    assert whisper_medusa.backbone.device == whisper_medusa.base.device
+
+
 def emitted_by_rounds(sequences: torch.Tensor, max_new_tokens: int, eos: int) -> int:
     """Tokens the rounds emitted, counted from returned ids: each row's new tokens (Whisper drops the
     final EOS and pads with it, so a row shorter than the limit ended by one EOS), less the first token,

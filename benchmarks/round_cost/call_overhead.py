@@ -150,6 +150,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--readbacks", default="pinned,sync", help="forms of reading a round's verdict to alternate")
+    parser.add_argument("--phases-only", action="store_true",
+                        help="only the call's phases (no readback forms, host profile or torch.profiler): an A/B of "
+                             "two versions of the code, run in turn from their own folders")
+    parser.add_argument("--label", default=None, help="what code this run measured (recorded in the JSON)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     unknown = set(args.readbacks.split(",")) - set(READBACKS)
@@ -165,6 +169,10 @@ def main() -> None:
                 call(model, features, args.tokens, draft)
             row = {"shape": shape, "draft": draft, "tokens": args.tokens,
                    **phases(model, features, args.tokens, draft, args.repeats)}
+            if args.phases_only:
+                print(row, flush=True)
+                rows.append(row)
+                continue
             try:  # (an experiment: its failure must not cost the lease the rest of the row)
                 row["readback"] = readback_forms(model, features, args.tokens, draft, args.readbacks.split(","),
                                                  args.repeats)
@@ -177,7 +185,7 @@ def main() -> None:
         model.release_caches()
         del model
         torch.cuda.empty_cache()
-    write_json_atomic(args.out, {"command": command_line("benchmarks/round_cost/call_overhead.py"),
+    write_json_atomic(args.out, {"command": command_line("benchmarks/round_cost/call_overhead.py"), "label": args.label,
                                  "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None, "torch": torch.__version__,
                                  "date": time.strftime("%Y-%m-%d"), "rows": rows})
 
