@@ -3,9 +3,10 @@
 a fixed number of new tokens. Per shape: the call's wall time and the phases ``return_stats`` reports (medians),
 the host's Python time per function over the calls (cProfile: its own overhead inflates every figure, so read
 the ranking and the shares), torch.profiler's host ops and device kernels per call, and how the host reads each
-round's verdict (``--readbacks``, alternated call by call: ``sync``, the rounds' own ``tolist()`` of the device
-tensor, a blocking copy through pageable memory, against ``pinned``, a copy into page-locked memory then waited
-on; the GPU idles while the host reads, decides and relaunches, so the form is part of every round's cost).
+round's verdict (``--readbacks``, alternated call by call: ``sync``, ``tolist()`` of the device tensor, a blocking
+copy through pageable memory, against ``pinned``, the rounds' own form since the H100 A/B of 2026-12-05: a copy into
+page-locked memory then waited on; the GPU idles while the host reads, decides and relaunches, so the form is part
+of every round's cost).
 
     python benchmarks/round_cost/call_overhead.py --shapes tiny.en,base \
         --out benchmarks/round_cost/h200_call_overhead.json
@@ -67,21 +68,17 @@ def phases(model, features, tokens: int, draft: str, repeats: int) -> dict:
     return out
 
 
-def pinned_step(self, active: list[bool]) -> RoundResult:
-    """``CapturedRounds.step`` reading the round's verdict through page-locked memory (the form under test)."""
+def sync_step(self, active: list[bool]) -> RoundResult:
+    """``CapturedRounds.step`` reading the round's verdict by ``tolist()`` of the device tensor, a blocking copy
+    through pageable memory (the rounds' form until the H100 A/B of 2026-12-05 chose the page-locked one)."""
     self._set_active(active)
     self.replay()
-    if not hasattr(self, "pinned_result"):
-        self.pinned_result = torch.empty(self.result.shape, dtype=self.result.dtype, pin_memory=True)
-        self.pinned_read = torch.cuda.Event()
-    self.pinned_result.copy_(self.result, non_blocking=True)
-    self.pinned_read.record()
-    self.pinned_read.synchronize()
-    rows = self.pinned_result.tolist()
+    rows = self.result.tolist()
     return RoundResult([r[0] for r in rows], [r[1:] for r in rows])
 
 
-READBACKS = {"sync": CapturedRounds.step, "pinned": pinned_step}
+ROUNDS_OWN_STEP = CapturedRounds.step  # page-locked: "pinned"
+READBACKS = {"sync": sync_step, "pinned": ROUNDS_OWN_STEP}
 
 
 def readback_forms(model, features, tokens: int, draft: str, forms: list[str], repeats: int) -> dict:
@@ -98,7 +95,7 @@ def readback_forms(model, features, tokens: int, draft: str, forms: list[str], r
                 sync()
                 samples[form].append(((time.perf_counter() - start) * 1000, stats["rounds_seconds"] * 1000 / stats["rounds"]))
     finally:
-        CapturedRounds.step = READBACKS["sync"]
+        CapturedRounds.step = ROUNDS_OWN_STEP
     return {form: {"wall_ms": round(statistics.median(s[0] for s in rows), 3),
                    "round_in_loop_us": round(statistics.median(s[1] for s in rows) * 1000, 1)}
             for form, rows in samples.items()}
