@@ -25,7 +25,6 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-from medusa_decoding import RoundResult  # noqa: E402
 from medusa_fast import CapturedRounds  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 from tools.profile_rounds import build_model  # noqa: E402
@@ -68,17 +67,14 @@ def phases(model, features, tokens: int, draft: str, repeats: int) -> dict:
     return out
 
 
-def sync_step(self, active: list[bool]) -> RoundResult:
-    """``CapturedRounds.step`` reading the round's verdict by ``tolist()`` of the device tensor, a blocking copy
-    through pageable memory (the rounds' form until the H100 A/B of 2026-12-05 chose the page-locked one)."""
-    self._set_active(active)
-    self.replay()
-    rows = self.result.tolist()
-    return RoundResult([r[0] for r in rows], [r[1:] for r in rows])
+def tolist_read(self) -> list:
+    """The verdict read by ``tolist()`` of the device tensor, a blocking copy through pageable memory (the rounds'
+    own read until the H100 A/B of 2026-12-05 chose the page-locked one)."""
+    return self.result.tolist()
 
 
-ROUNDS_OWN_STEP = CapturedRounds.step  # page-locked: "pinned"
-READBACKS = {"sync": sync_step, "pinned": ROUNDS_OWN_STEP}
+ROUNDS_OWN_READ = CapturedRounds._read_result  # page-locked: "pinned"
+READBACKS = {"sync": tolist_read, "pinned": ROUNDS_OWN_READ}
 
 
 def readback_forms(model, features, tokens: int, draft: str, forms: list[str], repeats: int) -> dict:
@@ -89,16 +85,25 @@ def readback_forms(model, features, tokens: int, draft: str, forms: list[str], r
     try:
         for _ in range(repeats):
             for form in forms:
-                CapturedRounds.step = READBACKS[form]
+                CapturedRounds._read_result = READBACKS[form]
                 start = time.perf_counter()
                 _, stats = call(model, features, tokens, draft, stats=True)
                 sync()
                 samples[form].append(((time.perf_counter() - start) * 1000, stats["rounds_seconds"] * 1000 / stats["rounds"]))
     finally:
-        CapturedRounds.step = ROUNDS_OWN_STEP
+        CapturedRounds._read_result = ROUNDS_OWN_READ
     return {form: {"wall_ms": round(statistics.median(s[0] for s in rows), 3),
                    "round_in_loop_us": round(statistics.median(s[1] for s in rows) * 1000, 1)}
             for form, rows in samples.items()}
+
+
+def readback_row(model, features, tokens: int, draft: str, readbacks: str, repeats: int) -> dict:
+    """``readback_forms`` for the row, or the error it raised (an experiment: its failure must not cost the lease
+    the rest of the row)."""
+    try:
+        return readback_forms(model, features, tokens, draft, readbacks.split(","), repeats)
+    except Exception as error:  # noqa: BLE001
+        return {"error": " ".join(str(error).split())[:300]}
 
 
 def host_functions(model, features, tokens: int, draft: str, calls: int, top: int) -> list[dict]:
@@ -166,18 +171,12 @@ def main() -> None:
                 call(model, features, args.tokens, draft)
             row = {"shape": shape, "draft": draft, "tokens": args.tokens,
                    **phases(model, features, args.tokens, draft, args.repeats)}
-            if args.phases_only:
-                print(row, flush=True)
-                rows.append(row)
-                continue
-            try:  # (an experiment: its failure must not cost the lease the rest of the row)
-                row["readback"] = readback_forms(model, features, args.tokens, draft, args.readbacks.split(","),
-                                                 args.repeats)
-            except Exception as error:  # noqa: BLE001
-                row["readback"] = {"error": " ".join(str(error).split())[:300]}
-            print({k: v for k, v in row.items()}, flush=True)
-            row["host_functions"] = host_functions(model, features, args.tokens, draft, args.repeats, args.top)
-            row["profiler"] = device_and_ops(model, features, args.tokens, draft, 10, args.top)
+            if not args.phases_only:
+                row["readback"] = readback_row(model, features, args.tokens, draft, args.readbacks, args.repeats)
+            print(row, flush=True)
+            if not args.phases_only:
+                row["host_functions"] = host_functions(model, features, args.tokens, draft, args.repeats, args.top)
+                row["profiler"] = device_and_ops(model, features, args.tokens, draft, 10, args.top)
             rows.append(row)
         model.release_caches()
         del model

@@ -49,7 +49,7 @@ def checks(model, repeats: int) -> dict:
     kwargs = {"input_features": torch.zeros(1, base.config.num_mel_bins, 3000)}
     parameters = modeling_medusa.parameter_tensors(model)
     return {
-        "parameter_tensors": len(modeling_medusa.parameter_tensors(model)),
+        "parameter_tensors": len(parameters),
         "weights_signature_module_parameters_us": median_us(lambda: signature(model.parameters()), repeats),
         "weights_signature_parameter_tensors_us": median_us(
             lambda: signature(modeling_medusa.parameter_tensors(model)), repeats),
