@@ -501,6 +501,33 @@ def speech_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 MAX_FOLDED_QUERIES = 96  # batch x queries (4 x 33: 14.3 us folded against 12.8 for FlashAttention)
 
 
+def _memory_chunks(length: int) -> int:
+    """How many slices the memory's positions are summed in: the largest divisor of ``length`` up to
+    ``MEMORY_CHUNKS`` that leaves slices of at least ``MIN_MEMORY_CHUNK`` positions (1: one product)."""
+    return max((c for c in range(1, MEMORY_CHUNKS + 1) if length % c == 0 and length // c >= MIN_MEMORY_CHUNK),
+               default=1)
+
+
+MEMORY_CHUNKS, MIN_MEMORY_CHUNK = 16, 64
+
+
+def _attend_memory_float32(query, keys, values, scale: float) -> torch.Tensor:
+    """Float32 attention over the speech on a GPU, as matrix products. SDPA's float32 kernel (memory-efficient
+    attention) runs one block per head and walks every frame in it, whatever the number of queries, and cuBLAS
+    runs ``probs @ values`` for a few rows as one long reduction; summing slices of the frames as a batch of
+    products, then adding them, spreads that reduction over the GPU (``benchmarks/round_cost`` has the timings)."""
+    batch, heads, n, width = query.shape
+    length = keys.shape[-2]
+    probs = torch.softmax(torch.matmul(query * scale, keys.transpose(-1, -2)), dim=-1)
+    chunks = _memory_chunks(length) if n > 1 else 1
+    if chunks == 1:
+        return torch.matmul(probs, values)
+    rows, part = batch * heads, length // chunks
+    sliced = probs.reshape(rows, n, chunks, part).transpose(1, 2).reshape(rows * chunks, n, part)
+    partial = torch.bmm(sliced, values.reshape(rows * chunks, part, width))
+    return partial.view(rows, chunks, n, width).sum(1).view(batch, heads, n, width)
+
+
 def attend_memory(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None = None):
     """Attention of a few queries over a long unmasked memory (the speech), [B, heads, n, D] -> same.
     Half precision on a GPU, several queries: each query becomes a head of its own over its head's keys and
@@ -509,6 +536,8 @@ def attend_memory(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     and cuDNN's kernel for several queries 19.7; `benchmarks/round_cost/h200_speech_attention.json`). Past
     ~100 folded queries in all FlashAttention is the faster again."""
     batch, heads, n, width = query.shape
+    if query.is_cuda and query.dtype == torch.float32:
+        return _attend_memory_float32(query, keys, values, width ** -0.5 if scale is None else scale)
     if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and n > 1:
         if batch * n > MAX_FOLDED_QUERIES:
             return torch.ops.aten._scaled_dot_product_flash_attention(query, keys, values, scale=scale)[0]

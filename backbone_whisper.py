@@ -545,7 +545,10 @@ class WhisperBackbone(Backbone):
     def _attend(self, attn, x, keys, values, mask, projected_query=None):
         """``attn`` of ``x`` (its query projected already where ``projected_query`` is given) over keys/values."""
         query = self._heads((linear(attn.q_proj, x) if projected_query is None else projected_query) * self.scaling)
-        mode = "matmul" if query.dtype == torch.float32 else self.half_attention
+        if query.dtype == torch.float32:  # CPU: speech_scores' tuned forms; GPU: attend_memory's float32 form
+            mode = "memory" if mask is None and query.is_cuda else "matmul"
+        else:
+            mode = self.half_attention
         if mode in ("auto", "memory"):
             mode = "memory" if mask is None else ("matmul" if mode == "auto" else "sdpa")
         if mode == "matmul":

@@ -48,3 +48,20 @@ def test_attention_to_the_speech_folds_queries_into_heads_without_changing_it(ba
     got = attend_memory(query, keys, values, scale=0.125)
     assert got.shape == query.shape
     assert torch.allclose(got.float(), want, atol=2e-3, rtol=2e-2)
+
+
+@pytest.mark.parametrize("batch,heads,n,length", [(1, 6, 1, 1500), (1, 6, 5, 1500), (2, 8, 33, 1500), (1, 4, 3, 100),
+                                                  (1, 2, 4, 97)])
+def test_float32_attention_to_the_speech_sums_slices_of_frames_to_the_same_result(batch, heads, n, length):
+    """The float32 GPU form of attend_memory (sums over slices of the frames, then added): the same attention as
+    SDPA's, whatever the length (a prime length runs as one product). Checked here on the CPU: the form is plain
+    tensor arithmetic, the device only chooses it."""
+    from backbone import _attend_memory_float32, _memory_chunks
+
+    torch.manual_seed(n + length)
+    query = torch.randn(batch, heads, n, 64)
+    keys, values = torch.randn(batch, heads, length, 64), torch.randn(batch, heads, length, 64)
+    got = _attend_memory_float32(query, keys, values, 0.125)
+    want = torch.nn.functional.scaled_dot_product_attention(query, keys, values, scale=0.125)
+    assert torch.allclose(got, want, atol=2e-5, rtol=1e-5)
+    assert _memory_chunks(1500) == 15 and _memory_chunks(97) == 1
