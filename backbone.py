@@ -515,7 +515,7 @@ def _attend_memory_float32(query, keys, values, scale: float) -> torch.Tensor:
     """Float32 attention over the speech on a GPU, as matrix products. SDPA's float32 kernel (memory-efficient
     attention) runs one block per head and walks every frame in it, whatever the number of queries, and cuBLAS
     runs ``probs @ values`` for a few rows as one long reduction; summing slices of the frames as a batch of
-    products, then adding them, spreads that reduction over the GPU (``benchmarks/round_cost`` has the timings)."""
+    products, then adding them, spreads that reduction over the GPU (``benchmarks/float32_gpu``)."""
     batch, heads, n, width = query.shape
     length = keys.shape[-2]
     probs = torch.softmax(torch.matmul(query * scale, keys.transpose(-1, -2)), dim=-1)
