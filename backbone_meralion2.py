@@ -13,13 +13,13 @@ from __future__ import annotations
 import torch
 
 try:
-    from .backbone import (Backbone, Projection, backs, compile_fixed_shape, encoder_output, fusable, fuse_linears,
-                           weight_product)
+    from .backbone import Backbone, backs, compile_fixed_shape, encoder_output, fusable, fuse_linears
+    from .cpu_kernels import Projection, weight_product
     from .kv_cache import DecodeState, StaticKVCache, attention_mask
     from .logits_rules import SuppressionRules
 except ImportError:
-    from backbone import (Backbone, Projection, backs, compile_fixed_shape, encoder_output, fusable, fuse_linears,
-                          weight_product)
+    from backbone import Backbone, backs, compile_fixed_shape, encoder_output, fusable, fuse_linears
+    from cpu_kernels import Projection, weight_product
     from kv_cache import DecodeState, StaticKVCache, attention_mask
     from logits_rules import SuppressionRules
 

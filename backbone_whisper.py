@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from .backbone import (Backbone, Projection, attend_memory, backs, contiguous_stream, encoder_output, fusable,
-                           fuse_linears, linear, speech_scores, weight_product)
+    from .backbone import Backbone, backs, contiguous_stream, encoder_output, fusable, fuse_linears
+    from .cpu_kernels import Projection, attend_memory, linear, speech_scores, weight_product
     from .kv_cache import DecodeState, StaticKVCache, attention_mask
     from .logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules, device_ids
     from .medusa_decoding import WindowPlan
 except ImportError:
-    from backbone import (Backbone, Projection, attend_memory, backs, contiguous_stream, encoder_output, fusable,
-                          fuse_linears, linear, speech_scores, weight_product)
+    from backbone import Backbone, backs, contiguous_stream, encoder_output, fusable, fuse_linears
+    from cpu_kernels import Projection, attend_memory, linear, speech_scores, weight_product
     from kv_cache import DecodeState, StaticKVCache, attention_mask
     from logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules, device_ids
     from medusa_decoding import WindowPlan

@@ -25,9 +25,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 try:
-    from .backbone import DerivedCopy, Projection, attend_memory, dense, is_dense
+    from .cpu_kernels import DerivedCopy, Projection, attend_memory, dense, is_dense
 except ImportError:
-    from backbone import DerivedCopy, Projection, attend_memory, dense, is_dense
+    from cpu_kernels import DerivedCopy, Projection, attend_memory, dense, is_dense
 
 HEAD_KINDS = ("medusa", "path")
 

@@ -29,6 +29,7 @@ try:
     from .backbone_meralion2 import MERaLiON2Backbone
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
+    from .cpu_kernels import Projection  # noqa: F401
     from .draft_policy import (CREDITED_CHAIN_STOP, TIMED_PASSES, DraftPolicy, RoundCache, TimingKey,
                                TimingStore, cache_dir, processor_name,
                                evict_cpu_caches, graph_seconds, wall_seconds)
@@ -45,6 +46,7 @@ except ImportError:
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
+    from cpu_kernels import Projection  # noqa: F401
     from draft_policy import (CREDITED_CHAIN_STOP, TIMED_PASSES, DraftPolicy, RoundCache, TimingKey,
                               TimingStore, cache_dir, processor_name,
                               evict_cpu_caches, graph_seconds, wall_seconds)
@@ -61,7 +63,7 @@ HEADS_FILE = "medusa_heads.safetensors"
 DRAFT_VOCAB_KEY = "draft_vocab"  # int64 [V_draft]: the token ids the heads project onto (optional)
 CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.py", "medusa_fast.py",
               "medusa_heads.py", "draft_policy.py", "draft_trees.py", "kv_cache.py", "logits_rules.py", "backbone.py",
-              "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py")
+              "cpu_kernels.py", "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py")
 # transformers.pipeline("automatic-speech-recognition", model=<artifact>, trust_remote_code=True) builds this class
 # (for a family it does not run, it says so in one line)
 ASR_PIPELINE = {"impl": "asr_pipeline.MedusaSpeechRecognitionPipeline", "pt": ["AutoModel"], "tf": [], "type": "audio"}
