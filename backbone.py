@@ -47,9 +47,8 @@ def contiguous_stream(encoder: torch.nn.Module):
     """While it lasts, a Whisper speech encoder's residual stream is laid out contiguously. The encoder permutes
     its convolutions' [B, C, T] output to [B, T, C] and adds the positions to that view, so the stream keeps the
     strides of [B, C, T] through every layer: each layer norm copies it first and each residual add runs
-    strided (H200, Whisper-large-v3 shape, bf16: 2.7 of 8.0 ms a window at batch 1, 38 of 110 ms for 16
-    windows; 2-core CPU, float32: 2-3 % of tiny.en's encoder, 8-10 % of base's). The same values in the same
-    order: only the layout the first layer receives changes."""
+    strided, a sizeable share of the encoder on a GPU and a CPU alike (``benchmarks/round_cost/encoder_layout.py``).
+    The same values in the same order: only the layout the first layer receives changes."""
     layers = getattr(encoder, "layers", None)
     handle = layers[0].register_forward_pre_hook(_contiguous_first_argument, with_kwargs=True) if layers else None
     try:
@@ -259,8 +258,8 @@ class Backbone:
         state.next_token = self.predict(hidden[:, -1:], process_logits, nothing_yet, path)[:, -1]
 
     def padded(self, rows: list[list[int]], like: torch.Tensor) -> torch.Tensor:
-        """Token rows right-padded with the pad id into one [B, max_len] tensor (one copy to the device: a copy a
-        row costs a GPU batch of 64 ~1 ms)."""
+        """Token rows right-padded with the pad id into one [B, max_len] tensor (one copy to the device, not one a
+        row)."""
         width = max((len(r) for r in rows), default=0)
         padded = [list(row) + [self.pad_token_id] * (width - len(row)) for row in rows]
         return torch.tensor(padded, dtype=torch.long).reshape(len(rows), width).to(like.device)

@@ -42,13 +42,11 @@ def _version(tensor: torch.Tensor) -> int | None:
 
 class Projection:
     """``hidden @ weight.T`` (+ bias) laid out for the device. On a CPU a vocabulary projection is a large
-    matrix times a few rows, and MKL's row-major kernels for that are slow (tiny.en's 51 864 x 384: one
-    row 9.4 ms through ``F.linear``, 4.1 ms from a transposed copy; five rows 19.8 ms, 7.6 ms as
-    ``weight @ hidden.T``; measured on the 2-core development CPU). On a GPU a vocabulary whose size is not
-    a multiple of 8 (Whisper's multilingual 51 865) leaves the logits' rows unaligned, and cuBLAS falls back
-    to slow kernels for several rows (H200, whisper-base, 17 rows: 78 us, an sm75 ``align1`` kernel, where
-    the weight alone is read in 11 us): it multiplies a copy padded to ``GPU_ROW_MULTIPLE`` rows and returns
-    the first ``vocab`` columns. The same dot products: the result equals ``F.linear`` up to float rounding."""
+    matrix times a few rows, and MKL's row-major kernels for that are slow: one row goes through a transposed
+    copy, several as ``weight @ hidden.T``. On a GPU a vocabulary whose size is not a multiple of 8 (Whisper's
+    multilingual 51 865) leaves the logits' rows unaligned, and cuBLAS falls back to slow kernels for several
+    rows (``align1`` kernels, several times the cost of reading the weight): it multiplies a copy padded to
+    ``GPU_ROW_MULTIPLE`` rows and returns the first ``vocab`` columns. The same dot products: the result equals ``F.linear`` up to float rounding."""
 
     def __init__(self, weight_of, bias_of=lambda: None):
         self.weight_of, self.bias_of = weight_of, bias_of
@@ -159,9 +157,8 @@ class ScreenedArgmax:
 
     def _screen_product(self, x: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
         """``x @ low.T`` in bf16 (float32 sums) in the form this machine runs fastest: the copy as it is, or in
-        oneDNN's own layout, made once (a second copy, 40 MB for tiny.en). Unpacked, oneDNN lays the copy out again
-        on every call (2-core AMD EPYC, tiny.en's [51 968, 384]: 3.4 ms for 1 or 5 rows, packed 1.9 / 1.3; a plain
-        round 13.2 -> 11.1 ms; ``benchmarks/round_cost/screen_forms.py``, ``screen_packing.py``)."""
+        oneDNN's own layout, made once (a second copy of the weight's size in bf16). Unpacked,
+        oneDNN lays the copy out again on every call (``benchmarks/round_cost/screen_packing.py``)."""
         packed = self._packed(low)
         if packed is None:
             return cpu_linear(x, low)
@@ -298,11 +295,9 @@ COMPILED_GPU_ARGMAX_BLOCK = 2048  # (0: plain argmax in compiled GPU rounds, for
 
 def fast_argmax(scores: torch.Tensor) -> torch.Tensor:
     """``scores.argmax(-1)`` (the first maximum) over long rows in the form each device runs fastest: blocked (see
-    ``blocked_argmax``) on a CPU, where argmax runs one scalar loop per row (tiny.en's 51 864 logits: 33 us a row on
-    the 2-core development CPU) and a plain maximum is vectorised; blocked in compiled GPU rounds, where compiled
-    argmax is one reduction per row (H200, bf16, product + argmax over tiny.en's vocabulary: 19.1 -> 14.1 us for one
-    row, 19.8 -> 16.5 for 17; the 3B shape's 256 000 tokens: 329 -> 276 us for 5 rows; ``benchmarks/round_cost/
-    blocked_argmax.py``); plain argmax elsewhere (eager GPU kernels, where it is one kernel against several)."""
+    ``blocked_argmax``) on a CPU, where argmax runs one scalar loop per row and a plain maximum is vectorised; blocked in
+    compiled GPU rounds, where compiled argmax is one reduction per row, too few programs for a few long rows
+    (``benchmarks/round_cost/blocked_argmax.py``); plain argmax elsewhere (eager GPU kernels, where it is one kernel against several)."""
     compiling = torch.compiler.is_compiling()
     if scores.device.type == "cpu" and not compiling:
         width = 1024
@@ -344,17 +339,14 @@ def pad_rows(weight: torch.Tensor, bias: torch.Tensor | None, multiple: int) -> 
 class FastestForm:
     """Forms of one product that compute the same dot products (equal up to float rounding), and the one this
     machine runs fastest, timed for each key (the operands' shapes and dtypes), the choice kept for the process.
-    Which wins depends on the CPU, so it is measured, not assumed: for a few float32 rows through tiny.en's fc1,
-    ``W @ x.T`` beat ``F.linear`` on a 2-core AMD EPYC (one row 114 us against 214, five rows 153 against 302;
-    weights not in cache), while on a 2-core Intel Xeon with AMX ``F.linear`` wins up to three rows (one row 45 us
-    against 86) and ``W @ x.T`` from 9 to 16 (85 against 124).
+    Which wins depends on the CPU, so it is measured, not assumed: for a few float32 rows ``W @ x.T`` beats
+    ``F.linear`` on some CPUs and loses on others (those with AMX among them), and the crossing depends on the rows.
 
     By default the forms are timed on first use, in turn on the same operands. ``in_use=True`` times them on the
     calls themselves instead: the key's first calls run each form in turn (each call's output is its form's),
     until every form has ``FORM_TIMING_TURNS`` timings, so each is timed as the loop runs it, on the weights of
-    every layer as they come from memory. (Timed back to back, a small weight stays in cache: on the AMD EPYC,
-    tiny.en's 384 x 384 product for one row takes 20 us through ``F.linear`` warm and 72-80 in the loop, where its
-    oneDNN-packed form takes ~40.) A call's ``without`` names forms that cannot run for the key."""
+    every layer as they come from memory. (Timed back to back, a small weight stays in cache and the
+    timings rank the forms differently from the loop.) A call's ``without`` names forms that cannot run for the key."""
 
     def __init__(self, in_use: bool = False, **forms):
         self.forms, self.in_use = forms, in_use
@@ -425,8 +417,8 @@ TILED_TRANSPOSE_MIN_ELEMENTS = 60 * 60
 
 def transposed_copy(matrix: torch.Tensor) -> torch.Tensor:
     """``matrix.T.contiguous()``. PyTorch copies the transpose of a contiguous matrix of 3 600 elements or more
-    through a single-threaded kernel of 60 x 60 tiles, slow for a few columns (bf16 [51968, 5]: 275 us on a
-    2-core Intel Xeon); the same copy seen as 3-D goes through the general copy kernel (49 us)."""
+    through a single-threaded kernel of 60 x 60 tiles, slow for a few columns; the same copy seen as 3-D goes
+    through the general copy kernel, several times faster there."""
     if matrix.numel() < TILED_TRANSPOSE_MIN_ELEMENTS:
         return matrix.T.contiguous()
     rows, columns = matrix.shape
@@ -434,15 +426,14 @@ def transposed_copy(matrix: torch.Tensor) -> torch.Tensor:
 
 
 # A few rows through a decoder's weight, timed as the loop runs them; a float32 weight also in oneDNN's own layout
-# (a second copy of it, made on first use): on the 2-core AMD EPYC, weights from memory, tiny.en's 384 x 384 for one /
-# five / 17 rows 72 / 77 / 102 us through F.linear, 40 / 40 / 53 packed (``benchmarks/round_cost/float32_packing.py``).
+# (a second copy of it, made on first use), which some CPUs multiply faster
+# (``benchmarks/round_cost/float32_packing.py``).
 FEW_ROWS_PRODUCT = FastestForm(in_use=True, rows=_rows_product, columns=_columns_product, packed=_packed_product)
 SCREEN_PRODUCT = FastestForm(unpacked=lambda x, low, packed: cpu_linear(x, low),
                              packed=lambda x, low, packed: onednn_linear(x, packed))
 CPU_FEW_ROWS = 64  # rows of a product on a CPU that ``FEW_ROWS_PRODUCT`` times its forms for (a 63-node tree)
 # A few float32 queries' scores over the speech's keys [B, heads, L, D], timed as the loop runs them: with the keys on
-# the left, MKL's product for a few columns (on the 2-core AMD EPYC, 1 500 frames, keys from memory: 5 queries 178 us
-# a layer against 262 for ``query @ keys^T``, one query 80 against 92; rounds of a stopping chain -2 to -4 %).
+# the left, MKL runs its product for a few columns, faster on some CPUs than ``query @ keys^T``.
 SPEECH_SCORES = FastestForm(in_use=True, keys_right=lambda query, keys: torch.matmul(query, keys.transpose(-1, -2)),
                             keys_left=lambda query, keys: torch.matmul(keys, query.transpose(-1, -2)).transpose(-1, -2))
 PACKED_WEIGHTS = PackedCopies()
@@ -489,16 +480,15 @@ def speech_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     return SPEECH_SCORES((tuple(keys.shape), keys.dtype, query.shape[-2]), query, keys)
 
 
-MAX_FOLDED_QUERIES = 96  # batch x queries (4 x 33: 14.3 us folded against 12.8 for FlashAttention)
+MAX_FOLDED_QUERIES = 96  # batch x queries past which FlashAttention beats the folded form
 
 
 def attend_memory(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None = None):
     """Attention of a few queries over a long unmasked memory (the speech), [B, heads, n, D] -> same.
     Half precision on a GPU, several queries: each query becomes a head of its own over its head's keys and
-    values (grouped-query attention), so SDPA runs cuDNN's kernel for one query (H200, 1 500 frames, 6 heads,
-    compiled: 7.6-8.9 us for 2-33 queries, where FlashAttention's split-KV kernel and its combine take 10.6-11.1
-    and cuDNN's kernel for several queries 19.7; `benchmarks/round_cost/h200_speech_attention.json`). Past
-    ~100 folded queries in all FlashAttention is the faster again."""
+    values (grouped-query attention), so SDPA runs cuDNN's kernel for one query, which for a few queries is faster
+    than FlashAttention's split-KV kernel and its combine or cuDNN's kernel for several queries. Past
+    ``MAX_FOLDED_QUERIES`` folded queries in all FlashAttention is the faster again."""
     batch, heads, n, width = query.shape
     if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and n > 1:
         if batch * n > MAX_FOLDED_QUERIES:
