@@ -267,7 +267,7 @@ class WhisperBackbone(Backbone):
         if not heads:
             raise ValueError("this Whisper base's generation_config has no alignment_heads (the cross-attention "
                              "heads that word times are read from); add them to its generation_config.json as the "
-                             "Hub's copy of the model has them (a base converted by pipeline.real_whisper takes "
+                             "Hub's copy of the model has them (a base converted by tools.real_whisper takes "
                              "them from CTranslate2's config.json)")
         layers, heads_per_layer = len(self.decoder.layers), self.num_heads
         outside = [list(h) for h in heads if not (0 <= h[0] < layers and 0 <= h[1] < heads_per_layer)]

@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    from pipeline.real_whisper import ensure_converted
+    from tools.real_whisper import ensure_converted
 
     torch.set_num_threads(args.threads)
     states, weight = decoder_states(ensure_converted(args.model), Path(args.audio))
