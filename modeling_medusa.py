@@ -29,6 +29,7 @@ try:
     from .backbone_meralion2 import MERaLiON2Backbone
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
+    from .cpu_kernels import Projection  # noqa: F401
     from .draft_policy import (CREDITED_CHAIN_STOP, TIMED_PASSES, DraftPolicy, RoundCache, TimingKey,
                                TimingStore, cache_dir, processor_name,
                                evict_cpu_caches, graph_seconds, wall_seconds)
@@ -45,6 +46,7 @@ except ImportError:
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
+    from cpu_kernels import Projection  # noqa: F401
     from draft_policy import (CREDITED_CHAIN_STOP, TIMED_PASSES, DraftPolicy, RoundCache, TimingKey,
                               TimingStore, cache_dir, processor_name,
                               evict_cpu_caches, graph_seconds, wall_seconds)
@@ -61,14 +63,14 @@ HEADS_FILE = "medusa_heads.safetensors"
 DRAFT_VOCAB_KEY = "draft_vocab"  # int64 [V_draft]: the token ids the heads project onto (optional)
 CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.py", "medusa_fast.py",
               "medusa_heads.py", "draft_policy.py", "draft_trees.py", "kv_cache.py", "logits_rules.py", "backbone.py",
-              "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py")
+              "cpu_kernels.py", "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py")
 # transformers.pipeline("automatic-speech-recognition", model=<artifact>, trust_remote_code=True) builds this class
 # (for a family it does not run, it says so in one line)
 ASR_PIPELINE = {"impl": "asr_pipeline.MedusaSpeechRecognitionPipeline", "pt": ["AutoModel"], "tf": [], "type": "audio"}
 BACKBONES: dict[str, type[Backbone]] = {backbone.family: backbone for backbone in (WhisperBackbone, MERaLiON2Backbone)}
 BASE_LOAD_KWARGS = ("torch_dtype", "dtype", "device_map", "attn_implementation", "quantization_config",
                     "revision", "token", "cache_dir", "local_files_only", "low_cpu_mem_usage")
-CONVERSION_MARKER = "conversion.json"  # written last into a base folder converted by pipeline.real_whisper
+CONVERSION_MARKER = "conversion.json"  # written last into a base folder converted by tools.real_whisper
 TRAIN_HINT = ("Train heads for this base with: python -m pipeline.collect --base BASE --audio AUDIO && "
               "python -m pipeline.train ... && python -m pipeline.export ... (see README.md).")
 
@@ -701,7 +703,7 @@ class BaseModelNotFound(OSError):
                    if "connect" in self.reason.lower() and not os.environ.get("HF_HUB_OFFLINE") else "")
         return (f"Could not load the base model {self.name!r} ({self.reason}). It is not a local folder, "
                 f"{converted_base_folder(self.name)} holds no converted copy, and the Hub or its cache does not "
-                f"have it: download it, convert it (Whisper tiny.en/base: python -m pipeline.real_whisper "
+                f"have it: download it, convert it (Whisper tiny.en/base: python -m tools.real_whisper "
                 f"{self.name}), or {how_to_point}.{offline}")
 
 
@@ -726,7 +728,7 @@ def load_base_model(name_or_path: str, family: str | None = None, **kwargs):
 
 
 def resolve_base(name_or_path: str) -> str:
-    """A folder as it is; a Hub id converted offline into ``cache_dir()`` (``pipeline.real_whisper``) as that
+    """A folder as it is; a Hub id converted offline into ``cache_dir()`` (``tools.real_whisper``) as that
     copy, found before any Hub request; any other Hub id as it is (the Hub, or its cache when offline)."""
     path = Path(str(name_or_path)).expanduser()
     if path.is_dir():
@@ -740,7 +742,7 @@ def resolve_base(name_or_path: str) -> str:
 
 
 def converted_base_folder(hub_id: str) -> Path:
-    """Where ``pipeline.real_whisper`` converts ``hub_id`` (``cache_dir()/<last part of the id>``)."""
+    """Where ``tools.real_whisper`` converts ``hub_id`` (``cache_dir()/<last part of the id>``)."""
     return cache_dir() / str(hub_id).rstrip("/").split("/")[-1]
 
 
