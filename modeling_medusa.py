@@ -126,8 +126,10 @@ class MedusaForASR(PreTrainedModel):
     # ------------------------------------------------------------------ loading / saving
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, base_model=None,
-                        base_model_name_or_path=None, processor=None, **kwargs):
-        """Load the artifact: its config, the base model it names, and the trained heads."""
+                        base_model_name_or_path=None, processor=None, trust_base_remote_code: bool = False, **kwargs):
+        """Load the artifact: its config, the base model it names, and the trained heads. A base of a family that
+        runs its own code (MERaLiON-2) runs it when it is the base the artifact names, or with
+        ``trust_base_remote_code=True`` (a ``base_model_name_or_path`` the caller chose)."""
         folder = _resolve_artifact(pretrained_model_name_or_path, kwargs)
         if getattr(config, "model_type", None) == MedusaConfig.model_type:  # e.g. from AutoConfig, kwargs applied
             config = config if isinstance(config, MedusaConfig) else MedusaConfig.from_dict(config.to_dict())
@@ -142,8 +144,10 @@ class MedusaForASR(PreTrainedModel):
             )
         if base_model_name_or_path:
             config.base_model_name_or_path = base_model_name_or_path
+        trusted = trust_base_remote_code or str(config.base_model_name_or_path) == _named_base(folder)
         if base_model is None:
-            base_model, processor = load_base_model(config.base_model_name_or_path, config.base_family, **kwargs)
+            base_model, processor = load_base_model(config.base_model_name_or_path, config.base_family,
+                                                    trust_base_code=trusted, **kwargs)
         model = cls(config, base=base_model, processor=processor)
         model.load_heads(heads_path)
         model.eval()
@@ -152,10 +156,12 @@ class MedusaForASR(PreTrainedModel):
     @classmethod
     def from_base(cls, base_model_name_or_path: str, family: str | None = None, medusa_num_heads: int = 4,
                   medusa_num_layers: int = 1, base_model=None, processor=None, head_kind: str = "medusa",
-                  speech_attention: bool = False, **kwargs):
-        """Fresh (zero-initialised) heads on a frozen base: the starting point for training."""
+                  speech_attention: bool = False, trust_base_remote_code: bool = False, **kwargs):
+        """Fresh (zero-initialised) heads on a frozen base: the starting point for training. A base of a family that
+        runs its own code (MERaLiON-2) needs ``trust_base_remote_code=True``."""
         if base_model is None:
-            base_model, processor = load_base_model(base_model_name_or_path, family, **kwargs)
+            base_model, processor = load_base_model(base_model_name_or_path, family,
+                                                    trust_base_code=trust_base_remote_code, **kwargs)
         family = family or detect_family(base_model)
         backbone = BACKBONES[family](base_model)
         config = MedusaConfig(
@@ -705,14 +711,32 @@ class BaseModelNotFound(OSError):
                 f"{self.name}), or {how_to_point}.{offline}")
 
 
-def load_base_model(name_or_path: str, family: str | None = None, **kwargs):
-    """Load a base model (+ its processor) by Hub id or folder; a PEFT adapter folder is merged."""
+class BaseCodeNotTrusted(ValueError):
+    """A base whose family runs its own code (MERaLiON-2) that the caller did not agree to run."""
+
+    def __init__(self, name: str, family: str):
+        super().__init__(
+            f"{name} is a {family} base, which runs its own Python code from its folder or repository; it is not the "
+            "base the heads name, so its code runs only if you trust it: pass trust_base_remote_code=True "
+            "(commands: --trust-base-code).")
+
+
+def load_base_model(name_or_path: str, family: str | None = None, trust_base_code: bool = False, **kwargs):
+    """Load a base model (+ its processor) by Hub id or folder; a PEFT adapter folder is merged (onto the base its
+    adapter_config.json names). The base's config.json is read as data: its own code runs only where its family
+    needs it (MERaLiON-2; Whisper never) and ``trust_base_code`` says the caller agreed to it."""
     load_kwargs = {k: v for k, v in kwargs.items() if k in BASE_LOAD_KWARGS and v is not None}
     name_or_path = resolve_base(name_or_path)
     adapter = _peft_adapter_base(name_or_path, load_kwargs)
     source = resolve_base(adapter) if adapter else name_or_path
     config = _base_config(source, load_kwargs)
-    family = family or _family_of(config, source)
+    detected = _family_of(config, source)
+    if BACKBONES[detected].remote_code and not trust_base_code:
+        raise BaseCodeNotTrusted(str(source), detected)
+    if family and family != detected:
+        raise ValueError(f"{source} is a {detected} base, but these heads were trained for a {family} base; give a "
+                         f"{family} base (or the heads for this one).")
+    family = detected
     _decompress_compressed_tensors(config, source, load_kwargs)
     try:
         base = BACKBONES[family].load_base(source, load_kwargs)
@@ -790,22 +814,25 @@ def _peft_adapter_base(name_or_path, load_kwargs) -> str | None:
     return json.loads(Path(path).read_text(encoding="utf-8"))["base_model_name_or_path"] if path else None
 
 
-def _base_config(source, load_kwargs):
-    from transformers import AutoConfig
+def _base_config(source, load_kwargs) -> dict:
+    """The base's config.json as a dict: read as data, so none of the base's code (its auto_map) runs."""
+    from transformers import PretrainedConfig
 
+    keep = {k: v for k, v in load_kwargs.items() if k in ("revision", "token", "cache_dir", "local_files_only")}
     try:
-        return AutoConfig.from_pretrained(source, trust_remote_code=True,
-                                          **{k: v for k, v in load_kwargs.items() if k in ("revision", "token")})
+        config, _ = PretrainedConfig.get_config_dict(str(source), **keep)
     except (OSError, ValueError) as err:
         raise BaseModelNotFound(str(source), _first_line(err)) from err
+    return config
 
 
-def _family_of(config, source) -> str:
-    model_type = getattr(config, "model_type", "")
+def _family_of(config: dict, source) -> str:
+    model_type = config.get("model_type") or ""
     for family, backbone in BACKBONES.items():
         if backbone.is_model_type(model_type):
             return family
-    raise ValueError(f"{source!r} is a {model_type!r} model; supported bases are MERaLiON-2 and Whisper.")
+    raise ValueError(f"{source!r} is a {model_type or 'untyped'!r} model (config.json's model_type); supported "
+                     "bases are MERaLiON-2 and Whisper.")
 
 
 def _decompress_compressed_tensors(config, source, load_kwargs) -> None:
@@ -813,7 +840,7 @@ def _decompress_compressed_tensors(config, source, load_kwargs) -> None:
     once: the library's packed layers fail in transformers' own forward here (their forward looks for a
     dense ``weight``), so they would not run even in the base's generate. The values are the quantised
     model's, so its outputs are; the speed is that of dense weights, not of a 4-bit kernel (vLLM's Marlin)."""
-    quantization = getattr(config, "quantization_config", None)
+    quantization = config.get("quantization_config")
     if not isinstance(quantization, dict) or quantization.get("quant_method") != "compressed-tensors" \
             or "quantization_config" in load_kwargs:
         return
@@ -848,6 +875,15 @@ def _resolve_artifact(name_or_path, kwargs) -> str:
     except Exception as err:
         raise OSError(f"Could not find the Medusa artifact {name_or_path!r}: there is no such folder here "
                       f"({Path.cwd()}), and as a Hub repository id: {type(err).__name__}: {err}") from err
+
+
+def _named_base(folder) -> str:
+    """The base the artifact's own config.json names (a ``config`` given to from_pretrained, e.g. AutoModel's with
+    keyword arguments applied, may name another)."""
+    try:
+        return str(json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))["base_model_name_or_path"])
+    except (OSError, ValueError, KeyError):
+        return ""
 
 
 def _read_heads(path) -> dict:
