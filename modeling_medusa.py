@@ -698,13 +698,14 @@ def detect_family(base) -> str:
 class BaseModelNotFound(OSError):
     """The base model could not be loaded from a folder, a converted copy or the Hub (or its cache)."""
 
-    def __init__(self, name: str, reason: str):
-        self.name, self.reason = name, reason
+    def __init__(self, name: str, reason: str, unreachable: bool = False):
+        self.name, self.reason, self.unreachable = name, reason, unreachable
         super().__init__(self.message("pass base_model_name_or_path=<local folder>"))
 
     def message(self, how_to_point: str) -> str:
-        offline = (" Without a network, HF_HUB_OFFLINE=1 skips the Hub (and its retries)."
-                   if "connect" in self.reason.lower() and not os.environ.get("HF_HUB_OFFLINE") else "")
+        unreachable = self.unreachable or "connect" in self.reason.lower()
+        offline = (" Without a network, HF_HUB_OFFLINE=1 skips the Hub (and its retries) and loads from its cache."
+                   if unreachable and not os.environ.get("HF_HUB_OFFLINE") else "")
         return (f"Could not load the base model {self.name!r} ({self.reason}). It is not a local folder, "
                 f"{converted_base_folder(self.name)} holds no converted copy, and the Hub or its cache does not "
                 f"have it: download it, convert it (Whisper tiny.en/base: python -m pipeline.real_whisper "
@@ -727,6 +728,7 @@ def load_base_model(name_or_path: str, family: str | None = None, trust_base_cod
     needs it (MERaLiON-2; Whisper never) and ``trust_base_code`` says the caller agreed to it."""
     load_kwargs = {k: v for k, v in kwargs.items() if k in BASE_LOAD_KWARGS and v is not None}
     name_or_path = resolve_base(name_or_path)
+    _from_cache_if_hub_silent(name_or_path, load_kwargs)
     adapter = _peft_adapter_base(name_or_path, load_kwargs)
     source = resolve_base(adapter) if adapter else name_or_path
     config = _base_config(source, load_kwargs)
@@ -802,6 +804,43 @@ def _load_processor(source, family, load_kwargs):
         return None
 
 
+def _hub_silence(repo_id: str, load_kwargs: dict) -> str | None:
+    """Why the Hub gave no answer to one request for ``repo_id``'s config.json within huggingface_hub's
+    HF_HUB_ETAG_TIMEOUT (a timeout, a refused or reset connection), or None when it answered (any status) or is
+    not to be asked (a folder, HF_HUB_OFFLINE=1, local_files_only)."""
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    if Path(repo_id).is_dir() or load_kwargs.get("local_files_only") or constants.HF_HUB_OFFLINE:
+        return None
+    url = hf_hub_url(repo_id, "config.json", revision=load_kwargs.get("revision"))
+    try:
+        get_session().head(url, headers=build_hf_headers(token=load_kwargs.get("token")),
+                           timeout=constants.HF_HUB_ETAG_TIMEOUT)
+    except Exception as err:  # noqa: BLE001 - no HTTP answer at all (httpx's or requests' errors, by version)
+        return (f"no answer from {constants.ENDPOINT} to a request for {repo_id}/config.json ({type(err).__name__}; "
+                f"timeout {constants.HF_HUB_ETAG_TIMEOUT} s, HF_HUB_ETAG_TIMEOUT)")
+    return None
+
+
+def _from_cache_if_hub_silent(repo_id: str, load_kwargs: dict) -> None:
+    """Where the Hub does not answer one bounded request, load from its cache alone (local_files_only), so that
+    no file, optional ones such as adapter_config.json included, waits through the library's retries (minutes
+    each); without a cached copy, say so at once."""
+    from huggingface_hub import try_to_load_from_cache
+
+    silence = _hub_silence(repo_id, load_kwargs)
+    if silence is None:
+        return
+    cached = (try_to_load_from_cache(repo_id, name, cache_dir=load_kwargs.get("cache_dir"),
+                                     revision=load_kwargs.get("revision"))
+              for name in ("config.json", "adapter_config.json"))
+    if not any(isinstance(path, str) for path in cached):
+        raise BaseModelNotFound(repo_id, f"{silence}; the Hugging Face cache has no copy", unreachable=True)
+    warnings.warn(f"{silence}; loading {repo_id} from the Hugging Face cache.", stacklevel=3)
+    load_kwargs["local_files_only"] = True
+
+
 def _peft_adapter_base(name_or_path, load_kwargs) -> str | None:
     """The base a PEFT adapter (folder or Hub id) was trained on; None for a model that is not an adapter."""
     from transformers.utils import find_adapter_config_file
@@ -870,11 +909,14 @@ def _resolve_artifact(name_or_path, kwargs) -> str:
         return str(name_or_path)
     from huggingface_hub import snapshot_download
 
+    hub = {"revision": kwargs.get("revision"), "token": kwargs.get("token")}
+    silence = _hub_silence(str(name_or_path), hub)  # then the cache alone, not minutes of retries
     try:
-        return snapshot_download(str(name_or_path), revision=kwargs.get("revision"), token=kwargs.get("token"))
+        return snapshot_download(str(name_or_path), local_files_only=silence is not None, **hub)
     except Exception as err:
+        cause = f"{silence}, and the Hugging Face cache has no copy" if silence else f"{type(err).__name__}: {err}"
         raise OSError(f"Could not find the Medusa artifact {name_or_path!r}: there is no such folder here "
-                      f"({Path.cwd()}), and as a Hub repository id: {type(err).__name__}: {err}") from err
+                      f"({Path.cwd()}), and as a Hub repository id: {cause}") from err
 
 
 def _named_base(folder) -> str:
