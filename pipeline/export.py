@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="artifact folder to create or replace")
     p.add_argument("--tree", choices=("auto", "chain"), default="auto",
                    help="auto: sparse tree from measured top-k accuracy; chain: top-1 of every head")
-    p.add_argument("--tree-nodes", type=int, default=16,
+    p.add_argument("--tree-nodes", type=cli_args.positive_int, default=16,
                    help="draft nodes of the artifact's default tree (root excluded); draft='auto' weighs "
                         "every tree pipeline.train measured")
     p.add_argument("--benchmark", action="append", default=[],
