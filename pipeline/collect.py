@@ -290,6 +290,21 @@ def base_folder(base: str) -> str:
     return resolve_whisper(base)
 
 
+def load_from_base(args, **options):
+    """``MedusaForASR.from_base`` of ``--base`` (``--trust-base-code`` its consent); a base that cannot be loaded
+    (no such folder, not on the Hub or in its cache, refused code, another family) is the user's one-line error."""
+    from pipeline.real_whisper import ConversionError
+
+    medusa = import_medusa()
+    try:
+        return medusa.MedusaForASR.from_base(base_folder(args.base), trust_base_remote_code=args.trust_base_code,
+                                             **options)
+    except medusa.BaseModelNotFound as err:
+        raise SystemExit(err.message("give --base a local folder or a Hub id")) from err
+    except (OSError, ValueError, ImportError, ConversionError) as err:
+        raise SystemExit(f"--base {args.base}: {' '.join(str(err).split())}") from err
+
+
 def parse_device(name: str) -> str:
     """``--device`` of a pipeline command (``tools.runtime.resolve_device``); a device this machine lacks is a user
     error."""
@@ -510,8 +525,7 @@ def main(argv=None, model=None) -> dict:
     device = parse_device(args.device)
     dtype = parse_dtype(args.dtype, device)
     if model is None and todo:
-        model = import_medusa().MedusaForASR.from_base(base_folder(args.base), torch_dtype=dtype, device_map=device,
-                                                       trust_base_remote_code=args.trust_base_code)
+        model = load_from_base(args, torch_dtype=dtype, device_map=device)
     info_path = os.path.join(args.out, "collect_info.json")
     info = _read_info(info_path)
     if model is not None:

@@ -36,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from pipeline.collect import (base_folder, import_medusa, list_shards, load_shard, load_shard_speech, parse_device, parse_dtype,
+from pipeline.collect import (import_medusa, list_shards, load_from_base, load_shard, load_shard_speech, parse_device, parse_dtype,
                               run_cli)
 from tools import cli_args
 from tools.files import save_safetensors_atomic, torch_save_atomic, write_json_atomic
@@ -211,11 +211,8 @@ def heads_metadata(model) -> dict:
 
 
 def build_model(args, dtype, device):
-    medusa = import_medusa()
-    return medusa.MedusaForASR.from_base(base_folder(args.base), medusa_num_heads=args.heads,
-                                         medusa_num_layers=args.layers, head_kind=args.head_kind,
-                                         speech_attention=args.speech_attention, torch_dtype=dtype, device_map=device,
-                                         trust_base_remote_code=args.trust_base_code)
+    return load_from_base(args, medusa_num_heads=args.heads, medusa_num_layers=args.layers, head_kind=args.head_kind,
+                          speech_attention=args.speech_attention, torch_dtype=dtype, device_map=device)
 
 
 def _device_of(model):
