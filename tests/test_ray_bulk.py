@@ -80,5 +80,5 @@ def test_command_line_errors_are_one_line(cluster, tmp_path, capsys):
     from tools import bulk
 
     code = bulk.main([str(tmp_path / "missing"), "--output", str(tmp_path / "out")])
-    assert code == 2
-    assert capsys.readouterr().err.strip().startswith("error: ") and "Traceback" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and "missing: no such file or folder" in err and len(err.splitlines()) == 1
