@@ -66,14 +66,15 @@ def test_parquet_table_of_paths_and_a_changed_option(cluster, material, tmp_path
     from tools import bulk
 
     folder, clips, _ = material
-    pq.write_table(pa.table({"path": [str(clips[0]), str(clips[1])]}), tmp_path / "inputs.parquet")
+    pq.write_table(pa.table({"path": [clips[0].name]}), folder / "audio" / "inputs.parquet")  # (relative path)
     output = tmp_path / "rows"
-    first = bulk.bulk_transcribe([str(tmp_path / "inputs.parquet")], str(output), output_format="parquet")
-    assert (first.transcribed, first.errors) == (2, 0)
+    first = bulk.bulk_transcribe([str(folder / "audio" / "inputs.parquet")], str(output), output_format="parquet")
+    assert (first.transcribed, first.errors) == (1, 0)
     assert all(p.suffix == ".parquet" for p in output.iterdir())
-    other = bulk.bulk_transcribe([str(tmp_path / "inputs.parquet")], str(output), output_format="parquet",
+    assert [r["path"] for r in bulk.read_rows(str(output))] == [str(clips[0].resolve())]
+    other = bulk.bulk_transcribe([str(folder / "audio" / "inputs.parquet")], str(output), output_format="parquet",
                                  max_new_tokens=100)
-    assert (other.transcribed, other.skipped) == (2, 0)
+    assert (other.transcribed, other.skipped) == (1, 0)
 
 
 def test_command_line_errors_are_one_line(cluster, tmp_path, capsys):

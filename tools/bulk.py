@@ -32,8 +32,9 @@ import numpy as np
 from tools import audio_io, runtime, transcribe
 
 EPILOG = """\
-Several machines: start Ray on each, then run the command on any of them (paths and OUTPUT must be reachable from
-every node: a shared folder or object storage):
+Several machines: start Ray on each, then run the command on any of them (this repository at the same path on
+every node, its workers import it from there; the inputs and OUTPUT reachable from every node: a shared folder or
+object storage):
     head$    ray start --head --port 6379
     worker$  ray start --address HEAD_IP:6379          # each GPU machine; Ray counts its GPUs and CPUs
     any$     python -m tools.bulk s3://bucket/audio/ --output s3://bucket/transcripts --address auto \\
@@ -43,7 +44,8 @@ Without --address, a Ray instance is started on this machine for the run.
 
 TABLE_SUFFIXES = (".parquet", ".jsonl", ".json")
 PATH_COLUMNS = ("path", "audio")
-DECODE_CPUS = 0.5  # a decode task's share of a CPU: the model's actors hold whole ones
+# Decoding tasks reserve no CPU, so that actors holding every CPU never starve them; a few run at once.
+DECODE_CPUS, DECODE_TASKS = 0, 4
 EXIT_OK, EXIT_FILE_FAILED, EXIT_USER_ERROR = 0, 1, 2
 
 
@@ -312,8 +314,8 @@ def bulk_transcribe(inputs: list[str], output: str, *, model: str | None = None,
             start_ray(address)
         before = _files_in(output)
         dataset = (ray.data.from_items(pending)
-                   .map(decode_row, num_cpus=DECODE_CPUS)
-                   .map_batches(BulkTranscriber, batch_size=batch_size, concurrency=workers,
+                   .map(decode_row, num_cpus=DECODE_CPUS, compute=ray.data.TaskPoolStrategy(size=DECODE_TASKS))
+                   .map_batches(BulkTranscriber, batch_size=batch_size, compute=ray.data.ActorPoolStrategy(size=workers),
                                 num_gpus=gpus_per_worker or None, num_cpus=None if gpus_per_worker else cpus_per_worker,
                                 fn_constructor_kwargs={"model_options": model_options,
                                                        "decode_options": decode_options,

@@ -174,28 +174,28 @@ class SpeechBatcher:
 
     def _windows(self, transcriber, audios, results) -> None:
         """Windows cut at pauses (``audio_io.pause_windows``), batched across files; a file's text joins them."""
-        tasks = [(i, w) for i, a in enumerate(audios) for w in audio_io.pause_windows(a, self.max_seconds)]
+        windows = [audio_io.pause_windows(a, self.max_seconds) for a in audios]
+        tasks = [(i, w) for i, file_windows in enumerate(windows) for w in file_windows]
         texts: dict[tuple[int, int], str] = {}
         for start in range(0, len(tasks), self.batch_size):
             chunk = tasks[start:start + self.batch_size]
             pieces = [audios[i][w.start:w.end] for i, w in chunk]
+            loud = [p for p in pieces if not audio_io.is_silent(p)]  # a silent window says nothing
             started = time.perf_counter()
             try:
-                done = [("" if audio_io.is_silent(p) else None) for p in pieces]
-                loud = [p for p, d in zip(pieces, done) if d is None]
                 decoded = iter(transcriber.transcribe(loud) if loud else [])
-            except Exception as error:  # noqa: BLE001 - as above
+            except Exception as error:  # noqa: BLE001 - one batch's failure is its files' error, not the run's end
                 self._fail(results, sorted({i for i, _ in chunk}), error)
                 continue
             seconds = time.perf_counter() - started
-            for (i, w), d in zip(chunk, done):
-                texts[i, w.start] = next(decoded) if d is None else d
+            for (i, w), piece in zip(chunk, pieces):
+                texts[i, w.start] = "" if audio_io.is_silent(piece) else next(decoded)
                 results[i].decode_seconds += seconds / len(chunk)
                 results[i].draft = transcriber.last_stats.get("draft")
-        for i, a in enumerate(audios):
+        for i, file_windows in enumerate(windows):
             if results[i].error is None:
-                windows = audio_io.pause_windows(a, self.max_seconds)
-                results[i].segments = [Segment(w.start_seconds, w.end_seconds, texts[i, w.start]) for w in windows]
+                results[i].segments = [Segment(w.start_seconds, w.end_seconds, texts[i, w.start])
+                                       for w in file_windows]
                 results[i].text = " ".join(s.text for s in results[i].segments if s.text)
 
     def _languages(self, output, rows: int) -> list[str | None]:
