@@ -83,3 +83,15 @@ def test_command_line_errors_are_one_line(cluster, tmp_path, capsys):
     code = bulk.main([str(tmp_path / "missing"), "--output", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: ") and "missing: no such file or folder" in err and len(err.splitlines()) == 1
+
+
+def test_an_option_the_actors_refuse_is_one_line():
+    """An actor's failed start reaches the driver as Ray's error holding the worker's traceback as text: the command
+    says the ValueError's line alone."""
+    from tools import bulk
+
+    died = RuntimeError("The actor died because of an error raised in its creation task\nTraceback (most recent call "
+                        "last):\n  File \"x.py\", line 1\nValueError: This Whisper model is English-only: it takes "
+                        "no language or task; leave them unset.\n")
+    assert bulk._user_error(died) == "This Whisper model is English-only: it takes no language or task; leave them unset."
+    assert bulk._user_error(RuntimeError("something else")) is None

@@ -21,6 +21,7 @@ import argparse
 import fnmatch
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -396,14 +397,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+USER_ERRORS = (ValueError, OSError)  # what loading the model raises for options or a model it cannot take
+
+
 def _user_error(error: BaseException) -> str | None:
-    """The one-line message of an options problem raised where the model loads (inside an actor), else None."""
+    """The one-line message of an options problem raised where the model loads (inside an actor, which Ray
+    reports as the actor's death with the worker's traceback as text), else None."""
     seen = error
     while seen is not None:
-        if isinstance(seen, (ValueError, OSError, FileNotFoundError)) and not isinstance(seen, InputError):
-            return " ".join(str(seen).split()).split(" Traceback")[0]
+        if isinstance(seen, USER_ERRORS) and not isinstance(seen, InputError):
+            return " ".join(str(seen).split())
         seen = getattr(seen, "cause", None) or seen.__cause__
-    return None
+    names = "|".join(kind.__name__ for kind in (*USER_ERRORS, FileNotFoundError))
+    found = re.findall(rf"^(?:{names}): (.+)$", str(error), flags=re.MULTILINE)
+    return found[-1].strip() if found else None
 
 
 def main(argv: list[str] | None = None) -> int:
