@@ -32,7 +32,7 @@ CONCURRENCY = (1, 4, 16)
 
 
 def make_clips(folder: Path, count: int) -> list[Path]:
-    from pipeline.long_recording import LONG_TEXT, flite
+    from tools.long_recording import LONG_TEXT, flite
 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
