@@ -25,7 +25,7 @@ from tools.files import staged_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACT_FILES = ("config.json", "medusa_heads.safetensors", "README.md")  # each artifact has these
-RECORD_FILES = ("training_metrics.json", "collect_info.json")  # published where the artifact has them
+RECORD_FILES = ("training_metrics.json", "collect_info.json", "results.json", "speedup.png")  # where the artifact has them
 COMMAND_FILES = ("example_inference.py",)  # `python example_inference.py speech.wav` in a download
 
 

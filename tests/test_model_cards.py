@@ -124,3 +124,20 @@ def test_root_example_says_in_one_line_that_meralion2_heads_must_be_trained(tmp_
 @pytest.mark.parametrize("folder", ARTIFACTS, ids=lambda p: p.name)
 def test_each_artifact_folder_holds_its_example(folder):
     assert (folder / "example_inference.py").read_bytes() == (ROOT / "example_inference.py").read_bytes()
+
+
+def test_results_page_is_rendered_from_the_committed_summaries_and_fits_5000_words():
+    """docs/RESULTS.md is tools.results_tables' rendering of the committed result files, tables with dates and
+    commands; `wc -w` counts table rules and bars too, and still stays within 5 000."""
+    from tools import results_tables
+
+    page = (ROOT / "docs" / "RESULTS.md").read_text(encoding="utf-8")
+    assert page == results_tables.render()
+    assert len(page.split()) <= 5000
+    assert "python -m tools.benchmark --audio" in page and "| date" in page.replace("  ", "")
+
+
+def test_benchmarks_hold_results_and_one_index_no_scripts():
+    found = [p for p in (ROOT / "benchmarks").rglob("*") if p.suffix in (".sh", ".py")]
+    assert not found, found
+    assert [p.name for p in (ROOT / "benchmarks").rglob("README.md")] == ["README.md"]

@@ -753,7 +753,8 @@ def test_hub_folder_holds_real_files_of_each_shipped_artifact(tmp_path):
         artifact, out = root / "heads" / name, tmp_path / name
         names = hub_folder.write_hub_folder(artifact, out, processor=processor)
         assert set(names) == {"config.json", "medusa_heads.safetensors", "README.md", "training_metrics.json",
-                              "collect_info.json", *CODE_FILES, "example_inference.py", *processor_files}
+                              "collect_info.json", "results.json", "speedup.png", *CODE_FILES, "example_inference.py",
+                              *processor_files}  # (the card's plot ships with it)
         assert sorted(p.name for p in out.iterdir()) == names
         for file in processor_files:
             assert (out / file).read_bytes() == (tmp_path / "processor" / file).read_bytes(), file
