@@ -198,17 +198,17 @@ def render_model_card(config, rows: list[dict] | None = None, plot: str | None =
     if untrained:
         title = f"Medusa decoding for {base}: the code, heads not yet trained"
         intro = (f"This folder is the Hugging Face remote-code artifact of Medusa decoding for {_base_link(base)}: "
-                 "its config and code, with no trained heads. "
-                 "You train its heads with one command (below); until then, loading it stops with one line "
-                 "saying so. "
-                 f"The Whisper artifacts in {', '.join(f'`{h}/`' for h in shipped)} hold real trained heads and "
+                 "its config and code, without the trained *heads*, the small networks that guess the next tokens. "
+                 "You train its heads with one command (below); until then, loading it fails with a message "
+                 "saying how. "
+                 f"The Whisper artifacts in {' and '.join(f'`{h}/`' for h in shipped)} hold real trained heads and "
                  "work today; the snippet uses one of them.\n\n" + terms)
         where = "Run it in a clone of this repository, with any WAV file named `speech.wav`."
     else:
         title = f"Medusa heads for {base}"
-        intro = (f"Draft heads for {_base_link(base)} that make its greedy transcription faster without changing "
-                 "one output token. "
-                 "Each round, the heads draft the next tokens and the base checks the whole draft in one verify "
+        intro = (f"Medusa heads for {_base_link(base)}: small networks that make its greedy transcription faster "
+                 "without changing one output token. "
+                 "The heads guess the next few tokens, and the base model checks all the guesses in one decoder "
                  "pass. "
                  "The transcript is the base model's own greedy transcript, produced in fewer decoder passes.\n\n"
                  + terms + "\n\n" + _heads_sentence(cfg) + " " + _training_sentence(cfg))

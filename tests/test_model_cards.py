@@ -121,6 +121,26 @@ def test_root_example_says_in_one_line_that_meralion2_heads_must_be_trained(tmp_
     assert len(err.splitlines()) == 1 and "no trained heads" in err and "MERaLiON" in err
 
 
+def test_a_downloaded_folder_whose_base_cannot_be_found_says_so_in_one_line(tmp_path, capsys):
+    """An upload folder on a machine with an empty cache and no network: one line naming the base and how to get
+    it, exit status 2, no traceback."""
+    import shutil
+
+    import example_inference
+    from modeling_medusa import CODE_FILES
+
+    folder = tmp_path / "downloaded"
+    folder.mkdir()
+    artifact = ROOT / "heads" / "whisper-tiny.en"
+    config = json.loads((artifact / "config.json").read_text(encoding="utf-8"))
+    (folder / "config.json").write_text(json.dumps({**config, "base_model_name_or_path": "nobody/no-such-whisper"}))
+    for name in ("medusa_heads.safetensors", *CODE_FILES):
+        shutil.copyfile(ROOT / name if name in CODE_FILES else artifact / name, folder / name)
+    assert example_inference.main([str(tmp_path / "speech.wav"), str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "nobody/no-such-whisper" in err and "download it" in err
+
+
 @pytest.mark.parametrize("folder", ARTIFACTS, ids=lambda p: p.name)
 def test_each_artifact_folder_holds_its_example(folder):
     assert (folder / "example_inference.py").read_bytes() == (ROOT / "example_inference.py").read_bytes()
