@@ -330,11 +330,12 @@ def main(argv=None, model=None) -> str:
                     raise RuntimeError(f"saved heads differ from {args.heads} at {k}")
         else:
             print("[export] WARNING: save_pretrained wrote no medusa_heads.safetensors")
+        plot = None
         if rows:
             write_results(staged, rows, command_line("pipeline.export", argv))
-            draw_speedup(rows, os.path.join(staged, PLOT_FILE))
+            plot = draw_speedup(rows, os.path.join(staged, PLOT_FILE))
         write_atomic(os.path.join(staged, "README.md"), render_model_card(
-            cfg, rows, PLOT_FILE if rows else None, repo_id=args.repo_id, license=args.license))
+            cfg, rows, plot, repo_id=args.repo_id, license=args.license))
         apply_umask(staged)
         install_folder(staged, out)
     except BaseException:

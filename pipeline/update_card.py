@@ -71,9 +71,14 @@ def shipped_rows() -> list[dict]:
             if (r.get("batch") or 1) == 1]
 
 
-def draw_speedup(rows: list[dict], path: Path) -> None:
-    """Horizontal bars: each row's speed-up over the base's ``generate`` and over our own greedy loop."""
-    import matplotlib
+def draw_speedup(rows: list[dict], path: Path) -> str | None:
+    """Horizontal bars: each row's speed-up over the base's ``generate`` and over our own greedy loop; returns the
+    plot's file name, or None where matplotlib is not installed (the MERaLiON-2 environment: a card without it)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"[update_card] no matplotlib: {path} not drawn (pip install matplotlib)", file=sys.stderr)
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -98,6 +103,7 @@ def draw_speedup(rows: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
+    return Path(path).name
 
 
 def write_results(folder: Path, rows: list[dict], command: str) -> None:
@@ -126,9 +132,8 @@ def update_card(artifact: Path, results: list[Path], summary: Path | None = None
             write_results(artifact, rows, command)
     else:
         rows = shipped_rows()
-    if rows:
-        draw_speedup(rows, artifact / PLOT_FILE)
-    card = render_model_card(config, rows, PLOT_FILE if rows else None, trained=trained)
+    plot = draw_speedup(rows, artifact / PLOT_FILE) if rows else None
+    card = render_model_card(config, rows, plot, trained=trained)
     write_atomic(artifact / "README.md", card)
     return rows
 

@@ -411,8 +411,11 @@ def test_export_artifact_and_model_card(shards, tmp_path):
     args = ["--base", "fake/base", "--heads", os.path.join(ckpt, "best.safetensors"), "--out", art,
             "--benchmark", str(bench), "--data-info", str(extra), "--license", "mit", "--tree-nodes", "6"]
     export.main(args, model=FakeMedusa())
+    import importlib.util
+
+    plotted = importlib.util.find_spec("matplotlib") is not None  # (not in the MERaLiON-2 environment)
     assert sorted(os.listdir(art)) == ["README.md", "config.json", "medusa_heads.safetensors", "results.json",
-                                       "speedup.png"]
+                                       *(["speedup.png"] if plotted else [])]
     cfg = json.load(open(os.path.join(art, "config.json")))
     td = cfg["training_data"]
     assert td["n_utterances"] == 48 and td["voices"] == ["voice0", "voice1"] and td["licence"] == ["CC0-1.0"]
@@ -442,7 +445,7 @@ def test_export_artifact_and_model_card(shards, tmp_path):
     assert front["pipeline_tag"] == "automatic-speech-recognition" and front["license"] == "mit"
     assert {"medusa", "speculative-decoding"} <= set(front["tags"])
     assert ModelCard(card).data.to_dict() == front  # the Hub reads the same metadata
-    assert "trust_remote_code=True" in card and "model.generate" in card and "](speedup.png)" in card
+    assert "trust_remote_code=True" in card and "model.generate" in card and ("](speedup.png)" in card) == plotted
     speedup = f"{summary['speedup_sum_latency']:.2f}×"
     assert has_table_row(card, "whisper-tiny.en", "CPU (AMD EPYC)", "float32", summary["draft_ran"],
                          f"{summary['mean_accepted_per_round']:.2f}", speedup)
