@@ -43,7 +43,8 @@ benchmark: system-deps $(VENV)/.installed
 	$(VENV)/bin/python -m pipeline.eval_speech --out work_data/eval_speech $(if $(LIBRISPEECH),--librispeech $(LIBRISPEECH))
 	$(VENV)/bin/python -m tools.benchmark --audio work_data/eval_speech/manifest.jsonl --out work_data/benchmarks/cpu_auto
 
-# What `huggingface-cli upload` should publish for each shipped artifact: real files, no links, no tools.
+# What `huggingface-cli upload` should publish for each shipped artifact: real files, no links, no tools (a Whisper
+# base with no converted copy is converted first, as `make demo` does).
 upload-check: $(VENV)/.installed
 	@for d in heads/*/; do $(VENV)/bin/python -m pipeline.hub_folder $$d work_data/upload/$$(basename $$d) || exit 1; done
 

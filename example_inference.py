@@ -1,6 +1,6 @@
 """Transcribe an audio file with this artifact: the base model's own greedy transcript, decoded faster.
 
-    python example_inference.py speech.wav                 # the artifact in this folder
+    python example_inference.py speech.wav                 # the artifact in this script's folder
     python example_inference.py speech.wav ORG/REPO_NAME   # or any other folder / Hub repository
 
 The heads' repository has the full command (subtitles, long files, folders, word times, benchmarks):
@@ -8,12 +8,14 @@ The heads' repository has the full command (subtitles, long files, folders, word
 """
 
 import sys
+from pathlib import Path
 
 import soundfile
 import soxr
 from transformers import AutoModel
 
 SAMPLE_RATE = 16_000
+HERE = Path(__file__).absolute().parent  # this folder, whatever the working directory (a link keeps its folder)
 
 
 def load_audio(path: str):
@@ -22,7 +24,7 @@ def load_audio(path: str):
     return soxr.resample(samples.mean(axis=1), rate, SAMPLE_RATE)
 
 
-def transcribe(audio_path: str, model_path: str = ".", max_new_tokens: int | None = None) -> str:
+def transcribe(audio_path: str, model_path: str = str(HERE), max_new_tokens: int | None = None) -> str:
     model = AutoModel.from_pretrained(model_path, trust_remote_code=True)  # loads the base it names + the heads
     inputs = model.prepare_audio_inputs([load_audio(audio_path)])
     max_new_tokens = max_new_tokens or model.default_max_new_tokens  # (Whisper 224 per 30 s window)
@@ -33,11 +35,12 @@ def transcribe(audio_path: str, model_path: str = ".", max_new_tokens: int | Non
 
 def main(argv: list[str]) -> int:
     if len(argv) not in (1, 2):
-        sys.exit(__doc__)
+        print(__doc__, file=sys.stderr)
+        return 2
     try:
         print(transcribe(*argv))
-    except (OSError, ValueError) as error:  # e.g. a base that is neither a folder, converted, nor in the Hub's cache
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+    except (OSError, ValueError, soundfile.LibsndfileError) as error:  # no heads, no base, untrusted base code, bad audio
+        print(f"example_inference.py: {" ".join(str(error).split())}", file=sys.stderr)
         return 2
     return 0
 

@@ -5,9 +5,9 @@
 
 Builds ``MedusaForASR.from_base`` + the trained heads, records provenance in the config
 (``training_data`` from the collect folder's ``collect_info.json`` and the training metrics,
-``head_accuracy`` from ``metrics.json``, ``benchmark`` from ``--benchmark``), picks the draft tree
-from the measured per-head top-k accuracy, saves everything into a temporary folder with a
-generated README.md model card, and only then moves it into ``--out``. An existing, non-empty ``--out``
+``head_accuracy`` from ``metrics.json``), picks the draft tree from the measured per-head top-k accuracy,
+saves everything into a temporary folder with the ``--benchmark`` rows (``results.json``, ``speedup.png``) and
+the README.md model card rendered from them, and only then moves it into ``--out``. An existing, non-empty ``--out``
 must be a previous export that git does not track (``--force`` overrides): a shipped artifact is never
 replaced by accident.
 """
@@ -23,10 +23,12 @@ import subprocess
 import sys
 import tempfile
 
-from pipeline.collect import _summarise_entries, import_medusa, load_from_base, parse_device, parse_dtype, run_cli
-from pipeline.model_card import BENCHMARK_FIELDS, render_model_card
+from pipeline.collect import (_summarise_entries, import_medusa, load_from_base, parse_device,
+                              parse_dtype, run_cli)
+from pipeline.model_card import render_model_card
+from pipeline.update_card import PLOT_FILE, draw_speedup, result_row, write_results
 from tools import cli_args
-from tools.files import apply_umask, write_atomic
+from tools.files import apply_umask, command_line, write_atomic
 from tools.runtime import add_device_options
 
 HEAD_KEY = re.compile(r"^blocks\.(\d+)\.layers\.(\d+)\.weight$")
@@ -228,23 +230,6 @@ def _committed_files(out: str) -> list[str]:
     return listed.stdout.split() if listed.returncode == 0 else []
 
 
-def compact_benchmark(path: str) -> tuple[str, dict]:
-    """One row of headline figures from a tools.benchmark results.json (the raw per-clip data stays in
-    that file), labelled by device and draft."""
-    results = _read_json(path)
-    env, settings, summary = results.get("environment", {}), results.get("settings", {}), results.get("summary", {})
-    device = env.get("device_name") or env.get("device", "?")
-    label = f"{device}, {env.get('dtype', '?')}, draft={settings.get('draft', '?')}"
-    if settings.get("compile"):
-        label += ", compiled rounds"
-    elif settings.get("cuda_graph") == "off":
-        label += ", eager loop"
-    row = {k: summary[k] for k in BENCHMARK_FIELDS if k in summary}
-    row.update({"torch": env.get("torch_version"), "transformers": env.get("transformers_version"),
-                "date": str(env.get("date", ""))[:10], "source": path if not os.path.isabs(path) else os.path.basename(path)})
-    return label, row
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline.export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -262,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft nodes of the artifact's default tree (root excluded); draft='auto' weighs "
                         "every tree pipeline.train measured")
     p.add_argument("--benchmark", action="append", default=[],
-                   help="tools.benchmark results.json to summarise in config + model card; repeatable")
+                   help="tools.benchmark results.json to show in the model card (results.json); repeatable")
     p.add_argument("--data-info", action="append", default=[],
                    help="extra provenance: a collect folder, a manifest.jsonl, or a JSON dict of "
                         "training_data fields (e.g. {\"licence\": ..., \"description\": ...}); repeatable. "
@@ -303,7 +288,7 @@ def main(argv=None, model=None) -> str:
     infos += [_load_data_info(spec) for spec in args.data_info]
     training_data = build_training_data(metrics, infos)
     head_accuracy = build_head_accuracy(metrics)
-    benchmark = dict(compact_benchmark(path) for path in args.benchmark)
+    rows = [result_row(path) for path in args.benchmark]
     candidates = metrics.get("draft_candidates") or []
     tree = choose_tree(args.tree, head_accuracy, args.tree_nodes, num_heads)
 
@@ -331,7 +316,6 @@ def main(argv=None, model=None) -> str:
     cfg.draft_candidates = draft_candidates(candidates, metrics.get("eval_replay") or {})
     cfg.training_data = training_data
     cfg.head_accuracy = head_accuracy
-    cfg.benchmark = benchmark
 
     out = os.path.abspath(args.out)
     parent = os.path.dirname(out)
@@ -347,8 +331,12 @@ def main(argv=None, model=None) -> str:
                     raise RuntimeError(f"saved heads differ from {args.heads} at {k}")
         else:
             print("[export] WARNING: save_pretrained wrote no medusa_heads.safetensors")
-        write_atomic(os.path.join(staged, "README.md"),
-                     render_model_card(cfg, repo_id=args.repo_id, license=args.license))
+        plot = None
+        if rows:
+            write_results(staged, rows, command_line("pipeline.export", argv))
+            plot = draw_speedup(rows, os.path.join(staged, PLOT_FILE))
+        write_atomic(os.path.join(staged, "README.md"), render_model_card(
+            cfg, rows, plot, repo_id=args.repo_id, license=args.license))
         apply_umask(staged)
         install_folder(staged, out)
     except BaseException:

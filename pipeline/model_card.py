@@ -1,129 +1,87 @@
-"""Model card (README.md) for an exported Medusa artifact, generated from its config's provenance.
+"""The model card (README.md) of an artifact, rendered from one template (``model_card.md``).
 
-``render_model_card(config)`` reads only ``MedusaConfig`` fields (``base_model_name_or_path``,
-``base_family``, head shape, ``tree``, ``training_data``, ``head_accuracy``, ``benchmark``), so
-the card never says more than the artifact records.
+``render_model_card(config, rows, plot)`` reads the artifact's ``MedusaConfig`` fields (base, family, head shape,
+training data, head accuracy) and the benchmark rows of its ``results.json`` (``tools.benchmark_report.summary_row``
+rows, each with the command that measured it), so the card never says more than the artifact and its committed
+results record. An artifact without trained heads (``trained=False``: the repository root, for MERaLiON-2) gets
+the card that says so and shows the shipped artifacts' rows instead.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from string import Template
+
 from huggingface_hub import ModelCardData
 
-from tools.markdown import markdown_table
+from tools.markdown import markdown_table, number_cell
 
 CARD_TAGS = ["medusa", "speculative-decoding", "automatic-speech-recognition", "asr"]
+TEMPLATE = Path(__file__).with_name("model_card.md")
+PIP_PACKAGES = '"transformers>=5" torch soundfile soxr safetensors'
+MERALION_LICENCE = {"license": "other", "license_name": "meralion-public-license",
+                    "license_link": "https://huggingface.co/MERaLiON/MERaLiON-2-3B"}
 
+CITATIONS = {
+    "medusa": """@article{cai2024medusa,
+  title   = {Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding Heads},
+  author  = {Cai, Tianle and Li, Yuhong and Geng, Zhengyang and Peng, Hongwu and Lee, Jason D. and Chen, Deming
+             and Dao, Tri},
+  journal = {arXiv preprint arXiv:2401.10774},
+  year    = {2024}
+}""",
+    "path": """@article{ankner2024hydra,
+  title   = {Hydra: Sequentially-Dependent Draft Heads for Medusa Decoding},
+  author  = {Ankner, Zachary and Parthasarathy, Rishab and Nrusimha, Aniruddha and Rinard, Christopher
+             and Ragan-Kelley, Jonathan and Brandon, William},
+  journal = {arXiv preprint arXiv:2402.05109},
+  year    = {2024}
+}""",
+    "whisper": """@article{radford2022whisper,
+  title   = {Robust Speech Recognition via Large-Scale Weak Supervision},
+  author  = {Radford, Alec and Kim, Jong Wook and Xu, Tao and Brockman, Greg and McLeavey, Christine
+             and Sutskever, Ilya},
+  journal = {arXiv preprint arXiv:2212.04356},
+  year    = {2022}
+}""",
+    "meralion2": """@article{meralion2024,
+  title   = {MERaLiON-AudioLLM: Bridging Audio and Language with Large Language Models},
+  author  = {{MERaLiON Team}},
+  journal = {arXiv preprint arXiv:2412.09818},
+  year    = {2024}
+}""",
+}
 
-def _fmt(value) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(_fmt(v) for v in value)
-    if isinstance(value, dict):  # sorted: the same card from a fresh export and from a saved config.json
-        return ", ".join(f"{k}: {_fmt(v)}" for k, v in sorted(value.items()))
-    return str(value)
-
-
-def _table(header: list[str], rows: list[list]) -> str:
-    return markdown_table(header, [[_fmt(c) for c in row] for row in rows])
-
-
-def _pct(x) -> str:
-    return f"{100.0 * float(x):.1f} %" if isinstance(x, (int, float)) else "–"
-
-
-# what an artifact's benchmark entries hold (pipeline.export), in the card's column order
-BENCHMARK_FIELDS = ("draft_ran", "decode_speedup_vs_own_greedy", "e2e_speedup_vs_own_greedy", "speedup_sum_latency",
-                    "round_cost_vs_plain", "mean_accepted_per_round", "baseline_tokens_per_s", "medusa_tokens_per_s",
-                    "acceptance_rate", "exact_match_rate", "divergent_rows_at_base_near_ties", "baseline_wer",
-                    "medusa_wer", "clips", "audio_seconds_total")
-PROVENANCE_FIELDS = ("torch", "transformers", "date", "source")
-
-
-def _dicts_table(rows: list[tuple[str, dict]]) -> str:
-    known = BENCHMARK_FIELDS + PROVENANCE_FIELDS
-    columns = [k for k in known if any(k in row for _, row in rows)]
-    for _, row in rows:
-        columns += [k for k in row if k not in columns]
-    return _table([""] + columns, [[name] + [row.get(c, "") for c in columns] for name, row in rows])
-
-
-def benchmark_section(bench: dict) -> str:
-    """Generic rendering: scalars as a setup list, dicts of dicts / lists of dicts as tables; a dict of
-    flat rows (one per benchmark run, as export records them) becomes one table."""
-    if bench and all(isinstance(v, dict) and not any(isinstance(x, (dict, list)) for x in v.values())
-                     for v in bench.values()):
-        return _dicts_table(list(bench.items()))
-    setup, tables = [], []
-    for key, value in bench.items():
-        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
-            tables.append((key, _dicts_table(list(value.items()))))
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            name_key = next((k for k in ("name", "method", "mode", "setting") if k in value[0]), None)
-            rows = [(str(v.get(name_key, i)) if name_key else str(i),
-                     {k: x for k, x in v.items() if k != name_key}) for i, v in enumerate(value)]
-            tables.append((key, _dicts_table(rows)))
-        elif isinstance(value, dict):
-            tables.append((key, _table(["", "value"], [[k, v] for k, v in value.items()])))
-        else:
-            setup.append(f"- **{key}**: {_fmt(value)}")
-    parts = ["\n".join(setup)] if setup else []
-    for key, table in tables:
-        parts.append(f"**{key}**\n\n{table}")
-    return "\n\n".join(parts)
-
-
-def accuracy_section(acc: dict) -> str:
-    top1, top5, topk = acc.get("top1") or [], acc.get("top5") or [], acc.get("topk") or []
-    n = acc.get("n_positions") or []
-    rows = []
-    for k in range(len(top1)):
-        row = [f"{k}", f"token +{k + 1}", _pct(top1[k]), _pct(top5[k]) if k < len(top5) else "–",
-               _pct(topk[k][-1]) if k < len(topk) and topk[k] else "–"]
-        if n:
-            row.append(n[k] if k < len(n) else "")
-        rows.append(row)
-    header = ["head", "predicts", "top-1", "top-5", f"top-{len(topk[0]) if topk and topk[0] else 10}"]
-    if n:
-        header.append("positions")
-    where = ("held-out utterances (never trained on)" if acc.get("held_out", True)
-             else "the training utterances (too little data for a held-out split)")
-    text = (f"Next-token accuracy of each head on {where}, measured against the base model's own "
-            "greedy output. \"token +n\" = the n-th token after the one the current hidden state "
-            "produced; head 0 drafts the first token after the base model's own next token.\n\n"
-            + _table(header, rows))
-    if "val_loss" in acc:
-        text += f"\n\nValidation loss (sum over heads of mean cross-entropy): {float(acc['val_loss']):.4f}"
-        if "step" in acc:
-            text += f" at step {acc['step']}"
-        text += "."
-    return text
-
-
-def training_section(data: dict) -> str:
-    if not data:
-        return "No training provenance is recorded in config.json."
-    labels = [
-        ("source", "audio source"), ("kind", "source type"), ("hf_dataset", "Hugging Face dataset"),
-        ("description", "description"),
-        ("n_utterances", "utterances collected"), ("n_tokens", "tokens (base model's own output)"),
-        ("n_train_utterances", "utterances trained on"), ("n_val_utterances", "utterances held out"),
-        ("hours", "hours of audio"), ("voices", "voices / speakers"), ("languages", "languages"),
-        ("sources", "corpora / engines"), ("licence", "data licence"),
-    ]
-    rows = [[label, data[key]] for key, label in labels if data.get(key) not in (None, "", [])]
-    known = {k for k, _ in labels}
-    rows += [[k, v] for k, v in data.items()
-             if k not in known and k not in ("training", "collection") and not isinstance(v, dict)]
-    text = ("The heads are self-distilled: the frozen base model transcribed the audio below greedily, "
-            "and each head learned to predict the base model's own later tokens from its last-layer "
-            "hidden state. No reference transcripts are used.\n\n" + _table(["", ""], rows))
-    for key, title in (("collection", "Collection"), ("training", "Training")):
-        if isinstance(data.get(key), dict) and data[key]:
-            text += f"\n\n{title}: " + _fmt(data[key]) + "."
-    return text
+TERMS = ("A *draft* is the heads' guess of the next few tokens. A *verify pass* is one forward pass of the base "
+         "decoder over the last token plus the whole draft. A *round* is one draft and its verify pass: it keeps "
+         "the longest draft prefix equal to the base's own choices, plus one token of the base.")
+TREE_TERMS = ("A *tree* drafts several candidates per position and verifies them together under a tree-shaped "
+              "attention mask; a *chain* is a tree with one candidate per position.")
+PATH_TERMS = ("*Path heads* (Hydra-style) each see the token drafted before them, so every branch of the tree "
+              "gets its own continuation.")
+RESULTS_INTRO = ("Measured on 28 real human recordings with references, batch 1 unless the device says "
+                 "otherwise. *Tokens per pass* is the mean number of tokens a round emits. "
+                 "*× `generate`* compares the whole call with the base's own greedy `generate` in transformers. "
+                 "*× own greedy* compares it with our loop decoding one token per pass, with the same cache and "
+                 "kernels; *rounds* counts only the decoding loop. "
+                 "*Exact* is the share of recordings whose ids equal the base's greedy ids.")
+LOSSLESS = ("Every emitted token is the base model's own greedy choice. A round keeps a drafted token only where "
+            "it equals the base's own top-scoring token at that position in the verify pass, and then adds the base's next token. "
+            "The verify pass runs the base's own weights over a key-value cache written by position, so a rejected "
+            "draft leaves nothing behind. "
+            "The tests compare the ids with the base's greedy `generate` in float32, token for token, on random "
+            "and real inputs. "
+            "In bfloat16 the ids can part at a *near-tie*: a step where the base's two best scores lie within "
+            "bfloat16's rounding. The exact-match column counts those recordings; each one is checked to be such "
+            "a tie.")
+LIMITATIONS = [
+    "Greedy decoding only: no beam search and no sampling inside the rounds.",
+    "The speed-up depends on the device, the dtype and how predictable the speech is. "
+    "Short clips gain less, since a call has few rounds to save.",
+    "The heads learned from synthetic speech read by flite voices; accented or noisy speech may accept fewer "
+    "drafted tokens. The transcript itself is still the base model's.",
+    "The base model's own limitations apply unchanged: its errors, languages and biases.",
+]
 
 
 def _is_hub_id(name: str) -> bool:
@@ -135,139 +93,194 @@ def _base_link(base: str) -> str:
     return f"[{base}](https://huggingface.co/{base})" if _is_hub_id(base) else f"`{base}`"
 
 
-def _heads_description(kind: str, speech: bool, k: int, layers: int, hidden: int, draft_vocab) -> str:
-    projection = (f"the base model's own output projection restricted to the {draft_vocab} most frequent tokens "
-                  "of the training transcripts" if draft_vocab else "the base model's own output projection")
-    if kind == "path":
-        return (f"Each head is sequentially dependent (Hydra-style): head d merges the state of the node it drafts "
-                f"after with that node's token embedding ({2 * hidden}→{hidden}), "
-                + ("attends to the speech through the base's own last-layer cross-attention keys and values, "
-                   if speech else "")
-                + f"runs {layers} residual block(s) `h + SiLU(W h)` and drafts through {projection}, shared by "
-                "reference; every tree node gets its own continuation.")
-    params = k * layers * (hidden * hidden + hidden)
-    params_text = f"{params / 1e6:.1f} M" if params >= 1e5 else f"{params:,}"
-    return (f"Each head is {layers} residual block(s) `h + SiLU(W h)` ({hidden}×{hidden}, {params_text} parameters "
-            f"in all) followed by {projection}, shared by reference.")
+def licence_fields(base: str) -> dict:
+    """The card's licence metadata: the base's licence, which the heads (distilled from it) and code share."""
+    if base.startswith("openai/whisper"):
+        return {"license": "mit"}
+    if base.startswith("MERaLiON/"):
+        return dict(MERALION_LICENCE)
+    return {"license": "other"}
 
 
-def _train_flags(cfg: dict) -> str:
-    flags = ""
-    if cfg.get("head_kind", "medusa") != "medusa":
-        flags += f" --head-kind {cfg['head_kind']}"
-    if cfg.get("speech_attention"):
-        flags += " --speech-attention"
-    if cfg.get("draft_vocab_size"):
-        flags += f" --draft-vocab {cfg['draft_vocab_size']}"
-    soft = ((cfg.get("training_data") or {}).get("training") or {}).get("soft_labels")
-    return flags + (f" --soft-labels {soft}" if soft else "")
-
-
-def _draft_name(paths: list) -> str:
-    if all(set(p) == {0} for p in paths):
-        return f"chain of {len(paths)}"
-    return f"tree of {len(paths)} nodes"
-
-
-def _pipeline_usage(repo: str) -> str:
-    """The Hugging Face ASR pipeline snippet (Whisper-family artifacts register a pipeline class)."""
-    return ("\n\nOr through the library's ASR pipeline (audio files, chunking, batching and timestamps are the "
-            "pipeline's; decoding is greedy Medusa):\n\n```python\nfrom transformers import pipeline\n\n"
-            f"asr = pipeline(\"automatic-speech-recognition\", model=\"{repo}\", trust_remote_code=True)\n"
-            "print(asr(\"speech.wav\", return_timestamps=True, chunk_length_s=30, batch_size=4))\n```")
-
-
-def _runs_in_asr_pipeline(family: str) -> bool:
-    """Whether transformers' ASR pipeline runs this family's artifacts (its backbone says so)."""
-    from modeling_medusa import BACKBONES
-
-    return family in BACKBONES and BACKBONES[family].asr_pipeline
-
-
-def _front_matter(base: str, family: str, data: dict, license: str | None) -> str:
+def _front_matter(base: str, family: str, data: dict, licence: dict) -> str:
     """The card's YAML metadata block, as the Hub reads it."""
     card_data = ModelCardData(
         base_model=base if _is_hub_id(base) else None,  # the Hub rejects local paths here
         library_name="transformers",
         pipeline_tag="automatic-speech-recognition",
-        license=license or "other",
         tags=CARD_TAGS + ([family] if family else []),
         language=data.get("languages") or None,
         datasets=[data["hf_dataset"]] if data.get("hf_dataset") else None,
+        **licence,
     )
     return f"---\n{card_data.to_yaml()}\n---"
 
 
-def render_model_card(config, repo_id: str | None = None, license: str | None = None) -> str:
-    """README.md text for an artifact; ``config`` is a MedusaConfig or its dict."""
+def _device(row: dict) -> str:
+    name = row.get("gpu") or f"CPU ({row.get('cpu') or 'unnamed'})"
+    return name + (f", batch {row['batch']}" if (row.get("batch") or 1) > 1 else "")
+
+
+def results_table(rows: list[dict]) -> str:
+    """One line per benchmark row: model, device, dtype, draft, tokens per pass, speed-ups, exact match, date."""
+    header = ["model", "device", "dtype", "draft", "tokens per pass", "× `generate`", "× own greedy",
+              "× own greedy (rounds)", "exact", "date"]
+    return markdown_table(header, [
+        [r["model"], _device(r), r["dtype"], r["draft"], number_cell(r.get("mean_accepted_per_round")),
+         number_cell(r.get("speedup_vs_hf_generate"), 2, "×"), number_cell(r.get("e2e_speedup_vs_own_greedy"), 2, "×"),
+         number_cell(r.get("decode_speedup_vs_own_greedy"), 2, "×"),
+         _exact(r), r["date"]] for r in rows])
+
+
+def _exact(row: dict) -> str:
+    """Recordings with the base's greedy ids, and how many of the others part at a base near-tie."""
+    cell = f"{round(row['exact_match_rate'] * row['clips'])}/{row['clips']}"
+    ties = str(row.get("divergent_rows_at_base_near_ties") or "0/0").split("/")[0]
+    return cell + (f" ({ties} near-tie{'s' if ties != '1' else ''})" if ties not in ("0", "") else "")
+
+
+def snippet(model_path: str, gpu: bool = False) -> str:
+    """Transcribe ``speech.wav`` with the artifact at ``model_path``: audio read, resampled, decoded, printed."""
+    load = (f'model = AutoModel.from_pretrained("{model_path}", trust_remote_code=True,\n'
+            '                                  dtype=torch.bfloat16, device_map="cuda")' if gpu else
+            f'model = AutoModel.from_pretrained("{model_path}", trust_remote_code=True)  # loads base + heads')
+    return "\n".join([
+        "import soundfile as sf",
+        "import soxr",
+        *(["import torch"] if gpu else []),
+        "from transformers import AutoModel",
+        "",
+        load,
+        'audio, rate = sf.read("speech.wav", dtype="float32", always_2d=True)',
+        "audio = soxr.resample(audio.mean(axis=1), rate, 16_000)  # mono, 16 kHz",
+        "inputs = model.prepare_audio_inputs([audio])",
+        "ids = model.generate(**inputs, max_new_tokens=model.default_max_new_tokens)",
+        "print(model.decode_text(ids, inputs)[0])",
+    ])
+
+
+def _heads_sentence(cfg: dict) -> str:
+    k, kind = cfg.get("medusa_num_heads", 0), cfg.get("head_kind", "medusa")
+    what = "path heads" if kind == "path" else "Medusa heads (each one independent of the others)"
+    speech = " that also attend to the speech" if cfg.get("speech_attention") else ""
+    draft = f"a tree of {len(cfg['tree'])} nodes" if cfg.get("tree") else f"a chain of {k}"
+    return (f"It holds {k} {what}{speech}; by default each round drafts {draft}, and `draft=\"auto\"` picks the "
+            "draft that runs fastest on your device.")
+
+
+def _training_sentence(cfg: dict) -> str:
+    data, acc = cfg.get("training_data") or {}, cfg.get("head_accuracy") or {}
+    text = ("The heads are self-distilled: the frozen base transcribed the training audio, and each head learned "
+            "to predict the base's own later tokens.")
+    if data.get("n_utterances"):
+        hours = f" ({float(data['hours']):.1f} h)" if data.get("hours") else ""
+        text += f" Training used {data['n_utterances']:,} synthetic utterances{hours}; no reference transcripts."
+    if acc.get("top1"):
+        top1 = " / ".join(f"{100 * a:.0f}" for a in acc["top1"])
+        text += f" Held-out top-1 accuracy per head: {top1} %."
+    return text
+
+
+def render_model_card(config, rows: list[dict] | None = None, plot: str | None = None, repo_id: str | None = None,
+                      license: str | None = None, trained: bool = True) -> str:
+    """README.md text for an artifact; ``config`` is a MedusaConfig or its dict, ``rows`` its benchmark rows
+    (for an artifact without trained heads, ``trained=False``: the shipped artifacts' rows), ``plot`` the file
+    name of its speed-up plot."""
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    base = cfg.get("base_model_name_or_path", "")
-    family = cfg.get("base_family", "")
-    k, layers = cfg.get("medusa_num_heads", 0), cfg.get("medusa_num_layers", 1)
-    hidden = cfg.get("hidden_size", 0)
-    data = cfg.get("training_data") or {}
-    acc = cfg.get("head_accuracy") or {}
-    bench = cfg.get("benchmark") or {}
-    tree = cfg.get("tree")
-    repo = repo_id or "path/to/this/folder"
-    kind, speech = cfg.get("head_kind", "medusa"), cfg.get("speech_attention", False)
-    sections = [_front_matter(base, family, data, license), f"# Medusa heads for {base}"]
-    sections.append(
-        f"{k} draft heads for {_base_link(base)} (family `{family}`), for "
-        "**lossless** greedy speculative decoding: the heads guess the next tokens, the base model "
-        "checks all guesses in one forward pass and keeps the longest prefix equal to its own greedy "
-        "choice, so the transcript is exactly the base model's greedy transcript, produced in fewer "
-        "decoder passes (float32: token for token; bfloat16: up to a first divergence where the base's own top two "
-        "scores lie within bfloat16's rounding, counted in the benchmark's `divergent_rows_at_base_near_ties`)."
-        f"\n\n{_heads_description(kind, speech, k, layers, hidden, cfg.get('draft_vocab_size'))} "
-        "This repository holds only the heads (`medusa_heads.safetensors`) and the code; the base model's "
-        f"weights are loaded from `{base}`" + (" under its own licence." if not license else ".")
-    )
-    sections.append("## Usage\n\n```python\n"
-                    "import soundfile as sf\n"
-                    "from transformers import AutoModel\n\n"
-                    f"model = AutoModel.from_pretrained(\"{repo}\", trust_remote_code=True)  # base + heads\n"
-                    "audio, sr = sf.read(\"speech.wav\", dtype=\"float32\")  # 16 kHz mono\n"
-                    "inputs = model.prepare_audio_inputs([audio])\n"
-                    "sequences, stats = model.generate(**inputs, max_new_tokens=model.default_max_new_tokens, "
-                    "return_stats=True)\n"
-                    "print(model.decode_text(sequences, inputs)[0])\n"
-                    "print(stats)  # drafted / accepted tokens per round\n"
-                    "```\n\nOr from the command line: `python example_inference.py speech.wav`."
-                    + (_pipeline_usage(repo) if _runs_in_asr_pipeline(family) else ""))
-    if tree:
-        draft = (f"A sparse draft tree of {len(tree)} nodes, chosen from the measured per-head top-k "
-                 "accuracy below (each path lists the per-head top-k ranks).")
+    base, family = cfg.get("base_model_name_or_path", ""), cfg.get("base_family", "")
+    licence = {"license": license} if license else licence_fields(base)
+    untrained = not trained
+    rows = rows or []
+    shipped = sorted({r["heads"] for r in rows if r.get("heads")})
+    example = next((h for h in shipped if "tiny" in h), shipped[0] if shipped else "heads/whisper-tiny.en")
+    model_path = example if untrained else (repo_id or ".")
+    terms = " ".join([TERMS, TREE_TERMS] + ([PATH_TERMS] if cfg.get("head_kind") == "path" else []))
+    if untrained:
+        title = f"Medusa decoding for {base}: the code, heads not yet trained"
+        intro = (f"This folder is the Hugging Face remote-code artifact of Medusa decoding for {_base_link(base)}: "
+                 "its config and code, without the trained *heads*, the small networks that guess the next tokens. "
+                 "You train its heads with one command (below); until then, loading it fails with a message "
+                 "saying how. "
+                 f"The Whisper artifacts in {' and '.join(f'`{h}/`' for h in shipped)} hold real trained heads and "
+                 "work today; the snippet uses one of them.\n\n" + terms)
+        where = "Run it in a clone of this repository, with any WAV file named `speech.wav`."
     else:
-        draft = f"A chain: each round drafts head 0..{k - 1}'s top-1 tokens."
-    candidates = cfg.get("draft_candidates") or []
-    if candidates:
-        evals = sorted({name for c in candidates for name in c.get("eval_tokens_per_round", {})})
-        draft += (" `draft=\"auto\"` weighs each measured tree below against its verify cost on your device. "
-                  "Tokens per round = tokens emitted per verify pass, replayed exactly (as `generate` would "
-                  "decode) on the held-out utterances and on each evaluation set:\n\n"
-                  + _table(["draft", "nodes", "tokens per round (held out)"] + [f"tokens per round ({e})" for e in evals],
-                           [[_draft_name(c["paths"]), c["nodes"], f"{c['tokens_per_round']:.3f}"]
-                            + [f"{c.get('eval_tokens_per_round', {}).get(e, float('nan')):.3f}" for e in evals]
-                            for c in candidates]))
-    sections.append("## Draft\n\n" + draft)
-    sections.append("## Head accuracy\n\n" + (accuracy_section(acc) if acc.get("top1") else
-                                             "Not measured (no `head_accuracy` in config.json)."))
-    if bench:
-        sections.append("## Benchmark\n\n" + benchmark_section(bench))
-    sections.append("## Training data\n\n" + training_section(data))
-    sections.append(
-        "## Reproduce\n\n```bash\n"
-        f"python -m pipeline.collect --base {base} --audio <folder|manifest.jsonl|hf-dataset> --out work_data/collect"
-        + (" --speech" if speech else "") + "\n"
-        f"python -m pipeline.train   --base {base} --data work_data/collect --out work_data/ckpt --heads {k} --layers {layers}"
-        + _train_flags(cfg) + "\n"
-        f"python -m pipeline.export  --base {base} --heads work_data/ckpt/best.safetensors --out <artifact>\n"
-        "```")
-    sections.append(
-        "## Limitations\n\n"
-        "- Greedy decoding only; the output equals the base model's greedy output (up to numerical ties).\n"
-        "- The speed-up depends on the hardware, the dtype and how predictable the transcripts are; "
-        "the head accuracy above is measured on the training distribution.\n"
-        "- The base model's own limitations and licence apply.")
-    return "\n\n".join(sections) + "\n"
+        title = f"Medusa heads for {base}"
+        intro = (f"Medusa heads for {_base_link(base)}: small networks that make its greedy transcription faster "
+                 "without changing one output token. "
+                 "The heads guess the next few tokens, and the base model checks all the guesses in one decoder "
+                 "pass. "
+                 "The transcript is the base model's own greedy transcript, produced in fewer decoder passes.\n\n"
+                 + terms + "\n\n" + _heads_sentence(cfg) + " " + _training_sentence(cfg))
+        where = ("Run it inside this folder as downloaded, with any WAV file named `speech.wav`. "
+                 "The base weights come from the Hub, or offline from a copy converted by "
+                 f"`python -m pipeline.real_whisper {base}`." if family == "whisper" else
+                 "Run it inside this folder as downloaded, with any WAV file named `speech.wav`.")
+    command = (f"From the command line: `python {example}/example_inference.py speech.wav` prints the same "
+               "transcript. The root's own `example_inference.py` runs once MERaLiON-2's heads are trained."
+               if untrained else "From the command line: `python example_inference.py speech.wav` prints the "
+               "same transcript.")
+    plot_md = f"![Speed-up by device]({plot})" if plot else ""
+    source = ("Each row comes from `results.json` in its artifact folder, which names the command that measured "
+              "it; `docs/RESULTS.md` holds all the runs." if rows else "No benchmark rows are recorded yet.")
+    citations = [CITATIONS["medusa"]] + ([CITATIONS["path"]] if cfg.get("head_kind") == "path" else [])
+    citations += [CITATIONS["whisper"]] if family == "whisper" or untrained else []
+    citations += [CITATIONS["meralion2"]] if family == "meralion2" else []
+    return Template(TEMPLATE.read_text(encoding="utf-8")).substitute(
+        front_matter=_front_matter(base, family, cfg.get("training_data") or {}, licence), title=title, intro=intro,
+        where_to_run=where, snippet=snippet(model_path), gpu_snippet=snippet(model_path, gpu=True),
+        command_line=command, results_intro=RESULTS_INTRO if rows else "", results_table=results_table(rows) if rows
+        else "", plot=plot_md + ("\n\n" if plot_md else "") + source, lossless=LOSSLESS,
+        limitations="\n".join(f"- {line}" for line in LIMITATIONS), extra=_extra(cfg, untrained),
+        licence=_licence_text(base, licence, untrained), citation="\n\n".join(citations))
+
+
+def _licence_text(base: str, licence: dict, untrained: bool) -> str:
+    if licence.get("license") == "mit":
+        return (f"MIT. The base weights ({base}) are MIT-licensed by OpenAI; the heads, distilled from the base's "
+                "own outputs, and the code are MIT too.")
+    if licence.get("license_name") == "meralion-public-license":
+        return (f"The code is MIT. The base weights ({base}) are under the MERaLiON Public Licence, named on the "
+                "base's model page; heads you train from them follow that licence. "
+                "The Whisper artifacts in `heads/` are MIT, as OpenAI's Whisper weights are.")
+    return f"The code is MIT; the base ({base}) and heads trained from it are under the base's own licence."
+
+
+def _extra(cfg: dict, untrained: bool) -> str:
+    """The root card's extra sections: its commands, training the heads, and running past one process."""
+    if not untrained:
+        return ""
+    base = cfg.get("base_model_name_or_path", "")
+    return f"""
+## Train the heads
+
+Train MERaLiON-2's heads with one command, on transformers 4.51 (`requirements-meralion2.txt`) and a GPU:
+
+```bash
+HEADS=path DEVICE=cuda pipeline/train_heads.sh {base}
+```
+
+It synthesises speech, collects the base's hidden states, trains path heads and exports the artifact to
+`work_data/artifacts/{base.split('/')[-1]}`. [`docs/DEVELOPING.md`](docs/DEVELOPING.md) explains each step.
+
+## Commands
+
+```bash
+make demo   # transcribe a generated clip with the tiny.en heads; print the speed-up and the spread
+make test   # the tests under transformers 5.x (Whisper) and 4.51.3 (MERaLiON-2), and the linter
+```
+
+`python -m tools.transcribe FILES --format srt --output subs/` transcribes files and folders; its `--help`
+lists the options, and [`docs/USAGE.md`](docs/USAGE.md) describes them. Whisper runs on transformers 5.x;
+MERaLiON-2's own code runs only on transformers 4.51. [`docs/RESULTS.md`](docs/RESULTS.md) also times
+MERaLiON-2-3B and -10B at full size on random weights, for speed only.
+
+## Past one process
+
+- `python -m tools.bulk --help`: transcribe a large set of files with Ray Data, each worker loading the
+  artifact once.
+- `python -m tools.serve --help`: an OpenAI-compatible `/v1/audio/transcriptions` endpoint on Ray Serve, with
+  requests batched into `generate`.
+- `python -m pipeline.export_vllm --help`: export residual-block heads to vLLM's Medusa format, so vLLM drafts
+  with them.
+"""

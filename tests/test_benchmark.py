@@ -399,7 +399,7 @@ def test_verify_pass_variants_are_timed_in_turn():
     before) falls on all of them alike: equal passes get equal medians, wherever they stand in the list."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("verify_pass_kernels", "benchmarks/round_cost/verify_pass_kernels.py")
+    spec = importlib.util.find_spec("tools.verify_pass_kernels")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     calls, clock = [], iter(range(1000))

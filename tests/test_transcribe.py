@@ -472,10 +472,21 @@ def test_demo_reports_speed_up(tmp_path, capsys, monkeypatch):
     code, model, out, _ = run([], capsys=capsys)
     assert code == 0
     assert "Transcript: 48000 samples" in out
-    assert re.search(r"Speed-up: \d+\.\d\dx", out)
+    assert re.search(r"Speed-up: \d+\.\d\dx \(medians\)", out)
+    assert re.search(r"Time \(Medusa\): \d+\.\d{3} s, median of 3 runs \(\d+\.\d{3}-\d+\.\d{3} s\)", out)
     assert "Mean accepted tokens per round: 2.50" in out
     assert "Token ids identical to plain greedy: yes" in out
-    assert len(model.batches) == 2  # timed plain + timed Medusa; warm-ups use few tokens
+    assert len(model.batches) == 2 * transcribe.DEMO_RUNS  # plain and Medusa timed in turn; warm-ups use few tokens
+
+
+def test_demo_times_in_turn_and_says_when_the_spread_makes_the_speed_up_rough(monkeypatch):
+    """One timed run said 2.63x on a quiet machine and 0.94x under load: the demo times each method three times,
+    interleaved, and says so when one method's runs differ by over a fifth of their median."""
+    calls, clock = [], iter([0.0, 1.0, 1.0, 1.5, 1.5, 2.5, 2.5, 3.0, 3.0, 4.0, 4.0, 4.5]).__next__
+    monkeypatch.setattr(transcribe.time, "perf_counter", clock)
+    times, results = transcribe._timed_in_turn([lambda: calls.append("plain"), lambda: calls.append("medusa")])
+    assert calls == ["plain", "medusa"] * 3 and times == [[1.0, 1.0, 1.0], [0.5, 0.5, 0.5]]
+    assert transcribe._spread(times[0]) == 0.0 and transcribe._spread([1.0, 1.0, 1.5]) > transcribe.NOISY_SPREAD
 
 
 def test_transformers_generate_notices_are_kept_only_with_verbose(tmp_path, capsys):

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,8 @@ DEFAULT_CLIP_TEXT = (
     "so the transcript comes out faster and stays exactly the same."
 )
 WARMUP_NEW_TOKENS = 8
+DEMO_RUNS = 3  # timed runs of each method, interleaved; the demo prints their median and spread
+NOISY_SPREAD = 0.2  # (slowest - fastest) / median of a method past which the demo says its speed-up is rough
 # Whisper's temperature fallback (its paper's temperatures; the compression-ratio threshold of transformers'
 # long-form example, measured on token ids): a window whose greedy text compresses too well (a loop) is retried
 # sampled, from a fixed seed so that a transcript does not change between runs. Thresholds on log-probabilities
@@ -659,20 +662,28 @@ def run_demo(transcriber: Transcriber, model_name: str) -> int:
     transcriber.generate(inputs, use_medusa=False, max_new_tokens=WARMUP_NEW_TOKENS)
     if transcriber.use_medusa:
         transcriber.generate(inputs, use_medusa=True, max_new_tokens=WARMUP_NEW_TOKENS)
-    plain_seconds, (plain_ids, _) = _timed(lambda: transcriber.generate(inputs, use_medusa=False))
+    methods = [lambda: transcriber.generate(inputs, use_medusa=False)]
+    if transcriber.use_medusa:
+        methods.append(lambda: transcriber.generate(inputs, use_medusa=True))
+    times, results = _timed_in_turn(methods)
+    plain_ids = results[0][0]
     print(f"Model: {model_name} ({getattr(transcriber.model, 'family', '?')})")
     print(f"Clip: {clip} ({audio_io.duration_seconds(samples):.1f} s)")
     if not transcriber.use_medusa:
         print(f"Transcript: {_joined_text(transcriber, plain_ids, inputs)}")
-        print(f"Time (plain greedy): {plain_seconds:.3f} s")
+        print(_time_line("plain greedy", times[0]))
         return EXIT_OK
-    medusa_seconds, (medusa_ids, stats) = _timed(lambda: transcriber.generate(inputs, use_medusa=True))
+    medusa_ids, stats = results[1]
     mean = DecodeStats()
     mean.add(stats)
     print(f"Transcript: {_joined_text(transcriber, medusa_ids, inputs)}")
-    print(f"Time (Medusa): {medusa_seconds:.3f} s")
-    print(f"Time (the base model's own greedy generate): {plain_seconds:.3f} s")
-    print(f"Speed-up: {plain_seconds / medusa_seconds:.2f}x" if medusa_seconds > 0 else "Speed-up: n/a")
+    print(_time_line("Medusa", times[1]))
+    print(_time_line("the base model's own greedy generate", times[0]))
+    plain_seconds, medusa_seconds = statistics.median(times[0]), statistics.median(times[1])
+    print(f"Speed-up: {plain_seconds / medusa_seconds:.2f}x (medians)" if medusa_seconds > 0 else "Speed-up: n/a")
+    if max(_spread(t) for t in times) > NOISY_SPREAD:
+        print(f"Caveat: runs of the same method differ by over {NOISY_SPREAD:.0%} of their median (a busy machine?); "
+              "the speed-up is rough.")
     draft = stats.get("draft") if isinstance(stats, dict) else None
     if draft:
         print(f"Draft: {draft} (draft='auto' picks what pays on this device; without drafts the gain is our "
@@ -682,6 +693,26 @@ def run_demo(transcriber: Transcriber, model_name: str) -> int:
     identical = same_token_ids(plain_ids, medusa_ids, padding_token_ids(transcriber.model))
     print(f"Token ids identical to plain greedy: {'yes' if identical else 'NO'}")
     return EXIT_OK
+
+
+def _timed_in_turn(functions: list, runs: int = DEMO_RUNS) -> tuple[list[list[float]], list]:
+    """Each function timed ``runs`` times, interleaved (a change of load hits all alike): the seconds of each
+    function's runs, and each one's last result."""
+    times, results = [[] for _ in functions], [None] * len(functions)
+    for _ in range(runs):
+        for i, function in enumerate(functions):
+            seconds, results[i] = _timed(function)
+            times[i].append(seconds)
+    return times, results
+
+
+def _spread(times: list[float]) -> float:
+    return (max(times) - min(times)) / statistics.median(times)
+
+
+def _time_line(method: str, times: list[float]) -> str:
+    return (f"Time ({method}): {statistics.median(times):.3f} s, median of {len(times)} runs "
+            f"({min(times):.3f}-{max(times):.3f} s)")
 
 
 def _timed(function):

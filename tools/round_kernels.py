@@ -4,25 +4,23 @@ back to back as a graph replay, then as ``run_rounds`` drives it (the host readi
 kernels grouped by kind and the costliest listed (torch.profiler). Writes one JSON with the command. ``--device cpu --text-layers 1`` runs it small on a CPU (no graphs, no kernel
 table): a check of the script itself.
 
-    python benchmarks/round_cost/round_kernels.py --shape meralion2-3b --drafts none,chain,tree-32 \
+    python -m tools.round_kernels --shape meralion2-3b --drafts none,chain,tree-32 \
         --out benchmarks/round_cost/h200_meralion2-3b_round_kernels.json
 """
 
 import argparse
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, ".")
 from backbone_meralion2 import MERaLiON2Backbone  # noqa: E402
 from draft_policy import cuda_ms  # noqa: E402
 from kv_cache import CachePool  # noqa: E402
 from medusa_decoding import MedusaStats, run_rounds  # noqa: E402
 from medusa_fast import CapturedRounds  # noqa: E402
 from medusa_heads import MedusaDrafter  # noqa: E402
-from benchmarks.round_cost.verify_pass_kernels import kernel_table  # noqa: E402
+from tools.verify_pass_kernels import kernel_table  # noqa: E402
 from tools.benchmark_gpu import draft_trees  # noqa: E402
 from tools.profile_rounds import wall_ms  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
@@ -64,7 +62,7 @@ def driven_ms(runner, start, new_tokens: int) -> tuple[float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="python -m tools.round_kernels", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="meralion2-3b")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--text-layers", type=int, default=None, help="fewer decoder layers (a check of the script)")
@@ -87,7 +85,7 @@ def main() -> None:
     profile, rows = rank_profile(SEED_TOP1), []
 
     def write():
-        write_json_atomic(args.out, {"command": command_line("benchmarks/round_cost/round_kernels.py"),
+        write_json_atomic(args.out, {"command": command_line("tools.round_kernels"),
                                      "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                                      "torch": torch.__version__, "text_layers": args.text_layers,
                                      "shape": args.shape, "batch": args.batch, "drafter_cost": args.drafter_cost,

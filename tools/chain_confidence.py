@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Would a chain that stops drafting when its heads are unsure pay on a CPU? Measured, then simulated.
 
-    python -m benchmarks.round_cost.chain_confidence --model heads/whisper-tiny.en \
+    python -m tools.chain_confidence --model heads/whisper-tiny.en \
         --audio work_data/eval_speech/manifest.jsonl --out benchmarks/round_cost/cpu_chain_confidence.json
 
 1. Decodes every clip with the full chain and records, per round, each depth's draft probability (the softmax
@@ -108,7 +108,7 @@ def replay(records: list[dict], costs: list[float], threshold: float) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.chain_confidence", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="heads/whisper-tiny.en")
     p.add_argument("--audio", default="work_data/eval_speech/manifest.jsonl")
     p.add_argument("--repeats", type=int, default=3)
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     timed = clips[: args.cost_clips] if args.cost_clips else clips
     costs = [round_ms(model, timed, drafts, args.repeats) for drafts in range(depth + 1)]
     rows = [replay(records, costs, float(t)) for t in args.thresholds.split(",")]
-    result = {"command": command_line("benchmarks.round_cost.chain_confidence", argv), "model": args.model,
+    result = {"command": command_line("tools.chain_confidence", argv), "model": args.model,
               "audio": args.audio, "clips": len(clips), "timed_clips": len(timed), "rounds": len(records),
               "round_ms_by_drafts": costs, "replayed": rows, "records": records}
     write_json_atomic(args.out, result)

@@ -12,18 +12,16 @@ kernels launched as programmatic dependent launches, Hopper: each may start whil
 ``old`` (the cache write and argmax before 2026-12-04); ``now`` alone is the pass as ``generate`` runs it). A pass's ``pass_ms`` is timed in turn with the other variants of its
 size (fair between them), ``pass_ms_alone`` right after its capture. Writes one JSON with the command.
 
-    python benchmarks/round_cost/verify_pass_kernels.py --shape meralion2-3b --tokens 1,5 \
+    python -m tools.verify_pass_kernels --shape meralion2-3b --tokens 1,5 \
         --out benchmarks/round_cost/h200_meralion2-3b_verify_kernels.json
 """
 
 import argparse
 import collections
 import statistics
-import sys
 
 import torch
 
-sys.path.insert(0, ".")
 from backbone_meralion2 import MERaLiON2Backbone  # noqa: E402
 from backbone import compile_fixed_shape  # noqa: E402
 from medusa_fast import capture_cuda_graph  # noqa: E402
@@ -114,7 +112,7 @@ def interleaved_ms(replays: dict, repeats: int = 30, timer=cuda_ms) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="python -m tools.verify_pass_kernels", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="meralion2-3b")
     parser.add_argument("--tokens", default="1,5")
     parser.add_argument("--batch", type=int, default=1, help="rows a pass verifies, each with --tokens tokens")
@@ -131,7 +129,7 @@ def main() -> None:
     rows = []
 
     def write():
-        write_json_atomic(args.out, {"command": command_line("benchmarks/round_cost/verify_pass_kernels.py"),
+        write_json_atomic(args.out, {"command": command_line("tools.verify_pass_kernels"),
                                      "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                      "shape": args.shape, "batch": args.batch, "floor_ms": floor_ms, "rows": rows})
 

@@ -1,0 +1,180 @@
+"""docs/RESULTS.md: every committed benchmark summary as tables, each row with its date, and the commands.
+
+    python -m tools.results_tables --out docs/RESULTS.md
+
+Reads only committed result files (``benchmarks/**/summary.json`` and the other result JSON that record their
+command), so every figure in the page comes from a file and the command that wrote it. The history of the
+measurements and of their discussion lives in git.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tools.files import write_atomic
+from tools.markdown import markdown_table, number_cell
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+
+INTRO = """# Results
+
+Rendered from the committed result files by `python -m tools.results_tables`; each file records its command, and
+earlier measurements live in git history. *Tokens per round*: tokens one draft-and-verify round emits.
+*× own greedy*: against our loop decoding one token per pass (*rounds*: the decoding loop only). *× `generate`*:
+the whole call against the base's greedy `generate`. *Exact*: rows whose ids equal the base's greedy ids; in
+bfloat16 the others part at a base near-tie (its two best scores within bfloat16's rounding)."""
+
+
+def _ratio(value) -> str:
+    return number_cell(value, 2, "×")
+
+
+def _rate(value) -> str:
+    return "" if value is None else f"{100 * value:.0f} %"
+
+
+def _device(row: dict) -> str:
+    return row.get("gpu") or f"CPU ({row.get('cpu') or 'unnamed'})"
+
+
+def real_speech(rows: list[dict]) -> str:
+    header = ["model", "device", "dtype", "draft (ran)", "rounds", "batch", "tokens per round",
+              "× `generate`", "× own greedy", "× own greedy (rounds)", "exact", "WER", "date"]
+    body = [[r["model"], _device(r), r["dtype"],
+             f"{r['requested_draft']} ({r['draft']})" + (", timestamps" if r.get("timestamps") else ""),
+             r["rounds_mode"], r.get("batch") or 1, number_cell(r["mean_accepted_per_round"]),
+             _ratio(r.get("speedup_vs_hf_generate")), _ratio(r.get("e2e_speedup_vs_own_greedy")),
+             _ratio(r.get("decode_speedup_vs_own_greedy")), _rate(r["exact_match_rate"]), _rate(r.get("wer_ours")),
+             r["date"]] for r in rows]
+    return markdown_table(header, body)
+
+
+def quantised(rows: list[dict]) -> str:
+    header = ["model", "precision", "kernel", "device", "batch", "draft (ran)", "rounds", "tokens per round",
+              "× own greedy", "× own greedy (rounds)", "tok/s", "exact", "WER", "date"]
+    body = [[r["model"], r["precision"], _short(r["kernel"]), _device(r), r.get("batch") or 1,
+             f"{r['requested_draft']} ({r['draft']})", r.get("rounds_mode") or "",
+             number_cell(r.get("mean_accepted_per_round")), _ratio(r.get("speedup_vs_own_greedy")),
+             _ratio(r.get("decode_speedup_vs_own_greedy")), number_cell(r.get("tokens_per_s"), 0),
+             _rate(r.get("exact_match_rate")), _rate(r.get("wer")), r["date"]] for r in rows]
+    return markdown_table(header, body)
+
+
+def _short(kernel: str) -> str:
+    """A kernel's name without its notes ("aten._weight_int4pack_mm (tinygemm), group 128" -> its first part)."""
+    return kernel.split(" (")[0].split(",")[0].split(" on ")[0]
+
+
+SHOWN_METHODS = ("ours", "ours_greedy", "hf_static")  # (the library's dynamic-cache rows stay in the JSON)
+
+
+def gpu_decode(summary: dict) -> str:
+    header = ["shape", "batch", "method", "draft", "new tokens", "tok/s a call", "tok/s in the rounds",
+              "tokens per round", "exact"]
+    body = [[r["shape"], r.get("batch", 1), ", ".join(filter(None, (r["method"], r.get("rounds_mode")))),
+             r.get("draft", ""),
+             r.get("new_tokens", ""), number_cell(r.get("call_tok_per_s"), 0), number_cell(r.get("loop_tok_per_s"), 0),
+             number_cell(r.get("tokens_per_round")),
+             {True: "yes", False: "no"}.get(r.get("exact", r.get("matches_our_greedy")), "")]
+            for r in summary["decode"] if r["method"] in SHOWN_METHODS]
+    return markdown_table(header, body)
+
+
+def gpu_verify(summary: dict) -> str:
+    """Milliseconds of one verify pass: a row per shape and tokens verified, a column per method."""
+    methods = list(dict.fromkeys(r["method"] for r in summary["verify"]))
+    cells = {(r["shape"], r["tokens"], r["method"]): r["ms"] for r in summary["verify"]}
+    keys = list(dict.fromkeys((r["shape"], r["tokens"]) for r in summary["verify"]))
+    floor = summary.get("floor_ms", {})
+    return markdown_table(["shape", "tokens verified", "floor ms", *methods],
+                          [[shape, tokens, number_cell(floor.get(shape)),
+                            *(number_cell(cells.get((shape, tokens, m))) for m in methods)] for shape, tokens in keys])
+
+
+def _commands(commands) -> str:
+    unique = list(dict.fromkeys(c for c in commands if c))
+    return "```bash\n" + "\n".join(unique) + "\n```" if unique else ""
+
+
+def _load(relative: str):
+    return json.loads((BENCHMARKS / relative).read_text(encoding="utf-8"))
+
+
+def _command_of(data) -> str | None:
+    if isinstance(data, dict):
+        for holder in (data, data.get("settings"), data.get("environment")):
+            if isinstance(holder, dict) and isinstance(holder.get("command"), str):
+                return holder["command"]
+    return None
+
+
+def _program(command: str) -> str:
+    """The program a command runs (``python -m tools.x --a b`` -> ``tools.x``)."""
+    words = command.split()
+    return words[2] if words[1:2] == ["-m"] and len(words) > 2 else words[1] if len(words) > 1 else command
+
+
+def other_files(shown: set[Path]) -> str:
+    """Every other committed result file that records its command: path, date where it says, and the program
+    (the full command is in the file)."""
+    rows = []
+    for path in sorted(BENCHMARKS.rglob("*.json")):
+        if path in shown or path.parent.parent == BENCHMARKS / "real_speech" or "quantised" in path.parts[-2:-1]:
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            continue
+        command = _command_of(data)
+        if command:
+            date = str(data.get("date") or (data.get("environment") or {}).get("date") or "")[:10]
+            rows.append(f"`{path.relative_to(BENCHMARKS)}`" + (f" ({date}, {_program(command)})" if date else
+                                                               f" ({_program(command)})"))
+    return ", ".join(rows) + "."
+
+
+def render() -> str:
+    sections = [INTRO]
+    speech = _load("real_speech/summary.json")
+    sections.append("## Whisper tiny.en and base on 28 real recordings\n\n"
+                    "`benchmarks/real_speech/summary.json`; each row's folder holds its per-clip `results.json`.\n\n"
+                    + real_speech(speech) + "\n\n" + _commands(r["command"] for r in speech))
+    quant = _load("quantised/summary.json")
+    sections.append("## By weight precision (4-bit, 8-bit, 16-bit verifiers)\n\n"
+                    "`benchmarks/quantised/summary.json`. The MERaLiON-2 rows run its shapes on random weights with "
+                    "replayed acceptance: speed only, never quality.\n\n"
+                    + quantised(quant) + "\n\n" + _commands(r["command"] for r in quant))
+    shown = {BENCHMARKS / "real_speech/summary.json", BENCHMARKS / "quantised/summary.json"}
+    for relative, title in (("gpu/summary.json", "MERaLiON-2 shapes on an H200"),
+                            ("gpu/h100/summary.json", "MERaLiON-2 shapes on an H100"),
+                            ("gpu/drafter_cost_heads/summary.json", "MERaLiON-2-3B, drafts at trained heads' cost")):
+        summary = _load(relative)
+        shown.add(BENCHMARKS / relative)
+        text = (f"## {title}\n\n`benchmarks/{relative}` ({summary['gpu']}, torch {summary['torch']}, "
+                f"transformers {summary['transformers']}, {summary['date']}). {summary.get('note', '')}".rstrip()
+                + " Dynamic-cache rows: in the file.\n\n" + gpu_decode(summary))
+        if summary["verify"]:
+            text += ("\n\nMilliseconds of one verify pass by tokens verified (floor: the weights' bytes at the "
+                     "measured copy bandwidth):\n\n" + gpu_verify(summary))
+        sections.append(text + "\n\n" + _commands([summary["command"]] + [r["command"] for r in summary["runs"]]))
+    sections.append("## Other result files\n\nUnder `benchmarks/`, each with its date and the program that wrote it; the "
+                    "full command is inside each file.\n\n" + other_files(shown))
+    return "\n\n".join(sections) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.results_tables", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "RESULTS.md", help="the page to write")
+    args = p.parse_args(argv)
+    write_atomic(args.out, render())
+    print(f"[results_tables] {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
