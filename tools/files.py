@@ -10,6 +10,8 @@ over the target; on any failure, Ctrl-C included, the temporary file is removed 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import shlex
@@ -68,6 +70,25 @@ def torch_save_atomic(path: str | os.PathLike, obj) -> None:
     import torch
 
     write_atomic_with(path, lambda temp_name: torch.save(obj, temp_name))
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, read in chunks: memory stays flat whatever the file's size."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike):
+    """Hold an exclusive lock (``flock``) on ``path``, created if missing, while the block runs; yields its
+    descriptor, open for reading and appending. Processes locking the same file take turns; the lock goes with
+    the descriptor, so a killed process never leaves it held."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def apply_umask(path) -> None:
