@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -29,11 +30,34 @@ def command_line(program: str, argv: list[str] | None = None) -> str:
     return shlex.join([*runner, *(sys.argv[1:] if argv is None else argv)])
 
 
+TEMPORARY_NAME = re.compile(r"^\..+\.tmp-(\d+)-")  # write_atomic_with's: ".<name>.tmp-<pid>-..."
+
+
+def remove_stale_temporaries(folder: str | os.PathLike) -> int:
+    """Delete the temporary files that ``write_atomic_with`` left in ``folder`` in processes killed mid-write
+    (kill -9, power loss): those whose process is gone. Returns how many."""
+    stale = [path for path in Path(folder).glob(".*.tmp-*")
+             if (match := TEMPORARY_NAME.match(path.name)) and path.is_file() and not _alive(int(match.group(1)))]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def write_atomic_with(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call ``write(temp_path)`` on a temporary file next to ``path``, then rename it over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # ".<name>.tmp-<pid>-...": hidden, and a killed run's leftover names its process (synth_speech removes those)
+    # ".<name>.tmp-<pid>-...": hidden, and a killed run's leftover names its process (remove_stale_temporaries removes those)
     fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
     os.close(fd)
     try:

@@ -381,6 +381,7 @@ class OutputRecords:
         """Each input's output name, claimed in the file: an input keeps the output it had; a new one gets the
         usual name unless another input's output holds it (then ``name-1.ext``, ...)."""
         with self.locked() as fd:
+            files.remove_stale_temporaries(self.path.parent)  # of runs killed mid-write
             names = self.output_names(sources, extension)
             owners = self.owners()
             claims = [{"output": name, "source": {"path": str(source.path)}} for source, name in names.items()
