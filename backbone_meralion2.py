@@ -60,9 +60,13 @@ class MERaLiON2Backbone(Backbone):
             speech_attention_as_sdpa(base.speech_encoder)
         return base
 
+    @property
+    def generation_config(self):
+        """The base's, read at each use, as the base's generate reads it: a caller may replace the object."""
+        return self.base.generation_config
+
     def __init__(self, base):
         self.base = base
-        self.generation_config = base.generation_config
         self.lm = base.text_decoder
         self.model = base.text_decoder.model
         self.text_config = getattr(base.config, "text_config", None) or self.lm.config

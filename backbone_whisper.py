@@ -84,11 +84,17 @@ class WhisperBackbone(Backbone):
             return None
         return "temperature", "Whisper samples when its first temperature is above 0"
 
+    @property
+    def generation_config(self):
+        """The base's, read at each use, as the base's generate reads it: a caller may replace the object."""
+        return self.base.generation_config
+
+    gen = generation_config
+
     def __init__(self, base):
         self.base = base
         self.decoder = base.model.decoder
         self.config = base.config
-        self.gen = self.generation_config = base.generation_config
         self.num_heads = self.config.decoder_attention_heads
         self.head_dim = self.config.d_model // self.num_heads
         self.scaling = self.head_dim**-0.5

@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from tools import cli_args
-from tools.files import save_safetensors_atomic, write_json_atomic
+from tools.files import remove_stale_temporaries, save_safetensors_atomic, write_json_atomic
 from tools.runtime import add_device_options, model_device, resolve_device, resolve_dtype, to_model
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -386,20 +386,24 @@ def _collected_ids(args, shards: list[str]) -> set[str]:
 
 
 class ShardWriter:
-    """Rows collected so far, written as whole shards of ``shard_size`` rows, numbered on from the last one."""
+    """Rows collected so far, written as shards numbered on from the last one. A shard holds whole batches (the
+    first batch end at or past ``shard_size`` rows): a base's hidden states depend, in their last bits, on the
+    other rows of their batch, so a rerun after a kill must start at a batch boundary to rebuild the same
+    batches and collect the same bits as an uninterrupted run."""
 
     def __init__(self, out: str, shard_size: int, meta: dict, shards: list[str]):
         self.out, self.shard_size, self.meta, self.pending = out, shard_size, meta, []
         self.next_index = int(SHARD_PATTERN.match(os.path.basename(shards[-1])).group(1)) + 1 if shards else 0
 
-    def add(self, row: tuple) -> None:
-        self.pending.append(row)
-        self.flush()
+    def add_batch(self, rows: list[tuple]) -> None:
+        self.pending.extend(rows)
+        if len(self.pending) >= self.shard_size:
+            self.flush()
 
-    def flush(self, final: bool = False) -> None:
-        """Write every full shard pending (and, when ``final``, the partial rest)."""
-        while len(self.pending) >= self.shard_size or (final and self.pending):
-            rows, self.pending = self.pending[: self.shard_size], self.pending[self.shard_size:]
+    def flush(self) -> None:
+        """Write what is pending as one shard."""
+        if self.pending:
+            rows, self.pending = self.pending, []
             path = os.path.join(self.out, f"shard_{self.next_index:05d}.safetensors")
             write_shard(path, rows, {**self.meta, "n_tokens": sum(int(r[1].numel()) for r in rows)})
             self.next_index += 1
@@ -460,14 +464,13 @@ def _collect(model, todo: list[Utterance], args, prompt_options: dict, writer: S
                     t0 = time.perf_counter()
                     rows = _collect_rows(model, arrays, ok, args, prompt_options)
                     counts.model_seconds += time.perf_counter() - t0
-                    for row in rows:
-                        writer.add(row)
-                        counts.tokens += int(row[1].numel())
+                    writer.add_batch(rows)
+                    counts.tokens += sum(int(row[1].numel()) for row in rows)
                     counts.clips += len(ok)
                 bar.update(len(batch))
                 bar.set_postfix(tokens=counts.tokens)
     finally:
-        writer.flush(final=True)
+        writer.flush()
         bar.close()
     return counts
 
@@ -516,6 +519,7 @@ def main(argv=None, model=None) -> dict:
         torch.set_num_threads(args.threads)
     utterances, source_info = _utterances(args)
     os.makedirs(args.out, exist_ok=True)
+    remove_stale_temporaries(args.out)
     shards = list_shards(args.out)
     done = _collected_ids(args, shards)
     todo = [u for u in utterances if u.id not in done]

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pipeline.collect import (import_medusa, list_shards, load_from_base, load_shard, load_shard_speech, parse_device, parse_dtype,
                               run_cli)
 from tools import cli_args
-from tools.files import save_safetensors_atomic, torch_save_atomic, write_json_atomic
+from tools.files import remove_stale_temporaries, save_safetensors_atomic, torch_save_atomic, write_json_atomic
 from tools.runtime import add_device_options
 
 TOPK = 10
@@ -591,6 +591,7 @@ def main(argv=None, model=None) -> dict:
     dtype = parse_dtype(args.dtype, device)
     amp = args.amp == "bf16" or (args.amp == "auto" and str(device).startswith("cuda"))
     os.makedirs(args.out, exist_ok=True)
+    remove_stale_temporaries(args.out)
     data = Collected(args.data, with_speech=args.speech_attention)
     torch.manual_seed(args.seed)
     if model is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -138,3 +139,15 @@ def test_command_line_quotes_arguments_so_the_recorded_command_reruns(monkeypatc
     assert files.command_line("benchmarks/x/ab.py", []) == "python benchmarks/x/ab.py"
     monkeypatch.setattr(sys, "argv", ["prog", "--out", "a b"])
     assert files.command_line("tools.profile_rounds") == "python -m tools.profile_rounds --out 'a b'"
+
+
+def test_stale_temporaries_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".a.txt.tmp-{dead.pid}-x1"
+    live = tmp_path / f".b.txt.tmp-{os.getpid()}-x2"
+    kept = [live, tmp_path / ".hidden", tmp_path / "c.txt"]
+    for path in (stale, *kept):
+        path.write_text("part")
+    assert files.remove_stale_temporaries(tmp_path) == 1
+    assert not stale.exists() and all(path.exists() for path in kept)

@@ -579,3 +579,20 @@ def test_fused_self_attention_projections_share_memory_and_keep_the_output(tmp_p
     attn.q_proj = torch.nn.Sequential(copy.deepcopy(attn.q_proj))
     assert torch.equal(model.generate(input_features=features, draft="chain", max_new_tokens=20), expected[0])
     assert model.backbone.fused is None
+
+
+def test_a_replaced_base_generation_config_is_the_one_decoded(whisper_medusa):
+    """``model.base.generation_config = <a new config>`` (as users set options): Medusa decodes with the new
+    one, as the base's generate does, not with the object it saw when loaded."""
+    model, features = whisper_medusa, random_features(2, 7)
+    before = model.generate(input_features=features, max_new_tokens=12, draft="chain")
+    original = model.base.generation_config
+    spoken = sorted({t for t in before[:, 2:6].flatten().tolist() if t < 112})  # text ids (112+: special)
+    try:
+        model.base.generation_config = copy.deepcopy(original)
+        model.base.generation_config.suppress_tokens = [*original.suppress_tokens, *spoken]
+        expected = model.generate(input_features=features, max_new_tokens=12, use_medusa=False)
+        got = model.generate(input_features=features, max_new_tokens=12, draft="chain")
+    finally:
+        model.base.generation_config = original
+    assert not torch.equal(expected, before) and torch.equal(expected, got)

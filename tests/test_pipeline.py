@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -97,6 +99,58 @@ class FakeMedusa(MedusaForASR):
                   os.path.join(folder, "medusa_heads.safetensors"))
 
 
+class BatchSensitiveMedusa(FakeMedusa):
+    """As a real base on a CPU: a row's hidden states depend, in their last bits, on the other rows of its batch."""
+
+    def collect_hidden_states(self, audio_seed, max_new_tokens=128):
+        shift = 0.01 * (int(audio_seed.sum()) % 7)
+        return [(tokens, hiddens + shift) for tokens, hiddens in super().collect_hidden_states(audio_seed,
+                                                                                               max_new_tokens)]
+
+
+def killed_child(command, kill_at: int, argv: list[str], model) -> None:
+    """``command(argv, model)`` in a forked process that kills itself (SIGKILL) in the middle of its
+    ``kill_at``-th atomic write: the temporary file written, not yet renamed over its target."""
+    from tools import files
+
+    def run():
+        real, calls = files.write_atomic_with, []
+
+        def write_atomic_with(path, write):
+            calls.append(path)
+            if len(calls) != kill_at:
+                return real(path, write)
+
+            def write_then_die(temp_name):
+                write(temp_name)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+            return real(path, write_then_die)
+
+        files.write_atomic_with = write_atomic_with
+        command(argv, model=model)
+
+    process = multiprocessing.get_context("fork").Process(target=run)
+    process.start()
+    process.join(300)
+    assert process.exitcode == -signal.SIGKILL
+
+
+def bit_identical(a, b) -> bool:
+    """Nested dicts / lists / tensors equal to the bit."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(bit_identical(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(bit_identical(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def temporaries(folder) -> list[str]:
+    return [name for name in os.listdir(folder) if ".tmp-" in name]
+
+
 def write_clips(folder, n, seed=0):
     rng = np.random.default_rng(seed)
     os.makedirs(folder, exist_ok=True)
@@ -151,7 +205,8 @@ def test_collect_shards_resume_and_info(clips, shards, tmp_path):
     out = str(tmp_path / "resumed")
     collect.main(["--base", "fake/base", "--audio", clips, "--out", out, "--limit", "10",
                   "--shard-size", "4", "--batch-size", "3"], model=FakeMedusa())
-    assert len(collect.list_shards(out)) == 3  # 4 + 4 + 2
+    assert [len(collect.read_shard_metadata(p)["utterance_ids"]) for p in collect.list_shards(out)] == [6, 4]
+    # (a shard holds whole batches: the first batch end at or past --shard-size rows)
     info = collect.main(["--base", "fake/base", "--audio", clips, "--out", out, "--shard-size", "16"],
                         model=FakeMedusa())
     resumed = utterance_table(out)
@@ -200,6 +255,22 @@ def fails_on_call(call: int, error: BaseException) -> FakeMedusa:
             return super().collect_hidden_states(**kw)
 
     return Failing()
+
+
+def test_collect_killed_mid_write_resumes_to_the_same_bits(clips, tmp_path):
+    """kill -9 while a shard is written, then a rerun: no temporary file left, and every utterance's tokens and
+    hidden states bit-identical to an uninterrupted run's, on a base whose states depend on their batch."""
+    common = ["--base", "fake/base", "--audio", clips, "--batch-size", "3", "--shard-size", "4", "--limit", "12"]
+    collect.main([*common, "--out", str(tmp_path / "whole")], model=BatchSensitiveMedusa())
+    out = tmp_path / "killed"
+    killed_child(collect.main, 2, [*common, "--out", str(out)], BatchSensitiveMedusa())
+    assert temporaries(out) and len(utterance_table(str(out))) < 12
+    collect.main([*common, "--out", str(out)], model=BatchSensitiveMedusa())
+    whole, resumed = utterance_table(str(tmp_path / "whole")), utterance_table(str(out))
+    assert sorted(resumed) == sorted(whole)
+    for uid, (tokens, hiddens) in whole.items():
+        assert torch.equal(resumed[uid][0], tokens) and torch.equal(resumed[uid][1], hiddens), uid
+    assert not temporaries(out)
 
 
 def test_collect_crash_keeps_finished_shards(clips, shards, tmp_path):
@@ -328,6 +399,24 @@ def test_train_resume_equals_uninterrupted(shards, tmp_path):
     with pytest.raises(SystemExit, match="different settings"):
         train.main(["--data", shards, "--out", b, "--lr", "1e-3"] + TRAIN_ARGS[:8] + ["--device", "cpu"],
                    model=FakeMedusa())
+
+
+def test_train_killed_mid_checkpoint_resumes_to_the_same_bits(shards, tmp_path):
+    """kill -9 while last.pt is written (after best.safetensors and metrics.json of that step), then a rerun: no
+    temporary file left; heads, optimiser, best checkpoint and metrics bit-identical to an uninterrupted run's."""
+    whole, out = tmp_path / "whole", tmp_path / "killed"
+    train.main(["--data", shards, "--out", str(whole)] + TRAIN_ARGS, model=FakeMedusa())
+    # writes: last.pt (step 5); best.safetensors, metrics.json, last.pt (step 10)
+    killed_child(train.main, 4, ["--data", shards, "--out", str(out)] + TRAIN_ARGS, FakeMedusa())
+    assert temporaries(out) and torch.load(out / "last.pt", weights_only=True)["step"] == 5
+    train.main(["--data", shards, "--out", str(out)] + TRAIN_ARGS, model=FakeMedusa())
+    assert not temporaries(out)
+    x, y = load_file(whole / "best.safetensors"), load_file(out / "best.safetensors")
+    assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+    la, lb = (torch.load(folder / "last.pt", weights_only=True) for folder in (whole, out))
+    assert bit_identical(la, lb)  # heads, optimiser, scheduler, step, history
+    ma, mb = (json.loads((folder / "metrics.json").read_text()) for folder in (whole, out))
+    assert {k: v for k, v in ma.items() if k != "data"} == {k: v for k, v in mb.items() if k != "data"}
 
 
 def test_best_checkpoint_selection(shards, tmp_path, monkeypatch):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -213,8 +216,9 @@ def test_vad_windows_are_cut_at_the_speech_pauses_decoded_together_and_timed_in_
     assert [(s["start"], s["end"], s["text"]) for s in record["segments"]] == [
         (1.0, 20.0, f"{19 * SR} samples"), (25.0, 50.0, f"{25 * SR} samples"), (52.0, 70.0, f"{18 * SR} samples")]
     monkeypatch.setattr(transcribe.audio_io, "speech_regions", lambda samples, max_seconds=None: [])
-    code, model, out, _ = run([audio, "--vad", "--format", "json"], FakeTimedModel(), capsys)
-    assert code == 0 and model.batches == [] and json.loads(out)["segments"] == []
+    code, model, out, err = run([audio, "--vad", "--format", "json"], FakeTimedModel(), capsys)
+    assert code == 1 and model.batches == [] and out == ""  # no speech: nothing to say, which is not success
+    assert f"error: {audio}: voice-activity detection found no speech; no output written" in err
 
 
 def assert_subtitle_limits(srt_text: str, vtt_path: Path, duration: float) -> list:
@@ -305,12 +309,27 @@ def test_empty_zero_length_unsupported_and_missing_inputs(tmp_path, capsys):
     assert out.strip().endswith("16000 samples")
 
 
-def test_silent_file_is_skipped_without_running_the_model(tmp_path, capsys):
+def test_silent_file_fails_without_running_the_model(tmp_path, capsys):
+    """A file that gives no transcript is a failure the exit status reports, not a skip: nothing was made."""
     silent = tmp_path / "silent.wav"
     sf.write(str(silent), np.zeros(SR, dtype=np.float32), SR)
-    code, model, out, err = run([silent], capsys=capsys)
-    assert code == 0 and model.batches == [] and out == ""
-    assert f"{silent}: silent" in err and "1 skipped (0 output up to date, 1 silent)" in err
+    code, model, out, err = run([silent, "--output", tmp_path / "out"], capsys=capsys)
+    assert code == 1 and model.batches == [] and outputs(tmp_path / "out") == []
+    assert f"error: {silent}: silent audio" in err and "0 done, 1 failed, 0 skipped" in err
+
+
+def test_file_whose_windows_give_no_text_fails_and_is_retried(tmp_path, capsys):
+    class Mute(FakeModel):
+        def decode_text(self, sequences, inputs):
+            return ["" if int(row[1]) == SR else f" {int(row[1])} samples " for row in sequences]
+
+    mute, talks = write_wav(tmp_path / "in" / "mute.wav"), write_wav(tmp_path / "in" / "talks.wav", seconds=2.0)
+    out_dir = tmp_path / "out"
+    code, _, _, err = run([mute, talks, "--output", out_dir], model=Mute(), capsys=capsys)
+    assert code == 1 and outputs(out_dir) == ["talks.txt"]
+    assert f"error: {mute}: the model produced no text; no output written" in err and "1 done, 1 failed" in err
+    code, model, _, err = run([mute, talks, "--output", out_dir], model=Mute(), capsys=capsys)
+    assert code == 1 and model.windows_seen == [SR] and "0 done, 1 failed, 1 skipped" in err  # tried again
 
 
 def test_silent_window_of_long_file_is_not_sent_to_the_model(tmp_path, capsys):
@@ -398,7 +417,7 @@ def test_rerun_skips_files_already_transcribed(tmp_path, capsys):
 
     code, second, _, err = run([tmp_path / "in", "--output", out_dir], capsys=capsys)
     assert code == 0 and second.batches == []
-    assert "0 done, 0 failed, 3 skipped (3 output up to date" in err
+    assert "0 done, 0 failed, 3 skipped (output up to date)" in err
 
     code, third, _, _ = run([*files, "--output", out_dir, "--overwrite"], capsys=capsys)
     assert len(third.windows_seen) == 3
@@ -417,7 +436,7 @@ def test_same_name_from_another_folder_gets_its_own_output(tmp_path, capsys):
     assert (out_dir / "x-1.txt").read_text() == "32000 samples\n"
     for audio in (first, second):  # each rerun finds its own output
         code, model, _, err = run([audio, "--output", out_dir], capsys=capsys)
-        assert code == 0 and model.batches == [] and "1 output up to date" in err
+        assert code == 0 and model.batches == [] and "1 skipped (output up to date)" in err
 
 
 def test_changed_audio_or_settings_are_transcribed_again(tmp_path, capsys):
@@ -447,7 +466,7 @@ def test_interrupted_run_keeps_finished_outputs_and_resumes(tmp_path, capsys):
 
     code, resumed, _, err = run([*files, "--output", out_dir], capsys=capsys)
     assert code == 0 and resumed.windows_seen == [2 * SR, 3 * SR]  # only b and c
-    assert "2 done, 0 failed, 1 skipped (1 output up to date" in err
+    assert "2 done, 0 failed, 1 skipped (output up to date)" in err
 
 
 def test_output_write_is_atomic(tmp_path, capsys, monkeypatch):
@@ -460,7 +479,78 @@ def test_output_write_is_atomic(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(transcribe.files.os, "replace", broken_replace)
     code, _, _, err = run([audio, "--output", out_dir], capsys=capsys)
     assert code == 1 and "cannot write output" in err
-    assert list(out_dir.iterdir()) == []  # neither a partial output nor a temp file; a rerun redoes it
+    assert [p.name for p in out_dir.iterdir()] == [transcribe.RECORDS_FILE]  # no partial output, no temp file
+    monkeypatch.undo()
+    code, model, _, _ = run([audio, "--output", out_dir], capsys=capsys)
+    assert code == 0 and model.windows_seen == [SR] and outputs(out_dir) == ["a.txt"]  # a rerun redoes it
+
+
+def child(mode: str, folder: Path, *argv) -> subprocess.Popen:
+    """The command in a process of its own on the fake model (tests/transcribe_child.py)."""
+    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "transcribe_child.py"), mode, str(folder),
+                             *map(str, argv)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_concurrent_runs_into_one_output_each_keep_their_transcript(tmp_path):
+    """a/x.wav and b/x.wav transcribed into one --output by two processes at once, both having chosen their
+    output names before either writes: each transcript gets its own file."""
+    first, second = write_wav(tmp_path / "a" / "x.wav", seconds=1.0), write_wav(tmp_path / "b" / "x.wav", seconds=2.0)
+    out_dir = tmp_path / "out"
+    runs = [child("meet", tmp_path, audio, "--output", out_dir) for audio in (first, second)]
+    for run_ in runs:
+        _, err = run_.communicate(timeout=120)
+        assert run_.returncode == 0, err
+    assert sorted((out_dir / name).read_text() for name in outputs(out_dir)) == ["16000 samples\n",
+                                                                                 "32000 samples\n"]
+    for audio in (first, second):  # and each rerun finds its own
+        code, model, _, err = run([audio, "--output", out_dir])
+        assert code == 0 and model.batches == []
+
+
+def test_input_replaced_under_its_old_size_and_time_is_transcribed_again(tmp_path, capsys):
+    audio = write_wav(tmp_path / "in" / "a.wav", seconds=1.0, seed=0)
+    out_dir = tmp_path / "out"
+    assert run([audio, "--output", out_dir], capsys=capsys)[0] == 0
+    before = audio.stat()
+    write_wav(audio, seconds=1.0, seed=1)  # other audio, same size
+    os.utime(audio, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert audio.stat().st_size == before.st_size and audio.stat().st_mtime_ns == before.st_mtime_ns
+    code, model, _, _ = run([audio, "--output", out_dir], capsys=capsys)
+    assert code == 0 and model.windows_seen == [SR]
+
+
+@pytest.mark.parametrize("options", [["--max-new-tokens", "50"], ["--language", "fr"], ["--task", "translate"],
+                                     ["--no-temperature-fallback"], ["--window-seconds", "20"],
+                                     ["--dtype", "bfloat16"], ["--base", "other/base"], ["--model", "other/heads"]])
+def test_each_option_that_shapes_a_transcript_redoes_it_once(tmp_path, capsys, options):
+    audio = write_wav(tmp_path / "a.wav")
+    out_dir = tmp_path / "out"
+    assert run([audio, "--output", out_dir], capsys=capsys)[0] == 0
+    for expected in ([SR], []):  # changed: transcribed again; the same again: up to date
+        code, model, _, err = run([audio, "--output", out_dir, *options], capsys=capsys)
+        assert code == 0 and model.windows_seen == expected, err
+    code, model, _, _ = run([audio, "--output", out_dir, *options, "--no-medusa", "--batch-size", "4"], capsys=capsys)
+    assert model.batches == []  # these do not change a transcript
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
+def test_signal_mid_write_leaves_complete_recorded_outputs_and_resumes(tmp_path, signal_number):
+    files = [write_wav(tmp_path / "in" / f"{n}.wav", seconds=1.0 + i, seed=i) for i, n in enumerate("abc")]
+    out_dir = tmp_path / "out"
+    stopped = child("stall", tmp_path, *files, "--output", out_dir)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "stalled").exists() and stopped.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stopped.send_signal(signal_number)
+    _, err = stopped.communicate(timeout=60)
+    assert stopped.returncode == 128 + signal_number
+    assert err.splitlines() == [f"interrupted by {signal.Signals(signal_number).name}: 1 done, 0 failed, 0 skipped "
+                                "(output up to date); outputs of finished files are kept; rerun the same command to "
+                                "resume"]
+    assert sorted(p.name for p in out_dir.iterdir()) == [transcribe.RECORDS_FILE, "a.txt"]  # no temporary file
+    code, resumed, _, err = run([*files, "--output", out_dir])
+    assert code == 0 and resumed.windows_seen == [2 * SR, 3 * SR]
+    assert [(out_dir / f"{n}.txt").read_text() for n in "abc"] == [f"{n * SR} samples\n" for n in (1, 2, 3)]
 
 
 # --------------------------------------------------------------------------- demo and CLI

@@ -10,8 +10,11 @@ over the target; on any failure, Ctrl-C included, the temporary file is removed 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -27,11 +30,34 @@ def command_line(program: str, argv: list[str] | None = None) -> str:
     return shlex.join([*runner, *(sys.argv[1:] if argv is None else argv)])
 
 
+TEMPORARY_NAME = re.compile(r"^\..+\.tmp-(\d+)-")  # write_atomic_with's: ".<name>.tmp-<pid>-..."
+
+
+def remove_stale_temporaries(folder: str | os.PathLike) -> int:
+    """Delete the temporary files that ``write_atomic_with`` left in ``folder`` in processes killed mid-write
+    (kill -9, power loss): those whose process is gone. Returns how many."""
+    stale = [path for path in Path(folder).glob(".*.tmp-*")
+             if (match := TEMPORARY_NAME.match(path.name)) and path.is_file() and not _alive(int(match.group(1)))]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def write_atomic_with(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call ``write(temp_path)`` on a temporary file next to ``path``, then rename it over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # ".<name>.tmp-<pid>-...": hidden, and a killed run's leftover names its process (synth_speech removes those)
+    # ".<name>.tmp-<pid>-...": hidden, and a killed run's leftover names its process (remove_stale_temporaries removes those)
     fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent)
     os.close(fd)
     try:
@@ -68,6 +94,25 @@ def torch_save_atomic(path: str | os.PathLike, obj) -> None:
     import torch
 
     write_atomic_with(path, lambda temp_name: torch.save(obj, temp_name))
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, read in chunks: memory stays flat whatever the file's size."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike):
+    """Hold an exclusive lock (``flock``) on ``path``, created if missing, while the block runs; yields its
+    descriptor, open for reading and appending. Processes locking the same file take turns; the lock goes with
+    the descriptor, so a killed process never leaves it held."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def apply_umask(path) -> None:

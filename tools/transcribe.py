@@ -11,16 +11,20 @@ report the speed-up of Medusa decoding over plain greedy decoding on it.
 
 Long files are transcribed whole, window by window; windows of several files are batched.
 With --output, each input gets its own output file, and a rerun resumes: an input is skipped when
-its output exists and was made from the same audio (path, size, modification time) with the same
-model and options, recorded in OUTPUT/.medusa-asr-outputs.jsonl; anything else is transcribed again.
+its output exists and was made from the same audio (path, size, SHA-256 of its bytes) with the same
+model and options, recorded in OUTPUT/.medusa-asr-outputs.jsonl; anything else is transcribed again. Runs
+into one --output take turns on a lock of that file, so they can share a folder. A file that gives no
+transcript (silent, or no text) fails; Ctrl-C or SIGTERM stops cleanly (exit 130 / 143) and a rerun resumes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -31,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tools import audio_io, cli_args, files, runtime
+from tools import audio_io, cli_args, files, interrupts, runtime
 from tools.audio_io import AudioError, AudioSource, Segment, Window, Word
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -132,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="transcribe only the speech that voice-activity detection (Silero; needs silero-vad) "
                         "finds, cut into windows at its pauses, each decoded on its own (Whisper: instead of its "
                         "long-form windows, which can loop and lose speech under continuous noise or music); a "
-                        "file without speech gives an empty transcript")
+                        "file without speech fails (no output)")
     parser.add_argument("--temperature-fallback", action=argparse.BooleanOptionalAction, default=None,
                         help="Whisper (on by default): retry a window whose greedy text repeats itself (compression "
                         "ratio > 1.35) at temperatures 0.2 ... 1.0, sampled by the base model from a fixed seed, as "
@@ -339,29 +343,64 @@ RECORDS_FILE = ".medusa-asr-outputs.jsonl"
 
 
 class OutputRecords:
-    """What each transcript in an ``--output`` folder was made from: the audio (path, size, modification
-    time) and the settings that shape the transcript. An append-only JSON-lines file, the last line for an
-    output winning (a torn last line, from an interrupted write, is ignored), so concurrent or interrupted
-    runs never lose an earlier record."""
+    """What each transcript in an ``--output`` folder was made from: the audio (path, size and the SHA-256 of its
+    bytes, so that a file replaced under an old modification time is seen) and the settings that shape the
+    transcript. An append-only JSON-lines file, the last line for an output winning; a torn line (from a killed
+    write) is skipped. Runs take turns on a lock of this file to read it, to claim their inputs' output names (a
+    claim line, written before any transcript) and to append, so concurrent runs into one folder never give two
+    inputs one output, and never lose an earlier record."""
 
     def __init__(self, folder: Path):
         self.path = folder / RECORDS_FILE
         self.by_output: dict[str, dict] = {}
-        try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            lines = []
-        for line in lines:
+        self.read_to = 0  # bytes of the file parsed so far
+
+    @contextlib.contextmanager
+    def locked(self):
+        """The file locked and its lines appended since the last read (by any run) parsed; yields its descriptor."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with files.locked(self.path) as fd:
+            self.read_new(fd)
+            yield fd
+
+    def read_new(self, fd: int) -> None:
+        data = os.pread(fd, os.fstat(fd).st_size - self.read_to, self.read_to)
+        complete = data[: data.rfind(b"\n") + 1]  # a torn last line stays unread
+        self.read_to += len(complete)
+        for line in complete.splitlines():
             try:
                 record = json.loads(line)
                 self.by_output[record["output"]] = record
             except (ValueError, KeyError, TypeError):
                 continue
 
+    def append(self, fd: int, records: list[dict]) -> None:
+        text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+        if os.fstat(fd).st_size > self.read_to:  # a torn line: end it, so that it cannot swallow ours
+            text = "\n" + text
+        data = text.encode("utf-8")
+        while data:
+            data = data[os.write(fd, data):]
+        self.read_new(fd)
+
+    def claim_names(self, sources: list[AudioSource], extension: str) -> dict[AudioSource, str]:
+        """Each input's output name, claimed in the file: an input keeps the output it had; a new one gets the
+        usual name unless another input's output holds it (then ``name-1.ext``, ...)."""
+        with self.locked() as fd:
+            files.remove_stale_temporaries(self.path.parent)  # of runs killed mid-write
+            names = self.output_names(sources, extension)
+            owners = self.owners()
+            claims = [{"output": name, "source": {"path": str(source.path)}} for source, name in names.items()
+                      if owners.get(name.lower()) != str(source.path)]
+            if claims:
+                self.append(fd, claims)
+        return names
+
+    def owners(self) -> dict[str, str]:
+        return {name.lower(): record["source"]["path"] for name, record in self.by_output.items()}
+
     def output_names(self, sources: list[AudioSource], extension: str) -> dict[AudioSource, str]:
-        """An input keeps the output it had; a new one gets the usual name unless another input's output
-        holds it (then ``name-1.ext``, ...): two inputs never share an output."""
-        owners = {name.lower(): record["source"]["path"] for name, record in self.by_output.items()}
+        owners = self.owners()
         earlier = {record["source"]["path"]: name for name, record in self.by_output.items()
                    if name.endswith(f".{extension}")}
         names, taken = {}, set()
@@ -373,23 +412,23 @@ class OutputRecords:
             names[source] = name
         return names
 
-    def up_to_date(self, name: str, source: AudioSource, settings: dict) -> bool:
-        return (self.path.parent / name).is_file() and self.by_output.get(name) == self.record(name, source, settings)
-
-    def add(self, name: str, source: AudioSource, settings: dict) -> None:
-        record = self.record(name, source, settings)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self.by_output[name] = record
-
     @staticmethod
-    def record(name: str, source: AudioSource, settings: dict) -> dict:
+    def fingerprint(source: AudioSource) -> dict | None:
+        """What the record keeps of an input's audio; None when it cannot be read (its loading says why)."""
         try:
-            stat = source.path.stat()
+            return {"path": str(source.path), "size": source.path.stat().st_size,
+                    "sha256": files.sha256_of(source.path)}
         except OSError:
-            return {}
-        return {"output": name, "source": {"path": str(source.path), "size": stat.st_size,
-                                           "mtime_ns": stat.st_mtime_ns}, "settings": settings}
+            return None
+
+    def up_to_date(self, name: str, fingerprint: dict | None, settings: dict) -> bool:
+        record = self.by_output.get(name, {})
+        return (fingerprint is not None and record.get("source") == fingerprint
+                and record.get("settings") == settings and (self.path.parent / name).is_file())
+
+    def add(self, name: str, fingerprint: dict | None, settings: dict) -> None:
+        with self.locked() as fd:
+            self.append(fd, [{"output": name, "source": fingerprint or {}, "settings": settings}])
 
 
 @dataclass
@@ -399,6 +438,7 @@ class FileJob:
     windows: list[Window]
     texts: list  # per window its text, or (models that time their own segments) its segments
     remaining: int
+    fingerprint: dict | None = None  # of the audio decoded, for the record of its output
     failed: bool = False
 
 
@@ -414,22 +454,22 @@ class WindowTask:
 class RunSummary:
     done: int = 0
     failed: int = 0
-    skipped_done: int = 0
-    skipped_silent: int = 0
+    skipped: int = 0  # output up to date
     audio_seconds: float = 0.0
     wall_seconds: float = 0.0
     load_seconds: float = 0.0
-    interrupted: bool = False
+    interrupted_by: int | None = None  # the signal that stopped the run
     failures: list[str] = field(default_factory=list)
 
+    def counts(self) -> str:
+        return f"{self.done} done, {self.failed} failed, {self.skipped} skipped (output up to date)"
+
     def line(self, decode: DecodeStats, use_medusa: bool) -> str:
-        skipped = self.skipped_done + self.skipped_silent
         rtf = f"{self.wall_seconds / self.audio_seconds:.3f}" if self.audio_seconds else "n/a"
         mean = decode.mean_accepted_per_round
         accepted = "off (--no-medusa)" if not use_medusa else ("n/a" if mean is None else f"{mean:.2f}")
         return (
-            f"Summary: {self.done} done, {self.failed} failed, {skipped} skipped "
-            f"({self.skipped_done} output up to date, {self.skipped_silent} silent); "
+            f"Summary: {self.counts()}; "
             f"audio {self.audio_seconds / 3600:.3f} h; wall {self.wall_seconds:.1f} s "
             f"(+{self.load_seconds:.1f} s model load); real-time factor {rtf}; "
             f"mean accepted tokens/round {accepted}"
@@ -445,7 +485,7 @@ class TranscriptionRun:
         self.sources = sources
         self.model_name = model_name
         self.records = OutputRecords(args.output) if args.output else None
-        self.names = (self.records.output_names(sources, args.format) if self.records
+        self.names = (self.records.claim_names(sources, args.format) if self.records
                       else audio_io.output_names(sources, args.format))
         self.settings = transcript_settings(args, model_name, transcriber)
         model = transcriber.model
@@ -469,8 +509,8 @@ class TranscriptionRun:
                     self.decode_next_batch()
             while self.queue:
                 self.decode_next_batch()
-        except KeyboardInterrupt:
-            self.summary.interrupted = True
+        except KeyboardInterrupt as interruption:
+            self.summary.interrupted_by = interrupts.signal_of(interruption)
         finally:
             self.window_bar.close()
             self.file_bar.close()
@@ -483,9 +523,10 @@ class TranscriptionRun:
         return self.args.output / self.names[source] if self.args.output else None
 
     def add_file(self, source: AudioSource) -> None:
-        if self.records and not self.args.overwrite and self.records.up_to_date(self.names[source], source,
+        fingerprint = self.records.fingerprint(source) if self.records else None
+        if self.records and not self.args.overwrite and self.records.up_to_date(self.names[source], fingerprint,
                                                                                  self.settings):
-            self.summary.skipped_done += 1
+            self.summary.skipped += 1
             self.file_bar.update(1)
             return
         try:
@@ -497,21 +538,20 @@ class TranscriptionRun:
             self.fail_file(f"{source.path}: cannot load audio ({_one_line(error)})")
             return
         if audio_io.is_silent(samples):
-            log(f"skipped: {source.path}: silent audio (all samples ~0), nothing to transcribe")
-            self.summary.skipped_silent += 1
-            self.file_bar.update(1)
+            self.fail_file(f"{source.path}: silent audio (all samples ~0): nothing to transcribe, no output written")
             return
         try:
             regions = audio_io.speech_regions(samples, max_seconds=self.max_seconds) if self.args.vad else None
         except Exception as error:  # noqa: BLE001 - one file's VAD failure must not end the run
             self.fail_file(f"{source.path}: voice-activity detection failed ({_one_line(error)})")
             return
-        self.enqueue(source, samples, regions)
+        self.enqueue(source, samples, regions, fingerprint)
 
-    def enqueue(self, source: AudioSource, samples: np.ndarray, regions=None) -> None:
+    def enqueue(self, source: AudioSource, samples: np.ndarray, regions=None, fingerprint: dict | None = None) -> None:
         """The file's windows (``windows_of``) as tasks; a silent stretch is not sent to the model."""
         windows = self.windows_of(samples, regions)
-        job = FileJob(source, audio_io.duration_seconds(samples), windows, [None] * len(windows), len(windows))
+        job = FileJob(source, audio_io.duration_seconds(samples), windows, [None] * len(windows), len(windows),
+                      fingerprint)
         self.window_bar.total += len(windows)
         self.window_bar.refresh()
         if not windows:  # --vad found no speech: nothing to say
@@ -586,11 +626,15 @@ class TranscriptionRun:
         else:
             segments = [Segment(w.start_seconds, w.end_seconds, t) for w, t in zip(job.windows, job.texts)]
         text = " ".join(s.text for s in segments if s.text)
+        if not text:  # counted as failed, and no output: a rerun tries it again
+            found = "voice-activity detection found no speech" if self.args.vad else "the model produced no text"
+            self.fail_file(f"{job.source.path}: {found}; no output written", job)
+            return
         rendered = audio_io.render_transcript(self.args.format, text, segments, self.json_record(job, text, segments))
         try:
             self.emit(job.source, rendered)
             if self.records:
-                self.records.add(self.names[job.source], job.source, self.settings)
+                self.records.add(self.names[job.source], job.fingerprint, self.settings)
         except OSError as error:
             self.fail_file(f"{job.source.path}: cannot write output ({error})", job)
             return
@@ -754,7 +798,16 @@ def _strip_padding(row: list[int], padding_ids: set[int]) -> list[int]:
 
 
 def main(argv: list[str] | None = None, model_loader=load_model) -> int:
-    args = build_parser().parse_args(argv)
+    """The command: SIGINT, SIGTERM and SIGHUP stop it cleanly (``tools.interrupts``), exiting 128 + the signal."""
+    with interrupts.raised():
+        try:
+            return run_command(build_parser().parse_args(argv), model_loader)
+        except KeyboardInterrupt as interruption:
+            log(f"interrupted by {interrupts.name(interruption)}; no output is half-written")
+            return interrupts.exit_status(interruption)
+
+
+def run_command(args, model_loader) -> int:
     if args.threads:
         import torch
 
@@ -784,9 +837,9 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
     except (FileNotFoundError, ValueError, OSError, ImportError) as error:
         log(f"error: cannot load model {model_name!r}: {' '.join(str(error).split())}")
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        log("interrupted while loading the model; nothing was written")
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as interruption:
+        log(f"interrupted by {interrupts.name(interruption)} while loading the model; nothing was written")
+        return interrupts.exit_status(interruption)
     load_seconds = time.perf_counter() - started
     if args.compile and device == "cpu" and not args.no_medusa:
         log("warning: --compile on a CPU compiles for seconds per batch size, and compiled CPU draft rounds run slower "
@@ -816,11 +869,12 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
     summary = TranscriptionRun(transcriber, args, sources, model_name).run()
     summary.failed += len(input_errors)
     summary.load_seconds = load_seconds
-    log(summary.line(transcriber.stats, transcriber.use_medusa))
-    if summary.interrupted:
+    if summary.interrupted_by is not None:  # one line
         hint = "rerun the same command to resume" if args.output else "use --output DIR to make runs resumable"
-        log(f"interrupted: outputs of finished files are kept; {hint}")
-        return EXIT_INTERRUPTED
+        log(f"interrupted by {signal.Signals(summary.interrupted_by).name}: {summary.counts()}; outputs of finished "
+            f"files are kept; {hint}")
+        return 128 + summary.interrupted_by
+    log(summary.line(transcriber.stats, transcriber.use_medusa))
     return EXIT_FILE_FAILED if summary.failed else EXIT_OK
 
 
