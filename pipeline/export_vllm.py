@@ -58,16 +58,14 @@ def check_exportable(folder: str, config: dict) -> None:
 
 def load_heads(folder: str, base: str | None):
     """The artifact on its base (float32, CPU): the heads and the base's output projection they share."""
+    return import_medusa().MedusaForASR.from_pretrained(folder, base_model_name_or_path=base).float()
+
+
+def vllm_tensors(model, dtype: str = "float32") -> dict:
+    """``blocks.{i}.layers.{j}.weight|bias``, the one shared ``lm_heads.0.weight`` (draft rows of the base's
+    output projection) and, with a draft vocabulary, ``token_map``; floating-point tensors in ``dtype``."""
     import torch
 
-    model = import_medusa().MedusaForASR.from_pretrained(folder, base_model_name_or_path=base,
-                                                        torch_dtype=torch.float32)
-    return model.float()
-
-
-def vllm_tensors(model) -> dict:
-    """``blocks.{i}.layers.{j}.weight|bias``, the one shared ``lm_heads.0.weight`` (draft rows of the base's
-    output projection) and, with a draft vocabulary, ``token_map``."""
     projection = model.backbone.output_projection
     if getattr(projection, "bias", None) is not None:
         raise SystemExit("the base's output projection has a bias, which vLLM's Medusa heads cannot hold; "
@@ -76,7 +74,8 @@ def vllm_tensors(model) -> dict:
     tensors["lm_heads.0.weight"] = model.draft_projection().weight().detach().float().contiguous()
     if model.draft_vocab is not None:
         tensors["token_map"] = model.draft_vocab.detach().to("cpu").long().contiguous()
-    return {name: t.to("cpu") for name, t in tensors.items()}
+    cast = getattr(torch, dtype)
+    return {name: (t.to(cast) if t.is_floating_point() else t).to("cpu") for name, t in tensors.items()}
 
 
 def vllm_config(model, tensors: dict) -> dict:
@@ -142,12 +141,12 @@ def write_folder(out: str, config: dict, tensors: dict, info: dict) -> None:
         shutil.rmtree(staged, ignore_errors=True)
 
 
-def export(folder: str, out: str, base: str | None = None, force: bool = False) -> dict:
+def export(folder: str, out: str, base: str | None = None, force: bool = False, dtype: str = "float32") -> dict:
     """Write ``folder``'s heads in vLLM's Medusa format into ``out``; returns the vLLM config."""
     check_exportable(folder, read_artifact_config(folder))
     check_target(out, force)
     model = load_heads(folder, base)
-    tensors = vllm_tensors(model)
+    tensors = vllm_tensors(model, dtype)
     config = vllm_config(model, tensors)
     write_folder(out, config, tensors, export_info(folder, config, model))
     return config
@@ -160,8 +159,11 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True, help="folder for vLLM's Medusa checkpoint")
     p.add_argument("--base", help="load the base from here instead of the artifact's base_model_name_or_path")
     p.add_argument("--force", action="store_true", help="write into a non-empty --out")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="weights' dtype in the file (vLLM casts them to the target's); bfloat16 halves a large "
+                        "vocabulary's shared head (MERaLiON-2: 256k x 2304)")
     args = p.parse_args(argv)
-    config = export(args.heads, args.out, args.base, args.force)
+    config = export(args.heads, args.out, args.base, args.force, args.dtype)
     print(f"[export_vllm] {args.out}: {config['num_heads']} heads x {config['num_hidden_layers']} block(s), "
           f"draft vocabulary {config['truncated_vocab_size']} of {config['vocab_size']}")
 

@@ -88,7 +88,10 @@ def test_export_names_shapes_config_and_vllm_drafts_equal_ours(tiny_whisper, tmp
     folder = artifact(tiny_whisper, tmp_path / "heads", draft_vocab)
     check_export(tiny_whisper, folder, tmp_path / "vllm", hidden_size=32)
     assert (tmp_path / "vllm" / "README.md").is_file()
-    export_vllm.export(str(folder), str(tmp_path / "vllm"))  # a previous export is replaced
+    export_vllm.export(str(folder), str(tmp_path / "vllm"), dtype="bfloat16")  # a previous export is replaced
+    halves = load_file(tmp_path / "vllm" / export_vllm.WEIGHTS_FILE)
+    assert halves["lm_heads.0.weight"].dtype == torch.bfloat16
+    assert draft_vocab is None or halves["token_map"].dtype == torch.int64
 
 
 @requires_transformers5
