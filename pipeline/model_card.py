@@ -198,6 +198,17 @@ def _front_matter(base: str, family: str, data: dict, license: str | None) -> st
     return f"---\n{card_data.to_yaml()}\n---"
 
 
+def vllm_section(base: str, k: int) -> str:
+    """Residual-block heads are what vLLM's Medusa loads: how to serve them there."""
+    spec = f'{{"method": "medusa", "model": "<vllm folder>", "num_speculative_tokens": {k}}}'
+    return ("## Serving with vLLM\n\n"
+            "vLLM loads heads of this kind. Export them to its Medusa format, then serve the base with them:\n\n"
+            "```bash\npython -m pipeline.export_vllm --heads <this folder> --out <vllm folder>\n"
+            f"python -m vllm.entrypoints.openai.api_server --model {base} \\\n    --speculative-config '{spec}'\n```\n\n"
+            "vLLM drafts a chain of top-1 tokens (each head's most likely token; no trees), so its tokens per "
+            "verify pass are this card's chain row, not its best tree's. Its output is the base's greedy output.")
+
+
 def render_model_card(config, repo_id: str | None = None, license: str | None = None) -> str:
     """README.md text for an artifact; ``config`` is a MedusaConfig or its dict."""
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
@@ -255,6 +266,8 @@ def render_model_card(config, repo_id: str | None = None, license: str | None = 
                                              "Not measured (no `head_accuracy` in config.json)."))
     if bench:
         sections.append("## Benchmark\n\n" + benchmark_section(bench))
+    if kind == "medusa":
+        sections.append(vllm_section(base, k))
     sections.append("## Training data\n\n" + training_section(data))
     sections.append(
         "## Reproduce\n\n```bash\n"

@@ -126,3 +126,14 @@ def test_meralion2_standin_heads_export(tmp_path):
     model = MedusaForASR.from_base(str(base), family="meralion2", medusa_num_heads=HEADS, medusa_num_layers=LAYERS)
     folder = artifact(model, tmp_path / "heads", draft_vocab=list(range(0, model.config.vocab_size, 2)))
     check_export(model, folder, tmp_path / "vllm", hidden_size=model.config.hidden_size)
+
+
+def test_card_of_residual_heads_says_how_vllm_serves_them():
+    from pipeline.model_card import render_model_card
+
+    config = {"base_model_name_or_path": "openai/whisper-base", "base_family": "whisper", "medusa_num_heads": 4,
+              "hidden_size": 512, "head_kind": "medusa"}
+    card = render_model_card(config)
+    assert "## Serving with vLLM" in card and "vLLM drafts a chain of top-1 tokens" in card
+    assert '"num_speculative_tokens": 4' in card and "pipeline.export_vllm" in card
+    assert "## Serving with vLLM" not in render_model_card({**config, "head_kind": "path"})
