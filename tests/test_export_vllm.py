@@ -5,6 +5,8 @@ vllm/v1/spec_decode/medusa.py) proposes the same top-1 chain as our heads."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -137,3 +139,21 @@ def test_card_of_residual_heads_says_how_vllm_serves_them():
     assert "## Serving with vLLM" in card and "vLLM drafts a chain of top-1 tokens" in card
     assert '"num_speculative_tokens": 4' in card and "pipeline.export_vllm" in card
     assert "## Serving with vLLM" not in render_model_card({**config, "head_kind": "path"})
+
+
+@requires_transformers5
+@pytest.mark.skipif(os.environ.get("MEDUSA_ASR_TEST_BASE") != "1", reason="base only with MEDUSA_ASR_TEST_BASE=1")
+def test_shipped_whisper_base_vllm_heads_export(tmp_path):
+    """heads/whisper-base-vllm (trained residual-block heads) on the real converted base: the export holds the
+    draft vocabulary as token_map, and vLLM's drafting over it equals ours on the base's real hidden states."""
+    from modeling_medusa import MedusaForASR
+
+    folder = Path(__file__).resolve().parents[1] / "heads" / "whisper-base-vllm"
+    model = MedusaForASR.from_pretrained(str(folder))
+    assert model.config.head_kind == "medusa" and model.draft_vocab is not None
+    config = export_vllm.export(str(folder), str(tmp_path / "vllm"))
+    tensors = load_file(tmp_path / "vllm" / export_vllm.WEIGHTS_FILE)
+    assert config["truncated_vocab_size"] == len(model.draft_vocab) < config["vocab_size"] == 51865
+    hidden = model.backbone.output_projection.weight[:400].detach().float()  # real-scale states: token embeddings
+    with torch.no_grad():
+        assert torch.equal(vllm_drafts(tensors, config, hidden), our_drafts(model, hidden))
