@@ -157,3 +157,22 @@ def test_shipped_whisper_base_vllm_heads_export(tmp_path):
     hidden = model.backbone.output_projection.weight[:400].detach().float()  # real-scale states: token embeddings
     with torch.no_grad():
         assert torch.equal(vllm_drafts(tensors, config, hidden), our_drafts(model, hidden))
+
+
+def test_vllm_suite_row_counts_tokens_per_verify_pass_and_identity():
+    """The suite's summary row: vLLM's tokens per verify pass from its spec-decode counters (each draft pass emits
+    its accepted drafts and one token of the base), beside ours; identical only when vLLM equals both greedy runs."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "scale_out" / "vllm_medusa.py"
+    spec = importlib.util.spec_from_file_location("vllm_medusa", path)
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    ref = {"base": "openai/whisper-base", "tokens_per_pass": 1.5, "clips": [{}, {}]}
+    counters = {"num_drafts": 40, "num_draft_tokens": 160, "num_accepted_tokens": 30}
+    row = suite.vllm_row(ref, True, True, counters, 4.0, "cmd")
+    assert row["tokens_per_pass"]["vllm"] == 1.75 and row["tokens_per_pass"]["ours_same_heads_chain"] == 1.5
+    assert row["engine"] == "vllm" and row["clips"] == 2 and row["clips_per_s"] == 0.5
+    assert row["identical_to_single_process"] is True
+    assert suite.vllm_row(ref, True, False, counters, 4.0, "cmd")["identical_to_single_process"] is False
+    assert suite.text_ids([50258, 50259, 11, 22, 50257], eot=50257) == [11, 22]
