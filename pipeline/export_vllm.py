@@ -9,9 +9,11 @@
 (``head_kind: "medusa"``: the ``medusa`` recipe of ``pipeline/train_heads.sh``). vLLM's Medusa model builds K
 heads of ``num_hidden_layers`` blocks ``x + SiLU(W x + b)`` on the target's last hidden state and projects each
 through its own ``lm_heads.{i}`` or, with ``original_lm_head``, one shared head; it drafts the chain of each
-head's top-1 token. The export writes that one shared head: the base's output projection, restricted to the
-heads' draft vocabulary when they have one (then ``token_map`` holds its token ids and
-``truncated_vocab_size`` its size, and vLLM scores only those rows). Path heads (each depth reads the token
+head's top-1 token. The export writes that one shared head: the base's output projection over the whole
+vocabulary, so vLLM's drafts may use tokens outside heads' draft vocabulary; with ``--token-map`` its draft rows
+only (``token_map`` holds their token ids and ``truncated_vocab_size`` their number, and vLLM scores only those
+rows: our drafts exactly), which vLLM 0.32's loader rejects (it registers token_map as a parameter it never
+marks loaded). Path heads (each depth reads the token
 drafted before it, and the speech) have no counterpart there: they are refused.
 
 The folder: ``config.json`` (``model_type: "medusa"``), ``model.safetensors``, ``export_info.json`` (where the
@@ -61,9 +63,10 @@ def load_heads(folder: str, base: str | None):
     return import_medusa().MedusaForASR.from_pretrained(folder, base_model_name_or_path=base).float()
 
 
-def vllm_tensors(model, dtype: str = "float32") -> dict:
-    """``blocks.{i}.layers.{j}.weight|bias``, the one shared ``lm_heads.0.weight`` (draft rows of the base's
-    output projection) and, with a draft vocabulary, ``token_map``; floating-point tensors in ``dtype``."""
+def vllm_tensors(model, dtype: str = "float32", token_map: bool = False) -> dict:
+    """``blocks.{i}.layers.{j}.weight|bias`` and the one shared ``lm_heads.0.weight``: the base's output projection,
+    or with ``token_map`` (heads with a draft vocabulary) its draft rows and ``token_map``; floating-point tensors
+    in ``dtype``."""
     import torch
 
     projection = model.backbone.output_projection
@@ -71,8 +74,10 @@ def vllm_tensors(model, dtype: str = "float32") -> dict:
         raise SystemExit("the base's output projection has a bias, which vLLM's Medusa heads cannot hold; "
                          "this base cannot be served with exported heads")
     tensors = {name: t.detach().float().contiguous() for name, t in model.medusa_heads.state_dict().items()}
-    tensors["lm_heads.0.weight"] = model.draft_projection().weight().detach().float().contiguous()
-    if model.draft_vocab is not None:
+    restrict = token_map and model.draft_vocab is not None
+    rows = model.draft_projection().weight() if restrict else projection.weight
+    tensors["lm_heads.0.weight"] = rows.detach().float().contiguous()
+    if restrict:
         tensors["token_map"] = model.draft_vocab.detach().to("cpu").long().contiguous()
     cast = getattr(torch, dtype)
     return {name: (t.to(cast) if t.is_floating_point() else t).to("cpu") for name, t in tensors.items()}
@@ -141,12 +146,13 @@ def write_folder(out: str, config: dict, tensors: dict, info: dict) -> None:
         shutil.rmtree(staged, ignore_errors=True)
 
 
-def export(folder: str, out: str, base: str | None = None, force: bool = False, dtype: str = "float32") -> dict:
+def export(folder: str, out: str, base: str | None = None, force: bool = False, dtype: str = "float32",
+           token_map: bool = False) -> dict:
     """Write ``folder``'s heads in vLLM's Medusa format into ``out``; returns the vLLM config."""
     check_exportable(folder, read_artifact_config(folder))
     check_target(out, force)
     model = load_heads(folder, base)
-    tensors = vllm_tensors(model, dtype)
+    tensors = vllm_tensors(model, dtype, token_map)
     config = vllm_config(model, tensors)
     write_folder(out, config, tensors, export_info(folder, config, model))
     return config
@@ -162,8 +168,11 @@ def main(argv=None) -> None:
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                    help="weights' dtype in the file (vLLM casts them to the target's); bfloat16 halves a large "
                         "vocabulary's shared head (MERaLiON-2: 256k x 2304)")
+    p.add_argument("--token-map", action="store_true",
+                   help="write the heads' draft vocabulary as token_map (vLLM 0.32 cannot load it: 'Following weights "
+                        "were not initialized from checkpoint: {token_map}'); default: the full output projection")
     args = p.parse_args(argv)
-    config = export(args.heads, args.out, args.base, args.force, args.dtype)
+    config = export(args.heads, args.out, args.base, args.force, args.dtype, args.token_map)
     print(f"[export_vllm] {args.out}: {config['num_heads']} heads x {config['num_hidden_layers']} block(s), "
           f"draft vocabulary {config['truncated_vocab_size']} of {config['vocab_size']}")
 

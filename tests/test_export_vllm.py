@@ -38,7 +38,10 @@ def vllm_drafts(tensors: dict, config: dict, hidden: torch.Tensor) -> torch.Tens
     return torch.stack(drafts, dim=1)
 
 
-def our_drafts(model, hidden: torch.Tensor) -> torch.Tensor:
+def our_drafts(model, hidden: torch.Tensor, draft_vocab: bool = True) -> torch.Tensor:
+    """Our heads' top-1 chain: over their draft vocabulary, or (``draft_vocab=False``) the base's whole one."""
+    if not draft_vocab:
+        return model.backbone.output_projection(model.medusa_heads(hidden)).argmax(-1)
     top = model.head_logits(hidden).argmax(-1)
     return top if model.draft_vocab is None else model.draft_vocab[top]
 
@@ -50,17 +53,17 @@ def artifact(model, folder, draft_vocab=None):
     return folder
 
 
-def check_export(model, folder, out, hidden_size: int) -> dict:
-    config = export_vllm.export(str(folder), str(out))
+def check_export(model, folder, out, hidden_size: int, token_map: bool = True) -> dict:
+    config = export_vllm.export(str(folder), str(out), token_map=token_map)
     assert json.loads((out / "config.json").read_text()) == config
     tensors = load_file(out / export_vllm.WEIGHTS_FILE)
     vocab = model.config.vocab_size
-    draft = vocab if model.draft_vocab is None else len(model.draft_vocab)
+    draft = vocab if model.draft_vocab is None or not token_map else len(model.draft_vocab)
     assert config == {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": hidden_size,
                       "vocab_size": vocab, "num_heads": HEADS, "num_hidden_layers": LAYERS,
                       "truncated_vocab_size": draft, "medusa_fc_bias": True, "original_lm_head": True}
     blocks = {f"blocks.{i}.layers.{j}.{p}" for i in range(HEADS) for j in range(LAYERS) for p in ("weight", "bias")}
-    extra = {"token_map"} if model.draft_vocab is not None else set()
+    extra = {"token_map"} if model.draft_vocab is not None and token_map else set()
     assert set(tensors) == blocks | {"lm_heads.0.weight"} | extra
     assert tensors["blocks.2.layers.1.weight"].shape == (hidden_size, hidden_size)
     assert tensors["blocks.2.layers.1.bias"].shape == (hidden_size,)
@@ -69,7 +72,7 @@ def check_export(model, folder, out, hidden_size: int) -> dict:
         assert torch.equal(tensors["token_map"], model.draft_vocab.cpu())
     hidden = torch.randn(300, hidden_size, generator=torch.Generator().manual_seed(0)) * 2
     with torch.no_grad():
-        ours = our_drafts(model, hidden)
+        ours = our_drafts(model, hidden, draft_vocab=token_map)
     assert len(set(ours[:, 0].tolist())) > 5  # varied drafts, not one token everywhere
     assert torch.equal(vllm_drafts(tensors, config, hidden), ours)
     return config
@@ -85,15 +88,17 @@ def tiny_whisper(tmp_path_factory):
 
 
 @requires_transformers5
-@pytest.mark.parametrize("draft_vocab", [None, list(range(0, 120, 3))])
-def test_export_names_shapes_config_and_vllm_drafts_equal_ours(tiny_whisper, tmp_path, draft_vocab):
+@pytest.mark.parametrize("draft_vocab, token_map", [(None, False), (list(range(0, 120, 3)), True),
+                                                    (list(range(0, 120, 3)), False)])
+def test_export_names_shapes_config_and_vllm_drafts_equal_ours(tiny_whisper, tmp_path, draft_vocab, token_map):
+    """With token_map vLLM drafts exactly ours; without, over the whole vocabulary (what vLLM 0.32 loads)."""
     folder = artifact(tiny_whisper, tmp_path / "heads", draft_vocab)
-    check_export(tiny_whisper, folder, tmp_path / "vllm", hidden_size=32)
+    check_export(tiny_whisper, folder, tmp_path / "vllm", hidden_size=32, token_map=token_map)
     assert (tmp_path / "vllm" / "README.md").is_file()
-    export_vllm.export(str(folder), str(tmp_path / "vllm"), dtype="bfloat16")  # a previous export is replaced
+    export_vllm.export(str(folder), str(tmp_path / "vllm"), dtype="bfloat16", token_map=token_map)  # replaced
     halves = load_file(tmp_path / "vllm" / export_vllm.WEIGHTS_FILE)
     assert halves["lm_heads.0.weight"].dtype == torch.bfloat16
-    assert draft_vocab is None or halves["token_map"].dtype == torch.int64
+    assert not (draft_vocab and token_map) or halves["token_map"].dtype == torch.int64
 
 
 @requires_transformers5
@@ -144,14 +149,14 @@ def test_card_of_residual_heads_says_how_vllm_serves_them():
 @requires_transformers5
 @pytest.mark.skipif(os.environ.get("MEDUSA_ASR_TEST_BASE") != "1", reason="base only with MEDUSA_ASR_TEST_BASE=1")
 def test_shipped_whisper_base_vllm_heads_export(tmp_path):
-    """heads/whisper-base-vllm (trained residual-block heads) on the real converted base: the export holds the
-    draft vocabulary as token_map, and vLLM's drafting over it equals ours on the base's real hidden states."""
+    """heads/whisper-base-vllm (trained residual-block heads) on the real converted base: the export with
+    --token-map holds the draft vocabulary, and vLLM's drafting over it equals ours on the base's real hidden states."""
     from modeling_medusa import MedusaForASR
 
     folder = Path(__file__).resolve().parents[1] / "heads" / "whisper-base-vllm"
     model = MedusaForASR.from_pretrained(str(folder))
     assert model.config.head_kind == "medusa" and model.draft_vocab is not None
-    config = export_vllm.export(str(folder), str(tmp_path / "vllm"))
+    config = export_vllm.export(str(folder), str(tmp_path / "vllm"), token_map=True)
     tensors = load_file(tmp_path / "vllm" / export_vllm.WEIGHTS_FILE)
     assert config["truncated_vocab_size"] == len(model.draft_vocab) < config["vocab_size"] == 51865
     hidden = model.backbone.output_projection.weight[:400].detach().float()  # real-scale states: token embeddings
