@@ -85,7 +85,7 @@ test-vllm: system-deps $(VENV)/.installed $(VENV_VLLM)/.installed
 	$(VENV)/bin/python benchmarks/scale_out/vllm_medusa.py reference --heads heads/whisper-base-vllm \
 	    --limit $(VLLM_CLIPS) --out work_data/vllm/reference.json
 	$(VENV_VLLM)/bin/python benchmarks/scale_out/vllm_medusa.py vllm --reference work_data/vllm/reference.json \
-	    --base "$$($(VENV)/bin/python -m pipeline.real_whisper openai/whisper-base)" \
+	    --base "$$($(VENV)/bin/python -m tools.real_whisper openai/whisper-base)" \
 	    --draft-model $(VLLM_DRAFT) --summary benchmarks/scale_out/summary.json
 
 $(VENV_VLLM)/.installed: requirements-vllm.txt

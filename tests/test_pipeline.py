@@ -888,7 +888,7 @@ def test_hub_folder_takes_the_processor_the_artifact_ships_else_says_how_to_get_
 
 @requires_transformers5
 def test_hub_folder_converts_a_known_base_it_finds_no_copy_of(tmp_path, monkeypatch):
-    """A fresh clone has no converted whisper-base: ``make upload-check`` converts it (pipeline.real_whisper)
+    """A fresh clone has no converted whisper-base: ``make upload-check`` converts it (tools.real_whisper)
     rather than stopping; where the conversion fails, one line gives the command to run."""
     import modeling_medusa
     from tiny_models import build_tiny_whisper
@@ -914,7 +914,7 @@ def test_hub_folder_converts_a_known_base_it_finds_no_copy_of(tmp_path, monkeypa
 
     monkeypatch.setattr(real_whisper, "ensure_converted", fail)
     with pytest.raises(SystemExit, match="cannot convert openai/whisper-base: no network; run python -m "
-                                         "pipeline.real_whisper openai/whisper-base"):
+                                         "tools.real_whisper openai/whisper-base"):
         hub_folder.base_processor(artifact)
 
 
