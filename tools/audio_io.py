@@ -323,10 +323,11 @@ def _downmix(block: np.ndarray, channel: int | None) -> np.ndarray:
 def _channel_to_keep(path: Path, reader: _Reader, note) -> int | None:
     """None (the channels' mean), or where the channels cancel in it (``CANCELLING_MIX``) the loudest channel; a
     first pass over the file, which also refuses unusable samples before any is kept."""
-    gram = 0.0  # the channels' products summed: energies on the diagonal, the mix's energy in the total
+    channels = reader.info.channels
+    gram = np.zeros((channels, channels))  # the channels' products summed: energies on the diagonal, the mix's in all
     for block in reader.blocks():
         _checked_peak(path, block)
-        gram = gram + (block.T @ block).astype(np.float64)
+        gram += block.T @ block
     energy, mixed = np.diagonal(gram), float(np.sum(gram))
     total = float(np.sum(energy))
     if total == 0.0 or mixed >= CANCELLING_MIX * total:
@@ -416,8 +417,9 @@ def _pyav_blocks(path: Path, rate: int) -> Iterator[np.ndarray]:
     try:
         with av.open(str(path)) as container:
             stream = container.streams.audio[0]
-            # Planar float keeps each channel a row; a frame at another rate mid-stream is brought to the header's.
-            to_planar_float = av.AudioResampler(format="fltp", rate=rate)
+            # Planar float keeps each channel a row; a frame of another rate or layout mid-stream is brought to the
+            # header's.
+            to_planar_float = av.AudioResampler(format="fltp", layout=stream.codec_context.layout, rate=rate)
             for frame in container.decode(stream):
                 for converted in to_planar_float.resample(frame):
                     yield converted.to_ndarray().T
