@@ -4,7 +4,9 @@ Everything here is model-agnostic:
 
 * finding audio files from command-line specs (files, folders, globs);
 * decoding WAV/FLAC/MP3/OGG/Opus/AIFF with soundfile (libsndfile) and M4A/AAC/MP4/WebM/MKV/MOV/AVI with PyAV,
-  down-mixing to mono and resampling to 16 kHz with soxr;
+  block by block, down-mixing to mono and resampling to 16 kHz with soxr as it goes; a header of no recording's
+  rate or over the duration limit is refused before decoding, samples that no audio holds (NaN, beyond 2^31)
+  while decoding;
 * splitting long audio into windows, cut at a quiet point near each boundary;
 * rendering transcripts as txt/json/srt/vtt (``tools.files`` writes them atomically).
 """
