@@ -234,6 +234,20 @@ def test_a_truncated_mp3_is_named_truncated(tmp_path):
     assert "does not exist" not in message and "\n" not in message
 
 
+def test_an_mp3_cut_in_the_middle_is_transcribed_as_far_as_it_goes_with_a_note(tmp_path):
+    whole = tmp_path / "whole.mp3"
+    sf.write(str(whole), tone(440, 10.0, 44_100), 44_100, format="MP3")
+    path = tmp_path / "cut.mp3"
+    path.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    notes = []
+    samples = audio_io.load_audio(path, note=notes.append)
+    assert 4 * SR < len(samples) < 6 * SR
+    assert len(notes) == 1 and "truncated? its header says 10.0 s" in notes[0] and "re-download" in notes[0]
+    notes.clear()
+    audio_io.load_audio(whole, note=notes.append)
+    assert not notes
+
+
 def test_another_format_under_an_audio_name_is_named_so(tmp_path):
     path = tmp_path / "notes.mp3"
     path.write_bytes(b"%PDF-1.4\n" + bytes(range(256)) * 4)

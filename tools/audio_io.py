@@ -175,6 +175,7 @@ def unused_name(name: str, is_used) -> str:
 # is, and holds a file to a duration limit while decoding too (a header may understate it).
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 1_000, 768_000  # (768 kHz: the highest rate audio interfaces record at)
 MAX_AUDIO_SECONDS = 4 * 3600.0  # 0.9 GB of 16 kHz float32 samples
+TRUNCATED_SHARE = 0.9  # decoding less than this share of a header's duration: a note that the file is cut short
 BLOCK_SAMPLES = 1 << 18  # decoded at a time, all channels together (1 MiB of float32)
 # Float samples may run a little past full scale (1.0); far past it they are integer PCM values written as floats,
 # which are scaled back by the integer full scale that holds them. Past the widest (32-bit) the file is corrupt.
@@ -301,7 +302,16 @@ def _decode_mono(path: Path, reader: _Reader, sample_rate: int, max_seconds: flo
         pieces.append(resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
     samples = np.concatenate(pieces)
     del pieces
+    _note_if_cut_short(path, info, frames / info.rate, note)
     return _full_scale(path, samples, peak, note)
+
+
+def _note_if_cut_short(path: Path, info: StreamInfo, decoded_seconds: float, note) -> None:
+    """A note where far less decoded than the header announced (a download cut short: decoders read what is
+    there); a little less is usual, where a header's length is an estimate (a variable-bitrate MP3)."""
+    if info.seconds is not None and decoded_seconds < TRUNCATED_SHARE * info.seconds - 1.0:
+        note(f"{path}: truncated? its header says {info.seconds:.1f} s, {decoded_seconds:.1f} s could be decoded: "
+             "transcribing that; re-download or re-encode the file for the rest")
 
 
 def _checked_peak(path: Path, block: np.ndarray) -> float:
