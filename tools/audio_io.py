@@ -4,16 +4,23 @@ Everything here is model-agnostic:
 
 * finding audio files from command-line specs (files, folders, globs);
 * decoding WAV/FLAC/MP3/OGG/Opus/AIFF with soundfile (libsndfile) and M4A/AAC/MP4/WebM/MKV/MOV/AVI with PyAV,
-  down-mixing to mono and resampling to 16 kHz with soxr;
+  block by block, down-mixing to mono and resampling to 16 kHz with soxr as it goes; a header of no recording's
+  rate or over the duration limit is refused before decoding, samples that no audio holds (NaN, beyond 2^31)
+  while decoding;
 * splitting long audio into windows, cut at a quiet point near each boundary;
 * rendering transcripts as txt/json/srt/vtt (``tools.files`` writes them atomically).
 """
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
+import shlex
+import stat
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,83 +170,304 @@ def unused_name(name: str, is_used) -> str:
 
 # --------------------------------------------------------------------------- decoding
 
+# A header can claim any rate and length, and the decoded 16 kHz samples are held whole (a 32 KB file whose header
+# says 1 Hz is 4.4 hours once resampled): the reader refuses, from the header and before decoding, what no recording
+# is, and holds a file to a duration limit while decoding too (a header may understate it).
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 1_000, 768_000  # (768 kHz: the highest rate audio interfaces record at)
+MAX_AUDIO_SECONDS = 4 * 3600.0  # 0.9 GB of 16 kHz float32 samples
+TRUNCATED_SHARE = 0.9  # decoding less than this share of a header's duration: a note that the file is cut short
+BLOCK_SAMPLES = 1 << 18  # decoded at a time, all channels together (1 MiB of float32)
+# Float samples may run a little past full scale (1.0); far past it they are integer PCM values written as floats,
+# which are scaled back by the integer full scale that holds them. Past the widest (32-bit) the file is corrupt.
+FLOAT_HEADROOM = 4.0
+INTEGER_FULL_SCALES = (2.0**7, 2.0**15, 2.0**23, 2.0**31)
+# The channels' mean keeps every voice of a recording made one speaker a channel (a phone call), so it is the
+# down-mix; but channels in opposite phase (right = -left: a mis-wired or phase-flipped pair) cancel in it. Where the
+# mean holds less than this share of the channels' own energy (uncorrelated channels: all of it, right = -left:
+# none), the loudest channel alone is transcribed instead.
+CANCELLING_MIX = 0.5
 
-def load_audio(path: str | os.PathLike, sample_rate: int = TARGET_SAMPLE_RATE) -> np.ndarray:
-    """Decode a file to mono float32 at ``sample_rate``; raise :class:`AudioError` if unusable."""
+
+class AudioNote(UserWarning):
+    """A change the reader made to a file's audio (``load_audio``'s ``note`` gets its one line)."""
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """What a file's header says: sample rate, channels and, where it says, duration."""
+
+    rate: int
+    channels: int
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class _Reader:
+    info: StreamInfo
+    blocks: Callable[[], Iterator[np.ndarray]]  # each call decodes from the start: float32 [frames, channels]
+    empty_is_audio: bool  # no frames: a zero-length recording (libsndfile), or nothing it could read (FFmpeg)
+
+
+class _Undecodable(Exception):
+    """This decoder cannot read the file (another may); ``reason`` is the library's word, if useful."""
+
+    def __init__(self, reason: str = ""):
+        super().__init__(reason)
+        self.reason = " ".join(reason.split())
+
+
+def load_audio(path: str | os.PathLike, sample_rate: int = TARGET_SAMPLE_RATE,
+               max_seconds: float = MAX_AUDIO_SECONDS, note: Callable[[str], None] | None = None) -> np.ndarray:
+    """Decode a file to mono float32 at ``sample_rate``, block by block (memory: about twice the result); raise
+    :class:`AudioError`, one line naming the problem and its fix, for a file that cannot be used or is longer than
+    ``max_seconds``. ``note`` gets one line for each change made to the audio beyond decoding (a channel used alone,
+    samples scaled back to full scale); by default it is issued as an :class:`AudioNote` warning."""
     path = Path(path)
+    extension = _supported_extension(path)
+    head = _first_bytes(path)
+    failures = []
+    for open_reader in (_pyav_reader,) if extension in PYAV_EXTENSIONS else (_soundfile_reader, _pyav_reader):
+        try:
+            reader = open_reader(path)
+            check_stream(path, reader.info, max_seconds)
+            return _decode_mono(path, reader, sample_rate, max_seconds, note or _warn)
+        except _Undecodable as failure:
+            failures.append(failure)
+    raise AudioError(path, _undecodable(extension, head, failures))
+
+
+def _supported_extension(path: Path) -> str:
     extension = path.suffix.lower()
     if extension not in SUPPORTED_EXTENSIONS:
         supported = ", ".join(sorted(SUPPORTED_EXTENSIONS))
         raise AudioError(path, f"unsupported format {extension or '(no extension)'!r} (supported: {supported})")
+    return extension
+
+
+def _first_bytes(path: Path, count: int = 16) -> bytes:
+    """The file's first bytes (to tell a damaged file of its format from another format); AudioError where the file
+    is empty, not a regular file or not readable by this user."""
     try:
-        size = path.stat().st_size
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise AudioError(path, "not a regular file (a folder, pipe or device); pass the audio file itself")
+        with open(path, "rb") as handle:
+            head = handle.read(count)
+    except PermissionError as error:
+        raise AudioError(path, "permission denied: this user may not read the file; make it readable "
+                               f"(chmod a+r {shlex.quote(str(path))}) or run as a user who may") from error
     except OSError as error:
         raise AudioError(path, f"cannot read file ({error.strerror or error})") from error
-    if size == 0:
+    if not head:
         raise AudioError(path, "empty file (0 bytes)")
-    samples, source_rate = _decode(path, extension)
-    if samples.shape[0] == 0:
-        raise AudioError(path, "zero-length audio (no samples)")
-    if not np.all(np.isfinite(samples)):
-        raise AudioError(path, "corrupt audio (contains NaN or infinite samples)")
-    return resample_mono(samples, source_rate, sample_rate)
+    return head
 
 
-def _decode(path: Path, extension: str) -> tuple[np.ndarray, int]:
-    """Return ``(samples[frames, channels], rate)`` using the decoder suited to the extension."""
-    if extension in PYAV_EXTENSIONS:
-        return _decode_with_pyav(path)
+def check_stream(path: str | os.PathLike, info: StreamInfo, max_seconds: float = MAX_AUDIO_SECONDS) -> None:
+    """AudioError where a header's rate or channels are no recording's, or its duration is over ``max_seconds``."""
+    if not MIN_SAMPLE_RATE <= info.rate <= MAX_SAMPLE_RATE:
+        raise AudioError(path, f"implausible sample rate {info.rate} Hz in its header (recordings are "
+                               f"{MIN_SAMPLE_RATE}-{MAX_SAMPLE_RATE} Hz): the file is damaged or mislabelled; "
+                               "re-export it at its real rate")
+    if info.channels < 1:
+        raise AudioError(path, f"its header declares {info.channels} channels: the file is damaged; re-export it")
+    if info.seconds is not None and info.seconds > max_seconds:
+        raise AudioError(path, _too_long(f"{info.seconds / 3600:.2f} hours of audio", max_seconds))
+
+
+def _too_long(what: str, max_seconds: float) -> str:
+    return (f"{what}, over the {max_seconds / 3600:g} h limit: split it (ffmpeg -i IN -f segment -segment_time 3600 "
+            "-c copy OUT%03d.EXT) or raise the limit (the command's --max-audio-hours)")
+
+
+def _decode_mono(path: Path, reader: _Reader, sample_rate: int, max_seconds: float, note) -> np.ndarray:
+    """The reader's blocks checked, down-mixed, resampled and joined; scaled back to full scale where the samples
+    are integer values written as floats."""
+    info = reader.info
+    channel = _channel_to_keep(path, reader, note) if info.channels > 1 else None
+    resampler = (soxr.ResampleStream(info.rate, sample_rate, 1, dtype="float32", quality="HQ")
+                 if info.rate != sample_rate else None)
+    pieces, frames, peak = [], 0, 0.0
+    for block in reader.blocks():
+        peak = max(peak, _checked_peak(path, block))
+        frames += len(block)
+        if frames > max_seconds * info.rate:
+            raise AudioError(path, _too_long("more audio than its header says", max_seconds))
+        mono = _downmix(block, channel)
+        pieces.append(resampler.resample_chunk(mono) if resampler else mono)
+    if frames == 0:
+        if reader.empty_is_audio:
+            raise AudioError(path, "zero-length audio (no samples)")
+        raise _Undecodable("no audio frames")  # (FFmpeg may probe garbage into an empty stream)
+    if resampler:
+        pieces.append(resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True))
+    samples = np.concatenate(pieces)
+    del pieces
+    _note_if_cut_short(path, info, frames / info.rate, note)
+    return _full_scale(path, samples, peak, note)
+
+
+def _note_if_cut_short(path: Path, info: StreamInfo, decoded_seconds: float, note) -> None:
+    """A note where far less decoded than the header announced (a download cut short: decoders read what is
+    there); a little less is usual, where a header's length is an estimate (a variable-bitrate MP3)."""
+    if info.seconds is not None and decoded_seconds < TRUNCATED_SHARE * info.seconds - 1.0:
+        note(f"{path}: truncated? its header says {info.seconds:.1f} s, {decoded_seconds:.1f} s could be decoded: "
+             "transcribing that; re-download or re-encode the file for the rest")
+
+
+def _checked_peak(path: Path, block: np.ndarray) -> float:
+    """The block's largest magnitude; AudioError where a sample is not a number or beyond any audio scale."""
+    peak = max(float(block.max()), -float(block.min())) if block.size else 0.0  # (NaN carries through both)
+    if not np.isfinite(peak):
+        raise AudioError(path, "corrupt audio: it holds NaN or infinite samples; re-export it from its source")
+    if peak > INTEGER_FULL_SCALES[-1]:
+        raise AudioError(path, f"samples reach {peak:.3g}, beyond any audio scale (floats span [-1, 1], 32-bit "
+                               "integers 2^31): the file is damaged or wrongly scaled; re-export it as 16-bit PCM")
+    return peak
+
+
+def _downmix(block: np.ndarray, channel: int | None) -> np.ndarray:
+    if channel is not None:
+        return np.ascontiguousarray(block[:, channel])
+    channels = block.shape[1]
+    return block[:, 0] if channels == 1 else block @ np.full(channels, 1 / channels, dtype=np.float32)
+
+
+def _channel_to_keep(path: Path, reader: _Reader, note) -> int | None:
+    """None (the channels' mean), or where the channels cancel in it (``CANCELLING_MIX``) the loudest channel; a
+    first pass over the file, which also refuses unusable samples before any is kept."""
+    channels = reader.info.channels
+    gram = np.zeros((channels, channels))  # the channels' products summed: energies on the diagonal, the mix's in all
+    for block in reader.blocks():
+        _checked_peak(path, block)
+        gram += block.T @ block
+    energy, mixed = np.diagonal(gram), float(np.sum(gram))
+    total = float(np.sum(energy))
+    if total == 0.0 or mixed >= CANCELLING_MIX * total:
+        return None
+    loudest = int(np.argmax(energy))
+    note(f"{path}: its channels cancel when mixed (one is another's inverse, {mixed / total:.0%} of their energy "
+         f"left): transcribing channel {loudest + 1} of {len(energy)} alone")
+    return loudest
+
+
+def _full_scale(path: Path, samples: np.ndarray, peak: float, note) -> np.ndarray:
+    if peak <= FLOAT_HEADROOM:
+        return samples
+    scale = next(scale for scale in INTEGER_FULL_SCALES if peak <= scale)
+    note(f"{path}: samples peak at {peak:.6g}, far outside [-1, 1] (integer values stored as floats): "
+         f"scaled by 1/{scale:.0f}")
+    samples *= np.float32(1 / scale)
+    return samples
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, AudioNote, stacklevel=4)
+
+
+def _soundfile_reader(path: Path) -> _Reader:
     try:
-        return _decode_with_soundfile(path)
-    except AudioError as soundfile_error:
-        try:
-            samples, rate = _decode_with_pyav(path)
-        except AudioError:
-            raise soundfile_error from None
-        if samples.shape[0] == 0:  # FFmpeg "probed" garbage into an empty stream
-            raise soundfile_error from None
-        return samples, rate
+        info = sf.info(str(path))
+    except (sf.SoundFileError, RuntimeError, ValueError, TypeError) as error:
+        raise _Undecodable(_libsndfile_reason(error)) from error
+    frames = info.frames if 0 <= info.frames < 2**62 else None  # (libsndfile's "unknown" is the largest count)
+    seconds = frames / info.samplerate if frames is not None and info.samplerate > 0 else None
+    return _Reader(StreamInfo(int(info.samplerate), int(info.channels), seconds),
+                   functools.partial(_soundfile_blocks, path, max(1, BLOCK_SAMPLES // max(info.channels, 1))), True)
 
 
-def _decode_with_soundfile(path: Path) -> tuple[np.ndarray, int]:
+def _soundfile_blocks(path: Path, frames: int) -> Iterator[np.ndarray]:
     try:
-        samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
-    except (sf.SoundFileError, RuntimeError, ValueError) as error:
-        reason = str(error).split(": ", 1)[-1].strip() or type(error).__name__
-        raise AudioError(path, f"cannot decode audio, file is corrupt or not {path.suffix} ({reason})") from error
-    return samples, int(rate)
+        with sf.SoundFile(str(path)) as audio:
+            while len(block := audio.read(frames, dtype="float32", always_2d=True)):
+                yield block
+    except (sf.SoundFileError, RuntimeError, ValueError, TypeError) as error:
+        raise _Undecodable(_libsndfile_reason(error)) from error
 
 
-def _decode_with_pyav(path: Path) -> tuple[np.ndarray, int]:
-    try:
-        import av
-    except ImportError as error:
-        raise AudioError(path, "decoding this format needs PyAV: pip install av") from error
+def _libsndfile_reason(error: Exception) -> str:
+    reason = str(error).split(": ", 1)[-1].strip() or type(error).__name__
+    # (libsndfile says this of a file it cannot parse at all; the file was just read, so it would mislead)
+    return "" if reason.startswith(("File does not exist", "System error")) else reason
+
+
+def _pyav_reader(path: Path) -> _Reader:
+    av = _pyav(path)
     try:
         with av.open(str(path)) as container:
             if not container.streams.audio:
-                raise AudioError(path, "file has no audio stream")
-            return _decode_audio_stream(av, container)
-    except AudioError:
+                raise _Undecodable("no audio stream")
+            stream = container.streams.audio[0]
+            info = StreamInfo(int(stream.codec_context.sample_rate or stream.rate or 0),
+                              int(stream.codec_context.channels or 0), _stream_seconds(container, stream))
+            if not (info.rate and info.channels):  # (FFmpeg may probe garbage into a stream of no rate)
+                raise _Undecodable("no audio stream with a sample rate")
+    except _Undecodable:
         raise
     except Exception as error:  # PyAV raises many FFmpeg error types; all mean "cannot decode"
-        reason = getattr(error, "strerror", None) or str(error).strip() or type(error).__name__
-        raise AudioError(path, f"cannot decode audio, file is corrupt or not {path.suffix} ({reason})") from error
+        raise _Undecodable(_ffmpeg_reason(error)) from error
+    return _Reader(info, functools.partial(_pyav_blocks, path, info.rate), False)
 
 
-def _decode_audio_stream(av, container) -> tuple[np.ndarray, int]:
-    stream = container.streams.audio[0]
-    # Planar float keeps every channel as its own row; rate and layout are left unchanged.
-    to_planar_float = av.AudioResampler(format="fltp")
-    chunks = []
-    rate = stream.codec_context.sample_rate or stream.rate
-    for frame in container.decode(stream):
-        rate = frame.sample_rate or rate
-        chunks.extend(f.to_ndarray() for f in to_planar_float.resample(frame))
-    chunks.extend(f.to_ndarray() for f in to_planar_float.resample(None))
-    if not chunks:
-        return np.zeros((0, 1), dtype=np.float32), int(rate or TARGET_SAMPLE_RATE)
-    return np.concatenate(chunks, axis=1).T.astype(np.float32, copy=False), int(rate)
+def _pyav(path: Path):
+    try:
+        import av
+    except ImportError as error:
+        if path.suffix.lower() in PYAV_EXTENSIONS:
+            raise AudioError(path, "decoding this format needs PyAV: pip install av") from error
+        raise _Undecodable() from error
+    return av
+
+
+def _stream_seconds(container, stream) -> float | None:
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    return container.duration / 1_000_000 if container.duration else None  # (FFmpeg's AV_TIME_BASE)
+
+
+def _pyav_blocks(path: Path, rate: int) -> Iterator[np.ndarray]:
+    av = _pyav(path)
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.audio[0]
+            # Planar float keeps each channel a row; a frame of another rate or layout mid-stream is brought to the
+            # header's.
+            to_planar_float = av.AudioResampler(format="fltp", layout=stream.codec_context.layout, rate=rate)
+            for frame in container.decode(stream):
+                for converted in to_planar_float.resample(frame):
+                    yield converted.to_ndarray().T
+            for converted in to_planar_float.resample(None):
+                yield converted.to_ndarray().T
+    except Exception as error:  # PyAV raises many FFmpeg error types; all mean "cannot decode"
+        raise _Undecodable(_ffmpeg_reason(error)) from error
+
+
+def _ffmpeg_reason(error: Exception) -> str:
+    return getattr(error, "strerror", None) or str(error).strip() or type(error).__name__
+
+
+def _undecodable(extension: str, head: bytes, failures: list[_Undecodable]) -> str:
+    """One line for a file no decoder could read: damaged (its format's header is there) or another format."""
+    reasons = "; ".join(dict.fromkeys(failure.reason for failure in failures if failure.reason))
+    detail = f" ({reasons})" if reasons else ""
+    if _starts_like(extension, head):
+        return (f"cannot decode audio, file is truncated or damaged: its {extension} header is there but no audio "
+                f"could be decoded{detail}; re-download or re-encode it")
+    return (f"cannot decode audio, file is corrupt or not {extension}{detail}; check the file, or rename it to its "
+            "real format")
+
+
+def _starts_like(extension: str, head: bytes) -> bool:
+    """Whether ``head`` opens a file of ``extension``'s format (its container's magic bytes)."""
+    mpeg_frame = len(head) > 1 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0  # (MP3 and ADTS AAC frames)
+    starts = {".wav": (b"RIFF", b"RIFX", b"RF64"), ".avi": (b"RIFF",), ".flac": (b"fLaC",),
+              ".ogg": (b"OggS",), ".oga": (b"OggS",), ".opus": (b"OggS",), ".aiff": (b"FORM",), ".aif": (b"FORM",),
+              ".mp3": (b"ID3",), ".aac": (b"ID3", b"ADIF"), ".webm": (b"\x1a\x45\xdf\xa3",),
+              ".mkv": (b"\x1a\x45\xdf\xa3",)}
+    if extension in (".mp3", ".aac") and mpeg_frame:
+        return True
+    if extension in (".m4a", ".mp4", ".mov"):
+        return head[4:8] in (b"ftyp", b"moov", b"mdat", b"wide", b"free")
+    return head.startswith(starts.get(extension, ()))
 
 
 def resample_mono(samples: np.ndarray, source_rate: int, target_rate: int = TARGET_SAMPLE_RATE) -> np.ndarray:

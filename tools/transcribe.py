@@ -145,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--window-seconds", type=cli_args.positive_float, default=None,
                         help="MERaLiON-2: seconds of audio per window (default 30, as its model card advises for "
                         "ASR; at most 300). Whisper always takes the whole file (its own 30 s long-form windows)")
+    parser.add_argument("--max-audio-hours", type=cli_args.positive_float, default=audio_io.MAX_AUDIO_SECONDS / 3600,
+                        metavar="HOURS", help="refuse a longer file, from its header, before decoding it (its 16 kHz "
+                        "samples are held whole: 0.23 GB an hour; default: %(default)g)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--verbose", action="store_true", help="keep transformers' per-call generate notices")
     return parser
@@ -530,7 +533,8 @@ class TranscriptionRun:
             self.file_bar.update(1)
             return
         try:
-            samples = audio_io.load_audio(source.path)
+            samples = audio_io.load_audio(source.path, max_seconds=self.args.max_audio_hours * 3600,
+                                          note=lambda message: log(f"note: {message}"))
         except AudioError as error:
             self.fail_file(str(error))
             return
