@@ -82,9 +82,9 @@ VLLM_CLIPS ?= 8
 test-vllm: system-deps $(VENV)/.installed $(VENV_VLLM)/.installed
 	$(VENV)/bin/python -m pipeline.eval_speech --out work_data/eval_speech
 	$(VENV)/bin/python -m pipeline.export_vllm --heads heads/whisper-base-vllm --out $(VLLM_DRAFT)
-	$(VENV)/bin/python benchmarks/scale_out/vllm_medusa.py reference --heads heads/whisper-base-vllm \
+	$(VENV)/bin/python -m tools.vllm_medusa reference --heads heads/whisper-base-vllm \
 	    --limit $(VLLM_CLIPS) --out work_data/vllm/reference.json
-	$(VENV_VLLM)/bin/python benchmarks/scale_out/vllm_medusa.py vllm --reference work_data/vllm/reference.json \
+	$(VENV_VLLM)/bin/python -m tools.vllm_medusa vllm --reference work_data/vllm/reference.json \
 	    --base "$$($(VENV)/bin/python -m tools.real_whisper openai/whisper-base)" \
 	    --draft-model $(VLLM_DRAFT) --summary benchmarks/scale_out/summary.json
 

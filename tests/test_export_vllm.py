@@ -167,12 +167,8 @@ def test_shipped_whisper_base_vllm_heads_export(tmp_path):
 def test_vllm_suite_row_counts_tokens_per_verify_pass_and_identity():
     """The suite's summary row: vLLM's tokens per verify pass from its spec-decode counters (each draft pass emits
     its accepted drafts and one token of the base), beside ours; identical only when vLLM equals both greedy runs."""
-    import importlib.util
+    from tools import vllm_medusa as suite
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "scale_out" / "vllm_medusa.py"
-    spec = importlib.util.spec_from_file_location("vllm_medusa", path)
-    suite = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(suite)
     ref = {"base": "openai/whisper-base", "tokens_per_pass": 1.5, "clips": [{}, {}]}
     counters = {"num_drafts": 40, "num_draft_tokens": 160, "num_accepted_tokens": 30}
     row = suite.vllm_row(ref, True, True, counters, 4.0, "cmd")

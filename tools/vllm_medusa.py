@@ -3,10 +3,10 @@
 Two steps in two environments (vLLM brings its own torch and transformers):
 
     # the project's environment: the HF base's greedy ids and our Medusa chain (the same heads, top-1 of each)
-    python benchmarks/scale_out/vllm_medusa.py reference --heads heads/whisper-base-vllm \\
+    python -m tools.vllm_medusa reference --heads heads/whisper-base-vllm \\
         --audio work_data/eval_speech/manifest.jsonl --out work_data/vllm/reference.json
     # vLLM's environment: vLLM greedy, then vLLM + speculative_config medusa; compares and writes the summary row
-    .venv-vllm/bin/python benchmarks/scale_out/vllm_medusa.py vllm --reference work_data/vllm/reference.json \\
+    .venv-vllm/bin/python -m tools.vllm_medusa vllm --reference work_data/vllm/reference.json \\
         --draft-model work_data/vllm/whisper-base-medusa --summary benchmarks/scale_out/summary.json
 
 Both transcribe with Whisper's prompt for English transcription without timestamps (what vLLM's transcription
@@ -25,8 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[1]
 
 PROMPT = "<|startoftranscript|><|en|><|transcribe|><|notimestamps|>"
 MAX_NEW_TOKENS = 200

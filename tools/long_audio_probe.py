@@ -1,10 +1,10 @@
 """Long-audio probe for the transcription command (issue 53): long recordings of known sentences (flite's voices
-taking turns, ``pipeline.long_recording``), clean, under pink noise at 10 dB SNR and under music-like chords, then
+taking turns, ``tools.long_recording``), clean, under pink noise at 10 dB SNR and under music-like chords, then
 a check of the command's srt/json output against the sentences.
 
-    python benchmarks/long_audio/probe.py make OUT 1200          # OUT/{clean,pink,music}_20min.wav + sentences
+    python -m tools.long_audio_probe make OUT 1200          # OUT/{clean,pink,music}_20min.wav + sentences
     nice -n 10 /usr/bin/time -v python -m tools.transcribe OUT/clean_20min.wav --format srt --output OUT/srt
-    python benchmarks/long_audio/probe.py check OUT/sentences_20min.json OUT/srt/clean_20min.srt
+    python -m tools.long_audio_probe check OUT/sentences_20min.json OUT/srt/clean_20min.srt
 
 The check reports sentences with under 60% of their words in the cues or segments within 3 s of them (dropped
 speech), whether the last sentence's last words are there, cues over 42 characters x 2 lines x 7 s and times that
@@ -12,6 +12,7 @@ go backwards."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -20,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tools import cli_args
 
-from pipeline import long_recording as material  # noqa: E402
+from tools import long_recording as material
 
 SAMPLE_RATE, SNR_DB, NEAR_SECONDS, KEPT_SHARE = 16000, 10.0, 3.0, 0.6
 LINE_CHARS, LINES, CUE_SECONDS = 42, 2, 7.0
@@ -91,10 +92,22 @@ def check(sentences_file: Path, output: Path) -> int:
     return 0 if last_there and not dropped and not problems else 1
 
 
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.long_audio_probe", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    steps = parser.add_subparsers(dest="step", required=True)
+    made = steps.add_parser("make", help="write the long recordings and their sentences")
+    made.add_argument("out", type=Path)
+    made.add_argument("seconds", type=cli_args.positive_float)
+    checked = steps.add_parser("check", help="check a transcript (srt or json) against the sentences")
+    checked.add_argument("sentences", type=Path)
+    checked.add_argument("output", type=Path)
+    args = parser.parse_args(argv)
+    if args.step == "make":
+        make(args.out, args.seconds)
+        return 0
+    return check(args.sentences, args.output)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["make"]:
-        make(Path(sys.argv[2]), float(sys.argv[3]))
-    elif sys.argv[1:2] == ["check"]:
-        sys.exit(check(Path(sys.argv[2]), Path(sys.argv[3])))
-    else:
-        sys.exit(__doc__)
+    sys.exit(main())
