@@ -8,12 +8,12 @@ drafts with the heads and verifies with the base: the output is the base's own g
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import json
 import os
 import shutil
-import statistics
 import time
 import uuid
 import warnings
@@ -29,14 +29,14 @@ try:
     from .backbone_meralion2 import MERaLiON2Backbone
     from .backbone_whisper import WhisperBackbone
     from .configuration_medusa import MedusaConfig
-    from .draft_policy import (CREDITED_CHAIN_STOP, TIMED_PASSES, DraftPolicy, RoundCache, TimingKey,
-                               TimingStore, cache_dir, processor_name,
-                               evict_cpu_caches, graph_seconds, wall_seconds)
+    from .draft_policy import CREDITED_CHAIN_STOP, DraftPolicy, TimingKey, TimingStore, cache_dir, processor_name
+    from .draft_timing import PhaseTimer, loop_round_timer, time_drafts, verify_pass_timer
     from .draft_trees import DraftTree
     from .kv_cache import DecodeState
     from .logits_rules import LogitsRules
-    from .medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds, verify_round
-    from .medusa_fast import CapturedRounds, capture_cuda_graph
+    from .medusa_options import MedusaOptions
+    from .medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds
+    from .medusa_fast import CapturedRounds, RoundCache
     from .medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
                                FusedPathDrafter, FusedPathWeights, build_heads, int8_drafting_copy,
                                int8_drafting_supported)
@@ -45,23 +45,27 @@ except ImportError:
     from backbone_meralion2 import MERaLiON2Backbone
     from backbone_whisper import WhisperBackbone
     from configuration_medusa import MedusaConfig
-    from draft_policy import (CREDITED_CHAIN_STOP, TIMED_PASSES, DraftPolicy, RoundCache, TimingKey,
-                              TimingStore, cache_dir, processor_name,
-                              evict_cpu_caches, graph_seconds, wall_seconds)
+    from draft_policy import CREDITED_CHAIN_STOP, DraftPolicy, TimingKey, TimingStore, cache_dir, processor_name
+    from draft_timing import PhaseTimer, loop_round_timer, time_drafts, verify_pass_timer
     from draft_trees import DraftTree
     from kv_cache import DecodeState
     from logits_rules import LogitsRules
-    from medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds, verify_round
-    from medusa_fast import CapturedRounds, capture_cuda_graph
+    from medusa_options import MedusaOptions
+    from medusa_decoding import EagerRounds, MedusaStats, WindowPlan, run_rounds
+    from medusa_fast import CapturedRounds, RoundCache
     from medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
                               FusedPathDrafter, FusedPathWeights, build_heads, int8_drafting_copy,
                               int8_drafting_supported)
 
 HEADS_FILE = "medusa_heads.safetensors"
 DRAFT_VOCAB_KEY = "draft_vocab"  # int64 [V_draft]: the token ids the heads project onto (optional)
-CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.py", "medusa_fast.py",
-              "medusa_heads.py", "draft_policy.py", "draft_trees.py", "kv_cache.py", "logits_rules.py", "backbone.py",
-              "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py")
+CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_options.py", "medusa_decoding.py",
+              "medusa_fast.py", "medusa_heads.py", "draft_policy.py", "draft_timing.py", "draft_trees.py", "kv_cache.py",
+              "logits_rules.py", "backbone.py", "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py")
+# The code a decode runs, whose digest keys the kept draft timings: what transformers copies for trust_remote_code
+# (the ASR pipeline's file is loaded apart), so a model loaded through the API and one the command line imports
+# find the same entry.
+DECODING_CODE = tuple(name for name in CODE_FILES if name != "asr_pipeline.py")
 # transformers.pipeline("automatic-speech-recognition", model=<artifact>, trust_remote_code=True) builds this class
 # (for a family it does not run, it says so in one line)
 ASR_PIPELINE = {"impl": "asr_pipeline.MedusaSpeechRecognitionPipeline", "pt": ["AutoModel"], "tf": [], "type": "audio"}
@@ -83,7 +87,7 @@ class MedusaForASR(PreTrainedModel):
     base_model_prefix = "medusa"
     _no_split_modules = []
 
-    def __init__(self, config: MedusaConfig, base=None, processor=None):
+    def __init__(self, config: MedusaConfig, base=None, processor=None, options: MedusaOptions | None = None):
         super().__init__(config)
         self.base = base
         self.processor = processor
@@ -98,22 +102,12 @@ class MedusaForASR(PreTrainedModel):
         # Optional replacement for the trained heads when drafting: hidden [..., H] -> logits [..., K, V]
         # (an oracle in tests, a replayed acceptance profile in benchmarks). None = the heads.
         self.drafter = None
-        self.draft_policy = DraftPolicy(config, TimingStore.default(self.timing_context))
+        self.options = options or MedusaOptions()
+        self.draft_policy = DraftPolicy(config, TimingStore.at(self.options.draft_timings))
         self.round_cache = RoundCache()
         self._drafters: dict = {}
-        # Draft on a CPU with int8 weight-only copies of the heads and the draft projection (drafts only
-        # propose; verification stays in the base's precision). False: draft in the heads' own precision.
-        self.int8_cpu_drafting = True
-        # Device types whose drafts come from path heads rearranged into fewer, larger products per depth
-        # (FusedPathWeights): a GPU's drafting is a chain of small kernels; on a CPU it saved ~0.1 of 1.9 ms.
-        self.fused_path_drafting = ("cuda",)
-        # On a CPU a chain of path heads stops drafting after the depth where the product of its drafts'
-        # probabilities falls below this: where each depth drafted and verified makes a round dearer, unlikely
-        # drafts cost more than they return. "auto": from this machine's measured cost of a depth against that of
-        # a token (DraftPolicy.chain_stop; ~0.4 on a 2-core Intel VM); 0: always the full chain. Rounds of fixed
-        # shape (GPU graphs, compiled) always draft the full chain.
-        self.cpu_chain_stop = "auto"
         self._fused_path_weights = None
+        self._timing_context = (None, None)
         if base is not None:
             self.generation_config = base.generation_config  # what callers such as the ASR pipeline read
             self.main_input_name = self.backbone.required_inputs[0]
@@ -126,7 +120,7 @@ class MedusaForASR(PreTrainedModel):
     # ------------------------------------------------------------------ loading / saving
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, base_model=None,
-                        base_model_name_or_path=None, processor=None, **kwargs):
+                        base_model_name_or_path=None, processor=None, options: MedusaOptions | None = None, **kwargs):
         """Load the artifact: its config, the base model it names, and the trained heads."""
         folder = _resolve_artifact(pretrained_model_name_or_path, kwargs)
         if getattr(config, "model_type", None) == MedusaConfig.model_type:  # e.g. from AutoConfig, kwargs applied
@@ -144,7 +138,7 @@ class MedusaForASR(PreTrainedModel):
             config.base_model_name_or_path = base_model_name_or_path
         if base_model is None:
             base_model, processor = load_base_model(config.base_model_name_or_path, config.base_family, **kwargs)
-        model = cls(config, base=base_model, processor=processor)
+        model = cls(config, base=base_model, processor=processor, options=options)
         model.load_heads(heads_path)
         model.eval()
         return model
@@ -291,12 +285,20 @@ class MedusaForASR(PreTrainedModel):
             raise ValueError("head_logits is for Medusa heads; path heads draft along a tree path (make_drafter).")
         return self.draft_projection().logits(self.medusa_heads(hidden))
 
-    def make_drafter(self, tree: DraftTree, device):
+    def set_options(self, **changes) -> MedusaOptions:
+        """Change this model's options (``MedusaOptions``' fields) for every later call; returns them."""
+        self.options = dataclasses.replace(self.options, **changes)
+        if "draft_timings" in changes:
+            self.draft_policy.store = TimingStore.at(self.options.draft_timings)
+        return self.options
+
+    def make_drafter(self, tree: DraftTree, device, options: MedusaOptions | None = None):
         """``drafter(state) -> chunk [B, N]`` for ``tree`` (None for plain greedy); kept per tree."""
         if tree.num_nodes == 1:
             return None
-        int8 = self.int8_cpu_drafting and int8_drafting_supported(device)
-        fused = (torch.device(device).type in self.fused_path_drafting and self.drafter is None
+        options = options or self.options
+        int8 = options.int8_cpu_drafting and int8_drafting_supported(device)
+        fused = (torch.device(device).type in options.fused_path_drafting and self.drafter is None
                  and FusedPathWeights.supports(self.medusa_heads, self.draft_vocab))
         # an int8 or fused drafter holds derived copies of the heads: a new one once they change (training, a reload)
         heads_version = tuple((p.data_ptr(), p._version) for p in parameter_tensors(self.medusa_heads)) \
@@ -335,75 +337,57 @@ class MedusaForASR(PreTrainedModel):
                                     self._fused_weights(projection, fused_heads_version))
         return PathDrafter(tree, device, heads, projection, self.backbone.embed, speech)
 
-    def timing_context(self, key: TimingKey) -> str | None:
-        """What one verify pass's time depends on besides the draft and ``key``, for the draft timings kept between
-        processes (``TimingStore``): the machine (the CPU's or GPU's name, torch's threads), torch's version, this
-        artifact's code, the base's configuration (its shapes, a quantisation) and the heads' and drafting settings.
-        None (nothing kept) with a stand-in drafter (tests, replayed benchmarks)."""
+    def timing_context(self, options: MedusaOptions | None = None) -> str | None:
+        """What one verify pass's time depends on besides the draft and its ``TimingKey``, for the draft timings kept
+        between processes (``TimingStore``): the machine (the CPU's or GPU's name, torch's threads), torch's version,
+        this artifact's decoding code, the base's configuration (its shapes, a quantisation) and the heads' and drafting
+        settings. None (nothing kept) with a stand-in drafter (tests, replayed benchmarks)."""
         if self.drafter is not None or self.backbone is None:
             return None
+        options = options or self.options
         device = self.backbone.device
-        machine = torch.cuda.get_device_name(device) if device.type == "cuda" else processor_name()
-        base = {k: v for k, v in self.backbone.base.config.to_dict().items()
-                if not k.startswith("_") and k != "transformers_version"}
-        heads = {k: getattr(self.config, k) for k in ("head_kind", "medusa_num_heads", "medusa_num_layers",
-                                                       "hidden_size", "speech_attention", "draft_vocab_size")}
-        model = _digest([base, heads, self.int8_cpu_drafting, list(self.fused_path_drafting)])
-        return f"{machine} | {torch.get_num_threads()} threads | torch {torch.__version__} | code {_code_digest()} | " \
-               f"model {model}"
+        signature = (id(self.base), device, torch.get_num_threads(), self.config.draft_vocab_size,
+                     options.int8_cpu_drafting, options.fused_path_drafting)
+        if self._timing_context[0] != signature:  # (kept: every auto call asks, a GPU call's host time counts)
+            machine = torch.cuda.get_device_name(device) if device.type == "cuda" else processor_name()
+            base = {k: v for k, v in self.backbone.base.config.to_dict().items()
+                    if not k.startswith("_") and k != "transformers_version"}
+            heads = {k: getattr(self.config, k) for k in ("head_kind", "medusa_num_heads", "medusa_num_layers",
+                                                           "hidden_size", "speech_attention", "draft_vocab_size")}
+            model = _digest([base, heads, options.int8_cpu_drafting, list(options.fused_path_drafting)])
+            self._timing_context = (signature, f"{machine} | {torch.get_num_threads()} threads | torch "
+                                               f"{torch.__version__} | code {_code_digest()} | model {model}")
+        return self._timing_context[1]
 
     def draft_tree(self, draft="auto") -> DraftTree:
         """``"chain"``, ``"tree"``/``"auto"`` (the artifact's tree), ``"none"`` or explicit paths."""
         return self.draft_policy.resolve(draft)
 
-    def _verify_pass_timer(self, tree: DraftTree, state: DecodeState, rules: LogitsRules, captured: bool):
-        """A function that runs one round for ``tree`` on the prefilled ``state`` (``verify_round``: drafting, the
-        decoder pass, the base's next tokens, acceptance and the accepted path's compaction, as the loop runs it;
-        the loop's own bookkeeping, the same for every draft, is left out) and returns its seconds; it writes past
-        the valid cache slots only, so the state is unchanged. Captured: a CUDA graph's replay; on a CPU each pass
-        starts from caches emptied of its weights, as every round of the loop does."""
-        tt = tree.tensors(state.lengths.device)
-        drafter = self.make_drafter(tree, state.lengths.device)
-        upto = state.cache.capacity if captured else min(int(state.lengths.max()) + tree.num_nodes,
-                                                         state.cache.capacity)
-        num_generated = torch.ones_like(state.lengths)
-
-        def verify_pass():
-            verify_round(self.backbone, drafter, rules, state, tree, tt, num_generated, upto)
-
-        if captured:
-            return _GraphPassTimer(verify_pass)
-        device = state.lengths.device
-
-        def timed_pass():
-            if device.type == "cpu":
-                evict_cpu_caches()
-            return wall_seconds(verify_pass, device)
-
-        return timed_pass
-
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
-    def generate(self, *args, use_medusa: bool = True, draft="auto", return_stats: bool = False,
+    def generate(self, *args, use_medusa: bool = True, draft=None, return_stats: bool = False,
                  max_new_tokens: int | None = None, min_new_tokens: int | None = None,
-                 cuda_graph: bool | None = None, compile: bool = False, **kwargs):
+                 cuda_graph: bool | None = None, compile: bool | None = None, options: MedusaOptions | None = None,
+                 **kwargs):
         """The base's greedy ``generate``, accelerated: same inputs, same token ids.
 
         ``use_medusa=False`` runs the base's own generate. Sampling, beam search and options the
-        Medusa loop does not implement fall back to it with a warning. ``draft``: ``"auto"`` (time the
-        candidates, pick the fastest), ``"chain"``, ``"tree"``, ``"none"`` or explicit paths.
-        ``return_stats=True`` returns ``(sequences, stats)``: the draft that ran, rounds, drafted/accepted
-        and emitted tokens, mean tokens emitted per round, and the seconds spent in prefill and in the
-        rounds. ``cuda_graph`` (default: on for CUDA devices) runs each round as one captured CUDA graph
+        Medusa loop does not implement fall back to it with a warning. ``options`` (default: the model's,
+        ``model.options``) say how to decode; ``draft``, ``cuda_graph`` and ``compile``, where given, replace theirs.
+        ``draft``: ``"auto"`` (time the candidates, pick the fastest), ``"chain"``, ``"tree"``, ``"none"`` or
+        explicit paths. ``return_stats=True`` returns ``(sequences, stats)``: the draft that ran, rounds,
+        drafted/accepted and emitted tokens, mean tokens emitted per round, and the seconds spent in prefill and in
+        the rounds. ``cuda_graph`` (default: on for CUDA devices) runs each round as one captured CUDA graph
         over a fixed-shape cache; ``compile=True`` also compiles that round with ``torch.compile`` (fused
         kernels: faster rounds, but the first call of each batch size and draft compiles for a while; with
-        ``draft="auto"`` it compiles its best few candidates, up to three, and times them as the loop runs them;
+        ``draft="auto"`` it compiles its best few candidates and times them as the loop runs them;
         a backbone may compile its prefill too: MERaLiON-2's speech encoder and prompt pass, per batch size and
         prompt length). Captured rounds are kept for later calls; ``release_caches()`` frees them.
         """
         if args:
             kwargs.setdefault(self.backbone.required_inputs[0], args[0])
         _check_max_new_tokens(max_new_tokens)
+        options = (options or self.options).but(draft=draft, cuda_graph=cuda_graph, compile=compile)
         reason = None if use_medusa else "disabled"
         parameters = parameter_tensors(self)  # (one walk a call: every check below reads it)
         reason = (reason or _activation_quantization(self.base, parameters)
@@ -415,13 +399,14 @@ class MedusaForASR(PreTrainedModel):
             out = self._base_generate(**_base_kwargs(kwargs, max_new_tokens, min_new_tokens))
             return (out, MedusaStats().as_dict()) if return_stats else out
         stats = MedusaStats()
-        timer = _PhaseTimer(self.backbone.device, enabled=return_stats)
+        timer = PhaseTimer(self.backbone.device, enabled=return_stats)
         self._captured_calls(fuse=True, parameters=parameters)
 
         def decode(plan: WindowPlan):
-            return self._decode(plan, draft, cuda_graph, compile, stats, timer)
+            return self._decode(plan, options, stats, timer)
 
-        sequences = self._each_window(kwargs, max_new_tokens, min_new_tokens, decode, self._replays_graphs(cuda_graph))
+        sequences = self._each_window(kwargs, max_new_tokens, min_new_tokens, decode,
+                                      self._replays_graphs(options.cuda_graph))
         return (sequences, {**stats.as_dict(), **timer.laps}) if return_stats else sequences
 
     def _each_window(self, kwargs: dict, max_new_tokens, min_new_tokens, decode, captured: bool = False):
@@ -437,30 +422,64 @@ class MedusaForASR(PreTrainedModel):
                           self.backbone.eos_token_ids)
         return self.backbone.format_output(*decode(plan))
 
-    def _decode(self, plan: WindowPlan, draft, cuda_graph, compile: bool, stats: MedusaStats, timer):
+    def _decode(self, plan: WindowPlan, options: MedusaOptions, stats: MedusaStats, timer: PhaseTimer):
         """Prefill and Medusa rounds for one batch (a direct call, or one window of the base's generate);
         returns (tokens generated per row, the prompt)."""
-        on_cuda, graphs = self.backbone.device.type == "cuda", self._replays_graphs(cuda_graph)
-        captured = on_cuda if cuda_graph is None else bool(cuda_graph)  # off CUDA: fixed shapes, no capture
-        fixed_shape = captured or compile
-        candidates = self.draft_policy.candidates(draft)
+        on_cuda, graphs = self.backbone.device.type == "cuda", self._replays_graphs(options.cuda_graph)
+        captured = on_cuda if options.cuda_graph is None else options.cuda_graph  # off CUDA: fixed shapes, no capture
+        fixed_shape = captured or options.compile
+        candidates = self.draft_policy.candidates(options.draft)
         slack = self.draft_policy.cache_slack(candidates)
         pool = self.round_cache.pool if fixed_shape else None
         capture = self.round_cache.calls if graphs else None
         state, max_new, prompt = self.backbone.prefill(plan.inputs, plan.max_new_tokens, slack, plan.rules,
-                                                       cache_pool=pool, capture=capture, compile=compile)
+                                                       cache_pool=pool, capture=capture, compile=options.compile)
         timer.lap("prefill_seconds")
-        tree = self._choose_draft(candidates, state, plan.rules, graphs, compile)
-        chain_stop = 0.0 if fixed_shape else self._cpu_chain_stop(tree, state, plan.rules)
+        key = TimingKey(state.lengths.device.type, str(self.dtype), state.next_token.shape[0], graphs,
+                        compiled=graphs and options.compile)
+        tree = self._choose_draft(candidates, state, plan.rules, key, options)
+        chain_stop = 0.0 if fixed_shape else self._cpu_chain_stop(tree, state, plan.rules, options)
         window = MedusaStats(draft=tree.name)
-        rounds = self._rounds(state, tree, plan.rules, compile, captured, fixed_shape, chain_stop)
+        rounds = self._rounds(state, tree, plan.rules, options.compile, captured, fixed_shape, chain_stop, options)
         timer.lap("setup_seconds")  # choosing the draft (timed once per shape) and loading the rounds
+        start = time.perf_counter()
         generated = run_rounds(rounds, state.next_token.tolist(), max_new, plan.eos_token_ids, window)
         timer.lap("rounds_seconds")
         if len(candidates) > 1:
-            self.draft_policy.observe(tree, window)
+            self.draft_policy.update(tree, window, key, time.perf_counter() - start)
         stats.add(window)
         return generated, prompt
+
+    def _choose_draft(self, candidates, state, rules: LogitsRules, key: TimingKey, options) -> DraftTree:
+        """The draft this call runs: ``auto``'s candidates timed where the policy asks for it, then its choice."""
+        policy, contenders = self.draft_policy, self.draft_policy.contenders(candidates)
+        if len(candidates) == 1 or len(contenders) == 1:
+            return candidates[0] if len(candidates) == 1 else contenders[0]
+        stand_in, device = key._replace(compiled=False), state.lengths.device
+        self._time_drafts(contenders, stand_in, options, lambda tree: verify_pass_timer(
+            self.backbone, self.make_drafter(tree, device, options), rules, state, tree, key.captured))
+        if key.compiled:
+            self._time_drafts(policy.shortlist(contenders, stand_in), key, options, lambda tree: loop_round_timer(
+                self._rounds(state, tree, rules, True, True, True, options=options), state))
+        credited = {tree for tree in contenders if not (key.captured or options.compile)
+                    and self._cpu_chain_stop(tree, state, rules, options) >= CREDITED_CHAIN_STOP}
+        return policy.choose(contenders, key, credited)
+
+    def _time_drafts(self, trees, key: TimingKey, options, timer, drop_slow: bool = True) -> None:
+        time_drafts(self.draft_policy, trees, key, self.timing_context(options), timer, drop_slow)
+
+    def _cpu_chain_stop(self, tree: DraftTree, state: DecodeState, rules: LogitsRules, options) -> float:
+        """Where this call's eager CPU chain stops drafting (``cpu_chain_stop``); 0 for other drafts and devices."""
+        device = state.lengths.device
+        if (device.type != "cpu" or not tree.is_chain or tree.num_nodes == 1
+                or not getattr(self.make_drafter(tree, device, options), "stops_early", False)):
+            return 0.0
+        if options.cpu_chain_stop != "auto":
+            return float(options.cpu_chain_stop)
+        key = TimingKey("cpu", str(self.dtype), state.next_token.shape[0], captured=False)
+        self._time_drafts(DraftPolicy.chain_stop_drafts(tree), key, options, lambda t: verify_pass_timer(
+            self.backbone, self.make_drafter(t, device, options), rules, state, t, False), drop_slow=False)
+        return self.draft_policy.chain_stop(tree, key)
 
     def _replays_graphs(self, cuda_graph) -> bool:
         """Whether this call replays CUDA graphs: on a CUDA base, unless ``cuda_graph=False``."""
@@ -468,13 +487,13 @@ class MedusaForASR(PreTrainedModel):
 
     def _captured_calls(self, fuse: bool, parameters: list | None = None):
         """The round cache's captured calls, after dropping every capture made with weights since replaced
-        (``parameters``: ``parameter_tensors(self)``, walked here when not given); with
-        ``fuse`` the backbone's projections are fused then (a GPU round of a small model is a chain of ~3 us kernels;
-        on a 2-core CPU one q/k/v product a layer took 1-3 % off tiny.en's rounds), and the fused weights recorded as
-        the ones the captures use (fusing gives the layers new tensors: unrecorded, the next call would drop every
-        capture as stale and fuse again)."""
+        (``parameters``: ``parameter_tensors(self)``, walked here when not given); with ``fuse`` the backbone's
+        projections are fused then (a GPU round of a small model is a chain of tiny kernels), and the fused weights
+        recorded as the ones the captures use (fusing gives the layers new tensors: unrecorded, the next call would
+        drop every capture as stale and fuse again)."""
         cache = self.round_cache
-        if cache.check_weights(parameter_tensors(self) if parameters is None else parameters) and fuse and self.backbone.fuse_projections():
+        if cache.check_weights(parameter_tensors(self) if parameters is None else parameters) and fuse \
+                and self.backbone.fuse_projections():
             cache.check_weights(parameter_tensors(self))
         return cache.calls
 
@@ -513,45 +532,9 @@ class MedusaForASR(PreTrainedModel):
 
     generate_medusa = generate
 
-    def _choose_draft(self, candidates, state, rules: LogitsRules, captured: bool, compile: bool) -> DraftTree:
-        if len(candidates) == 1:
-            return candidates[0]
-        key = TimingKey(state.lengths.device.type, str(self.dtype), state.next_token.shape[0], captured,
-                        compiled=captured and compile)
-        return self.draft_policy.choose(candidates, key,
-                                        lambda tree: self._verify_pass_timer(tree, state, rules, captured),
-                                        lambda tree: self._loop_round_timer(tree, state, rules),
-                                        stops_early=lambda tree: not (captured or compile)
-                                        and self._cpu_chain_stop(tree, state, rules) >= CREDITED_CHAIN_STOP)
-
-    def _cpu_chain_stop(self, tree: DraftTree, state: DecodeState, rules: LogitsRules) -> float:
-        """Where this call's eager CPU chain stops drafting (``cpu_chain_stop``); 0 for other drafts and devices."""
-        device = state.lengths.device
-        if (device.type != "cpu" or not tree.is_chain or tree.num_nodes == 1
-                or not getattr(self.make_drafter(tree, device), "stops_early", False)):
-            return 0.0
-        if self.cpu_chain_stop != "auto":
-            return float(self.cpu_chain_stop)
-        key = TimingKey("cpu", str(self.dtype), state.next_token.shape[0], captured=False)
-        return self.draft_policy.chain_stop(tree, key, lambda t: self._verify_pass_timer(t, state, rules, False))
-
-    def _loop_round_timer(self, tree: DraftTree, state: DecodeState, rules: LogitsRules):
-        """A function that runs one compiled round of ``tree`` as the loop will (its runner is built, compiled and
-        captured now and kept for the loop), the host's read of the result included, and returns its seconds; the
-        runner's state is put back after each round."""
-        runner = self._rounds(state, tree, rules, compile=True, captured=True, fixed_shape=True)
-        restore, active = runner.snapshot(), [True] * state.next_token.shape[0]
-
-        def timed_round():
-            seconds = wall_seconds(lambda: runner.step(active), state.lengths.device)
-            restore()
-            return seconds
-
-        return timed_round
-
     def _rounds(self, state: DecodeState, tree: DraftTree, process: LogitsRules, compile: bool, captured: bool,
-                fixed_shape: bool, chain_stop: float = 0.0):
-        drafter = self.make_drafter(tree, state.lengths.device)
+                fixed_shape: bool, chain_stop: float = 0.0, options: MedusaOptions | None = None):
+        drafter = self.make_drafter(tree, state.lengths.device, options)
         if not fixed_shape:
             return EagerRounds(self.backbone, drafter, process, state, tree, int(state.lengths.max()), chain_stop)
         key = (id(state.cache), tree, process.key, id(self.drafter), compile, captured)
@@ -631,46 +614,6 @@ class MedusaForASR(PreTrainedModel):
 MERaLiON2MedusaForASR = MedusaForASR  # the name the seed's snippet uses
 
 
-class _PhaseTimer:
-    """Wall-clock seconds of the phases of one call (device-synchronised), only when asked for: the
-    synchronisation would otherwise cost a little on every call."""
-
-    def __init__(self, device, enabled: bool):
-        self.device, self.enabled, self.laps = device, enabled, {}
-        self._last = self._now() if enabled else None
-
-    def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def lap(self, name: str):
-        if self.enabled:
-            now = self._now()
-            self.laps[name] = self.laps.get(name, 0.0) + now - self._last  # summed over a call's windows
-            self._last = now
-
-
-# --------------------------------------------------------------------------- base loading
-
-
-class _GraphPassTimer:
-    """A verify pass captured as a CUDA graph and timed by its replays, one graph at a time: the first call
-    captures it, times the replays (CUDA events: steady enough without interleaving) and frees it, later calls
-    return the same median. (Captured side by side, the passes of a timestamped window broke on the H200: a
-    graph replayed after another one's capture hit a device-side assert.)"""
-
-    def __init__(self, verify_pass):
-        self.verify_pass, self.seconds = verify_pass, None
-
-    def __call__(self) -> float:
-        if self.seconds is None:
-            graph = capture_cuda_graph(self.verify_pass)
-            self.seconds = statistics.median([graph_seconds(graph) for _ in range(TIMED_PASSES + 1)][1:])
-            del graph
-        return self.seconds
-
-
 def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -679,7 +622,7 @@ def _digest(value) -> str:
 def _code_digest() -> str:
     """A digest of the artifact's code files as they are here (a changed file: its timings anew)."""
     folder = Path(__file__).parent
-    return _digest([(name, (folder / name).read_text()) for name in CODE_FILES if (folder / name).is_file()])
+    return _digest([(name, (folder / name).read_text()) for name in DECODING_CODE if (folder / name).is_file()])
 
 
 def detect_family(base) -> str:

@@ -29,7 +29,7 @@ import torch
 import backbone
 import kv_cache
 import medusa_heads
-from draft_policy import cuda_ms
+from draft_timing import cuda_ms
 from draft_trees import DraftTree, build_tree_from_accuracy
 from medusa_decoding import accept
 from medusa_fast import CapturedRounds, capture_cuda_graph
@@ -307,7 +307,7 @@ def main(argv=None) -> int:
                     use_compiled_forms(forms == "new")
                     model = build_model(shape, dtype, device, kind, args.draft_vocab)
                     model.backbone.half_attention = attention
-                    model.fused_path_drafting = ("cuda",) if fused == "on" else ()
+                    model.set_options(fused_path_drafting=("cuda",) if fused == "on" else ())
                     if fused_projections == "on" and device.type == "cuda":
                         model.backbone.fuse_projections()  # as generate() does on a GPU
                     for name, tree in drafts_for(4).items():

@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, ".")
 from backbone import compile_fixed_shape, encoder_output  # noqa: E402
 from benchmarks.round_cost.verify_pass_kernels import kernel_table  # noqa: E402
-from draft_policy import cuda_ms  # noqa: E402
+from draft_timing import cuda_ms  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 from tools.meralion2_shaped import speech_encoder_config  # noqa: E402
 from tools.profile_rounds import as_graph  # noqa: E402

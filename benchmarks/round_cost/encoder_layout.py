@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks/round_cost")
 from backbone import encoder_output  # noqa: E402
-from draft_policy import cuda_ms  # noqa: E402
+from draft_timing import cuda_ms  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 from tools.profile_rounds import as_graph, wall_ms  # noqa: E402
 from verify_pass_kernels import interleaved_ms, kernel_table  # noqa: E402

@@ -20,7 +20,7 @@ sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks/round_cost")
 from backbone import compile_fixed_shape, encoder_output  # noqa: E402
 from backbone_meralion2 import MERaLiON2Backbone  # noqa: E402
-from draft_policy import cuda_ms  # noqa: E402
+from draft_timing import cuda_ms  # noqa: E402
 from kv_cache import CachePool, DecodeState  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 from tools.profile_rounds import as_graph, wall_ms  # noqa: E402

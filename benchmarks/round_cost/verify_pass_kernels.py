@@ -27,7 +27,7 @@ sys.path.insert(0, ".")
 from backbone_meralion2 import MERaLiON2Backbone  # noqa: E402
 from backbone import compile_fixed_shape  # noqa: E402
 from medusa_fast import capture_cuda_graph  # noqa: E402
-from draft_policy import cuda_ms  # noqa: E402
+from draft_timing import cuda_ms  # noqa: E402
 from tools.benchmark_gpu import measure_copy_bandwidth, time_cuda, verify_pass  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 from tools.meralion2_shaped import build_model, decoder_bytes, make_prompt  # noqa: E402

@@ -1,0 +1,49 @@
+"""How a model decodes, in one place: ``MedusaOptions``, set once on a model (``from_pretrained(..., options=)``,
+``model.set_options(...)``) or passed to one ``generate`` call, and the environment variables the artifact reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+
+TIMINGS_ENV = "MEDUSA_ASR_DRAFT_TIMINGS"  # a file for the kept draft timings, or "off"
+
+
+def timings_from_environment() -> str | None:
+    return os.environ.get(TIMINGS_ENV)
+
+
+@dataclass(frozen=True)
+class MedusaOptions:
+    """``draft``: ``"auto"`` (time the candidates, pick the fastest), ``"chain"``, ``"tree"``, ``"tree-N"``, ``"none"``
+    or explicit paths. ``cuda_graph``: run each round as one captured CUDA graph (None: on for CUDA devices).
+    ``compile``: also compile the rounds (``torch.compile``). ``cpu_chain_stop``: on a CPU a chain of path heads stops
+    drafting after the depth where the product of its drafts' probabilities falls below this ("auto": from this
+    machine's measured cost of a depth against that of a token; 0: the full chain); rounds of fixed shape always draft
+    the full chain. ``int8_cpu_drafting``: draft on a CPU with int8 weight-only copies of the heads and the draft
+    projection (drafts only propose: verification stays in the base's precision). ``fused_path_drafting``: device
+    types whose path heads draft through fewer, larger products per depth (a GPU's drafting is otherwise a chain of
+    small kernels). ``draft_timings``: the file ``auto``'s timings are kept in between processes, ``"off"``, or None
+    for the cache folder's (default: ``$MEDUSA_ASR_DRAFT_TIMINGS``)."""
+
+    draft: str | list | tuple = "auto"
+    cuda_graph: bool | None = None
+    compile: bool = False
+    cpu_chain_stop: float | str = "auto"
+    int8_cpu_drafting: bool = True
+    fused_path_drafting: tuple = ("cuda",)
+    draft_timings: str | None = field(default_factory=timings_from_environment)
+
+    def __post_init__(self):
+        if self.cuda_graph not in (None, True, False) or self.compile not in (True, False):
+            raise ValueError(f"cuda_graph must be True, False or None and compile True or False; got "
+                             f"cuda_graph={self.cuda_graph!r}, compile={self.compile!r}")
+        stop = self.cpu_chain_stop
+        if stop != "auto" and (isinstance(stop, (bool, str)) or not 0.0 <= float(stop) <= 1.0):
+            raise ValueError(f"cpu_chain_stop must be 'auto' or a probability in [0, 1]; got {stop!r}")
+        object.__setattr__(self, "fused_path_drafting", tuple(self.fused_path_drafting))
+
+    def but(self, **changes) -> "MedusaOptions":
+        """These options with ``changes``; a change given as None keeps the option as it is."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
