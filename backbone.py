@@ -628,6 +628,7 @@ class Backbone:
     word_timestamps: bool = False  # generate(return_token_timestamps=True) times the tokens (cross-attention alignment)
     temperature_fallback: bool = False  # the base's generate can retry a window at higher temperatures
     output_has_prompt: bool = False  # generate's sequences start with the prompt (a decoder-only base)
+    remote_code: bool = False  # the base's model runs its own code (trust_remote_code; only with the caller's consent)
     processor_remote_code: bool = False  # the base's processor is remote code
     # generate options this family's decoding leaves out, with the values that change nothing (read-only)
     greedy_as_is: dict = {}

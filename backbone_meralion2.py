@@ -30,6 +30,7 @@ class MERaLiON2Backbone(Backbone):
     max_audio_seconds = 300.0
     default_max_new_tokens = 1536  # a window may hold up to 300 s of speech
     window_seconds = 30.0  # it takes up to 300 s in one prompt, but its model card advises at most 30 s for ASR
+    remote_code = True
     processor_remote_code = True
     # its decoder applies no token suppression or forced ids
     greedy_as_is = {"suppress_tokens": ([],), "begin_suppress_tokens": ([],), "forced_decoder_ids": ([],)}

@@ -120,8 +120,12 @@ class MedusaForASR(PreTrainedModel):
     # ------------------------------------------------------------------ loading / saving
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, base_model=None,
-                        base_model_name_or_path=None, processor=None, options: MedusaOptions | None = None, **kwargs):
-        """Load the artifact: its config, the base model it names, and the trained heads."""
+                        base_model_name_or_path=None, processor=None, trust_base_remote_code: bool = False,
+                        options: MedusaOptions | None = None, **kwargs):
+        """Load the artifact: its config, the base model it names, and the trained heads. A base of a family that
+        runs its own code (MERaLiON-2) runs it when it is the base the artifact names, or with
+        ``trust_base_remote_code=True`` (a ``base_model_name_or_path`` the caller chose). ``options``: how the model
+        decodes (``MedusaOptions``)."""
         folder = _resolve_artifact(pretrained_model_name_or_path, kwargs)
         if getattr(config, "model_type", None) == MedusaConfig.model_type:  # e.g. from AutoConfig, kwargs applied
             config = config if isinstance(config, MedusaConfig) else MedusaConfig.from_dict(config.to_dict())
@@ -136,8 +140,10 @@ class MedusaForASR(PreTrainedModel):
             )
         if base_model_name_or_path:
             config.base_model_name_or_path = base_model_name_or_path
+        trusted = trust_base_remote_code or str(config.base_model_name_or_path) == _named_base(folder)
         if base_model is None:
-            base_model, processor = load_base_model(config.base_model_name_or_path, config.base_family, **kwargs)
+            base_model, processor = load_base_model(config.base_model_name_or_path, config.base_family,
+                                                    trust_base_code=trusted, **kwargs)
         model = cls(config, base=base_model, processor=processor, options=options)
         model.load_heads(heads_path)
         model.eval()
@@ -146,10 +152,12 @@ class MedusaForASR(PreTrainedModel):
     @classmethod
     def from_base(cls, base_model_name_or_path: str, family: str | None = None, medusa_num_heads: int = 4,
                   medusa_num_layers: int = 1, base_model=None, processor=None, head_kind: str = "medusa",
-                  speech_attention: bool = False, **kwargs):
-        """Fresh (zero-initialised) heads on a frozen base: the starting point for training."""
+                  speech_attention: bool = False, trust_base_remote_code: bool = False, **kwargs):
+        """Fresh (zero-initialised) heads on a frozen base: the starting point for training. A base of a family that
+        runs its own code (MERaLiON-2) needs ``trust_base_remote_code=True``."""
         if base_model is None:
-            base_model, processor = load_base_model(base_model_name_or_path, family, **kwargs)
+            base_model, processor = load_base_model(base_model_name_or_path, family,
+                                                    trust_base_code=trust_base_remote_code, **kwargs)
         family = family or detect_family(base_model)
         backbone = BACKBONES[family](base_model)
         config = MedusaConfig(
@@ -635,27 +643,47 @@ def detect_family(base) -> str:
 class BaseModelNotFound(OSError):
     """The base model could not be loaded from a folder, a converted copy or the Hub (or its cache)."""
 
-    def __init__(self, name: str, reason: str):
-        self.name, self.reason = name, reason
+    def __init__(self, name: str, reason: str, unreachable: bool = False):
+        self.name, self.reason, self.unreachable = name, reason, unreachable
         super().__init__(self.message("pass base_model_name_or_path=<local folder>"))
 
     def message(self, how_to_point: str) -> str:
-        offline = (" Without a network, HF_HUB_OFFLINE=1 skips the Hub (and its retries)."
-                   if "connect" in self.reason.lower() and not os.environ.get("HF_HUB_OFFLINE") else "")
+        unreachable = self.unreachable or "connect" in self.reason.lower()
+        offline = (" Without a network, HF_HUB_OFFLINE=1 skips the Hub (and its retries) and loads from its cache."
+                   if unreachable and not os.environ.get("HF_HUB_OFFLINE") else "")
         return (f"Could not load the base model {self.name!r} ({self.reason}). It is not a local folder, "
                 f"{converted_base_folder(self.name)} holds no converted copy, and the Hub or its cache does not "
                 f"have it: download it, convert it (Whisper tiny.en/base: python -m pipeline.real_whisper "
                 f"{self.name}), or {how_to_point}.{offline}")
 
 
-def load_base_model(name_or_path: str, family: str | None = None, **kwargs):
-    """Load a base model (+ its processor) by Hub id or folder; a PEFT adapter folder is merged."""
+class BaseCodeNotTrusted(ValueError):
+    """A base whose family runs its own code (MERaLiON-2) that the caller did not agree to run."""
+
+    def __init__(self, name: str, family: str):
+        super().__init__(
+            f"{name} is a {family} base, which runs its own Python code from its folder or repository; it is not the "
+            "base the heads name, so its code runs only if you trust it: pass trust_base_remote_code=True "
+            "(commands: --trust-base-code).")
+
+
+def load_base_model(name_or_path: str, family: str | None = None, trust_base_code: bool = False, **kwargs):
+    """Load a base model (+ its processor) by Hub id or folder; a PEFT adapter folder is merged (onto the base its
+    adapter_config.json names). The base's config.json is read as data: its own code runs only where its family
+    needs it (MERaLiON-2; Whisper never) and ``trust_base_code`` says the caller agreed to it."""
     load_kwargs = {k: v for k, v in kwargs.items() if k in BASE_LOAD_KWARGS and v is not None}
     name_or_path = resolve_base(name_or_path)
+    _from_cache_if_hub_silent(name_or_path, load_kwargs)
     adapter = _peft_adapter_base(name_or_path, load_kwargs)
     source = resolve_base(adapter) if adapter else name_or_path
     config = _base_config(source, load_kwargs)
-    family = family or _family_of(config, source)
+    detected = _family_of(config, source)
+    if BACKBONES[detected].remote_code and not trust_base_code:
+        raise BaseCodeNotTrusted(str(source), detected)
+    if family and family != detected:
+        raise ValueError(f"{source} is a {detected} base, but these heads were trained for a {family} base; give a "
+                         f"{family} base (or the heads for this one).")
+    family = detected
     _decompress_compressed_tensors(config, source, load_kwargs)
     try:
         base = BACKBONES[family].load_base(source, load_kwargs)
@@ -721,6 +749,43 @@ def _load_processor(source, family, load_kwargs):
         return None
 
 
+def _hub_silence(repo_id: str, load_kwargs: dict) -> str | None:
+    """Why the Hub gave no answer to one request for ``repo_id``'s config.json within huggingface_hub's
+    HF_HUB_ETAG_TIMEOUT (a timeout, a refused or reset connection), or None when it answered (any status) or is
+    not to be asked (a folder, HF_HUB_OFFLINE=1, local_files_only)."""
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    if Path(repo_id).is_dir() or load_kwargs.get("local_files_only") or constants.HF_HUB_OFFLINE:
+        return None
+    url = hf_hub_url(repo_id, "config.json", revision=load_kwargs.get("revision"))
+    try:
+        get_session().head(url, headers=build_hf_headers(token=load_kwargs.get("token")),
+                           timeout=constants.HF_HUB_ETAG_TIMEOUT)
+    except Exception as err:  # noqa: BLE001 - no HTTP answer at all (httpx's or requests' errors, by version)
+        return (f"no answer from {constants.ENDPOINT} to a request for {repo_id}/config.json ({type(err).__name__}; "
+                f"timeout {constants.HF_HUB_ETAG_TIMEOUT} s, HF_HUB_ETAG_TIMEOUT)")
+    return None
+
+
+def _from_cache_if_hub_silent(repo_id: str, load_kwargs: dict) -> None:
+    """Where the Hub does not answer one bounded request, load from its cache alone (local_files_only), so that
+    no file, optional ones such as adapter_config.json included, waits through the library's retries (minutes
+    each); without a cached copy, say so at once."""
+    from huggingface_hub import try_to_load_from_cache
+
+    silence = _hub_silence(repo_id, load_kwargs)
+    if silence is None:
+        return
+    cached = (try_to_load_from_cache(repo_id, name, cache_dir=load_kwargs.get("cache_dir"),
+                                     revision=load_kwargs.get("revision"))
+              for name in ("config.json", "adapter_config.json"))
+    if not any(isinstance(path, str) for path in cached):
+        raise BaseModelNotFound(repo_id, f"{silence}; the Hugging Face cache has no copy", unreachable=True)
+    warnings.warn(f"{silence}; loading {repo_id} from the Hugging Face cache.", stacklevel=3)
+    load_kwargs["local_files_only"] = True
+
+
 def _peft_adapter_base(name_or_path, load_kwargs) -> str | None:
     """The base a PEFT adapter (folder or Hub id) was trained on; None for a model that is not an adapter."""
     from transformers.utils import find_adapter_config_file
@@ -733,22 +798,25 @@ def _peft_adapter_base(name_or_path, load_kwargs) -> str | None:
     return json.loads(Path(path).read_text(encoding="utf-8"))["base_model_name_or_path"] if path else None
 
 
-def _base_config(source, load_kwargs):
-    from transformers import AutoConfig
+def _base_config(source, load_kwargs) -> dict:
+    """The base's config.json as a dict: read as data, so none of the base's code (its auto_map) runs."""
+    from transformers import PretrainedConfig
 
+    keep = {k: v for k, v in load_kwargs.items() if k in ("revision", "token", "cache_dir", "local_files_only")}
     try:
-        return AutoConfig.from_pretrained(source, trust_remote_code=True,
-                                          **{k: v for k, v in load_kwargs.items() if k in ("revision", "token")})
+        config, _ = PretrainedConfig.get_config_dict(str(source), **keep)
     except (OSError, ValueError) as err:
         raise BaseModelNotFound(str(source), _first_line(err)) from err
+    return config
 
 
-def _family_of(config, source) -> str:
-    model_type = getattr(config, "model_type", "")
+def _family_of(config: dict, source) -> str:
+    model_type = config.get("model_type") or ""
     for family, backbone in BACKBONES.items():
         if backbone.is_model_type(model_type):
             return family
-    raise ValueError(f"{source!r} is a {model_type!r} model; supported bases are MERaLiON-2 and Whisper.")
+    raise ValueError(f"{source!r} is a {model_type or 'untyped'!r} model (config.json's model_type); supported "
+                     "bases are MERaLiON-2 and Whisper.")
 
 
 def _decompress_compressed_tensors(config, source, load_kwargs) -> None:
@@ -756,7 +824,7 @@ def _decompress_compressed_tensors(config, source, load_kwargs) -> None:
     once: the library's packed layers fail in transformers' own forward here (their forward looks for a
     dense ``weight``), so they would not run even in the base's generate. The values are the quantised
     model's, so its outputs are; the speed is that of dense weights, not of a 4-bit kernel (vLLM's Marlin)."""
-    quantization = getattr(config, "quantization_config", None)
+    quantization = config.get("quantization_config")
     if not isinstance(quantization, dict) or quantization.get("quant_method") != "compressed-tensors" \
             or "quantization_config" in load_kwargs:
         return
@@ -786,11 +854,23 @@ def _resolve_artifact(name_or_path, kwargs) -> str:
         return str(name_or_path)
     from huggingface_hub import snapshot_download
 
+    hub = {"revision": kwargs.get("revision"), "token": kwargs.get("token")}
+    silence = _hub_silence(str(name_or_path), hub)  # then the cache alone, not minutes of retries
     try:
-        return snapshot_download(str(name_or_path), revision=kwargs.get("revision"), token=kwargs.get("token"))
+        return snapshot_download(str(name_or_path), local_files_only=silence is not None, **hub)
     except Exception as err:
+        cause = f"{silence}, and the Hugging Face cache has no copy" if silence else f"{type(err).__name__}: {err}"
         raise OSError(f"Could not find the Medusa artifact {name_or_path!r}: there is no such folder here "
-                      f"({Path.cwd()}), and as a Hub repository id: {type(err).__name__}: {err}") from err
+                      f"({Path.cwd()}), and as a Hub repository id: {cause}") from err
+
+
+def _named_base(folder) -> str:
+    """The base the artifact's own config.json names (a ``config`` given to from_pretrained, e.g. AutoModel's with
+    keyword arguments applied, may name another)."""
+    try:
+        return str(json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))["base_model_name_or_path"])
+    except (OSError, ValueError, KeyError):
+        return ""
 
 
 def _read_heads(path) -> dict:

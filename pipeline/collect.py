@@ -31,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 
+from tools import cli_args
 from tools.files import save_safetensors_atomic, write_json_atomic
 from tools.runtime import add_device_options, model_device, resolve_device, resolve_dtype, to_model
 
@@ -311,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline.collect", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", required=True, help="base model: Hub id or local folder")
+    cli_args.add_trust_base_code(p)
     p.add_argument("--audio", required=True,
                    help="folder of audio files, manifest.jsonl ({'id','audio',...}), or HF dataset "
                         "name (NAME or NAME:CONFIG; needs `datasets`)")
@@ -510,7 +512,8 @@ def main(argv=None, model=None) -> dict:
     device = parse_device(args.device)
     dtype = parse_dtype(args.dtype, device)
     if model is None and todo:
-        model = import_medusa().MedusaForASR.from_base(base_folder(args.base), torch_dtype=dtype, device_map=device)
+        model = import_medusa().MedusaForASR.from_base(base_folder(args.base), torch_dtype=dtype, device_map=device,
+                                                       trust_base_remote_code=args.trust_base_code)
     info_path = os.path.join(args.out, "collect_info.json")
     info = _read_info(info_path)
     if model is not None:

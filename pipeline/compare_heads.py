@@ -16,6 +16,7 @@ import os
 import sys
 
 from pipeline.collect import run_cli
+from tools import cli_args
 from tools.files import command_line, write_atomic, write_json_atomic
 from tools.markdown import markdown_table
 
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline.compare_heads", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", required=True)
+    cli_args.add_trust_base_code(p)
     p.add_argument("--data", required=True, help="collect folder to train on (with --speech for speech variants)")
     p.add_argument("--eval-data", action="append", default=[], help="collect folder(s) to replay on; repeatable")
     p.add_argument("--out", default="work_data/compare")
@@ -51,6 +53,7 @@ def train_args(args, name: str) -> list[str]:
     common = ["--base", args.base, "--data", args.data, "--out", os.path.join(args.out, name),
               "--epochs", args.epochs, "--batch-size", args.batch_size, "--lr", args.lr]
     common += [x for d in args.eval_data for x in ("--eval-data", d)]
+    common += ["--trust-base-code"] if args.trust_base_code else []
     return common + (["--device", args.device] if args.device else []) + VARIANTS[name]
 
 

@@ -25,6 +25,7 @@ import tempfile
 
 from pipeline.collect import _summarise_entries, base_folder, import_medusa, parse_device, parse_dtype, run_cli
 from pipeline.model_card import BENCHMARK_FIELDS, render_model_card
+from tools import cli_args
 from tools.files import apply_umask, write_atomic
 from tools.runtime import add_device_options
 
@@ -248,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline.export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", required=True, help="base model used for training (Hub id or folder)")
+    cli_args.add_trust_base_code(p)
     p.add_argument("--base-id", default=None,
                    help="name to record as the artifact's base model (e.g. the Hub id when --base is a "
                         "local copy); default --base")
@@ -311,7 +313,7 @@ def main(argv=None, model=None) -> str:
         model = medusa.MedusaForASR.from_base(base_folder(args.base), medusa_num_heads=num_heads,
                                               medusa_num_layers=num_layers, head_kind=shape["head_kind"],
                                               speech_attention=shape["speech_attention"], torch_dtype=dtype,
-                                              device_map=args.device)
+                                              device_map=args.device, trust_base_remote_code=args.trust_base_code)
     from pipeline.train import load_heads_state
 
     load_heads_state(model, {k: v for k, v in state.items()})

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from pipeline.collect import (base_folder, import_medusa, list_shards, load_shard, load_shard_speech, parse_device, parse_dtype,
                               run_cli)
+from tools import cli_args
 from tools.files import save_safetensors_atomic, torch_save_atomic, write_json_atomic
 from tools.runtime import add_device_options
 
@@ -213,7 +214,8 @@ def build_model(args, dtype, device):
     medusa = import_medusa()
     return medusa.MedusaForASR.from_base(base_folder(args.base), medusa_num_heads=args.heads,
                                          medusa_num_layers=args.layers, head_kind=args.head_kind,
-                                         speech_attention=args.speech_attention, torch_dtype=dtype, device_map=device)
+                                         speech_attention=args.speech_attention, torch_dtype=dtype, device_map=device,
+                                         trust_base_remote_code=args.trust_base_code)
 
 
 def _device_of(model):
@@ -365,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="collect output folder (shard_*.safetensors)")
     p.add_argument("--base", required=True, help="base model (its output projection is used)")
+    cli_args.add_trust_base_code(p)
     p.add_argument("--out", default="work_data/ckpt", help="checkpoint folder")
     p.add_argument("--heads", type=int, default=4, help="number of heads K (draft depth)")
     p.add_argument("--layers", type=int, default=1, help="residual blocks per head")

@@ -41,7 +41,7 @@ def make_artifact(folder: Path, base_folder: Path, family: str) -> Path:
     """A repo folder like the root, whose config points at a local base and holds trained-shape heads."""
     from modeling_medusa import MedusaForASR
 
-    model = MedusaForASR.from_base(str(base_folder), family=family)
+    model = MedusaForASR.from_base(str(base_folder), family=family, trust_base_remote_code=True)
     with torch.no_grad():
         for p in model.medusa_heads.parameters():
             p.normal_(0, 0.1)
@@ -175,7 +175,7 @@ def test_save_pretrained_folder_keeps_the_umask(artifact, tmp_path):
 def test_a_base_spread_over_devices_or_offloaded_is_refused(base_folder, device_map):
     from modeling_medusa import MedusaForASR, load_base_model
 
-    base, processor = load_base_model(str(base_folder[0]), base_folder[1])
+    base, processor = load_base_model(str(base_folder[0]), base_folder[1], trust_base_code=True)
     base.hf_device_map = device_map  # what accelerate's dispatch leaves on the model
     with pytest.raises(ValueError, match="one device"):
         MedusaForASR.from_base(str(base_folder[0]), base_model=base, processor=processor)

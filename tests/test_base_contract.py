@@ -26,7 +26,7 @@ def model(tmp_path_factory):
         folder = build_meralion2_standin(tmp_path_factory.mktemp("m2") / "standin", seed=0)
     else:
         folder = build_tiny_whisper(tmp_path_factory.mktemp("whisper"), seed=1)
-    return MedusaForASR.from_base(str(folder), family=FAMILY)
+    return MedusaForASR.from_base(str(folder), family=FAMILY, trust_base_remote_code=True)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ def meralion_medusa(tmp_path_factory):
     from standin import build_meralion2_standin
 
     folder = build_meralion2_standin(tmp_path_factory.mktemp("meralion2") / "standin", seed=0)
-    return MedusaForASR.from_base(str(folder), family="meralion2", medusa_num_heads=4)
+    return MedusaForASR.from_base(str(folder), family="meralion2", trust_base_remote_code=True, medusa_num_heads=4)
 
 
 def make_inputs(model, rng: random.Random, batch: int):
@@ -112,7 +112,7 @@ def test_bfloat16_equals_the_base_bfloat16_greedy_up_to_its_own_near_ties(merali
     from modeling_medusa import MedusaForASR
 
     model = MedusaForASR.from_base(meralion_medusa.config.base_model_name_or_path, family="meralion2",
-                                   torch_dtype=torch.bfloat16)
+                                   trust_base_remote_code=True, torch_dtype=torch.bfloat16)
     rng = random.Random(11)
     diverged = 0
     for index in range(12):
@@ -176,7 +176,7 @@ def test_speech_encoder_attends_through_sdpa_unless_asked_otherwise(meralion_med
     assert base.text_decoder.config._attn_implementation == "eager"
     assert {type(layer.self_attn).__name__ for layer in base.speech_encoder.layers} == {"WhisperSdpaAttention"}
     asked = MedusaForASR.from_base(meralion_medusa.config.base_model_name_or_path, family="meralion2",
-                                   attn_implementation="eager").backbone.base
+                                   trust_base_remote_code=True, attn_implementation="eager").backbone.base
     assert all(type(layer.self_attn) is WhisperAttention for layer in asked.speech_encoder.layers)
     features = make_inputs(meralion_medusa, random.Random(2), 2)["input_features"]
     with torch.no_grad():
@@ -191,7 +191,8 @@ def test_fused_projections_share_memory_and_keep_the_output(meralion_medusa):
     from backbone import backs
     from modeling_medusa import MedusaForASR
 
-    model = MedusaForASR.from_base(meralion_medusa.config.base_model_name_or_path, family="meralion2")
+    model = MedusaForASR.from_base(meralion_medusa.config.base_model_name_or_path, family="meralion2",
+                                   trust_base_remote_code=True)
     backbone = model.backbone
     rng = random.Random(21)
     cases = [(make_inputs(model, rng, rng.randint(1, 2)), rng.choice(["chain", [[0], [1], [0, 0], [0, 0, 0]]]))
@@ -222,7 +223,8 @@ def test_fusing_keeps_the_captures_of_later_calls(meralion_medusa):
     so a later call keeps every capture instead of dropping them as stale and fusing again."""
     from modeling_medusa import MedusaForASR
 
-    model = MedusaForASR.from_base(meralion_medusa.config.base_model_name_or_path, family="meralion2")
+    model = MedusaForASR.from_base(meralion_medusa.config.base_model_name_or_path, family="meralion2",
+                                   trust_base_remote_code=True)
     model._captured_calls(fuse=True)
     fused = model.backbone.fused
     assert fused is not None

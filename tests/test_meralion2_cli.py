@@ -22,7 +22,8 @@ def test_cli_transcribes_multi_chunk_audio_identically_with_and_without_medusa(t
     from standin import build_meralion2_standin
 
     base = build_meralion2_standin(tmp_path / "base", seed=0)
-    MedusaForASR.from_base(str(base), family="meralion2").save_pretrained(tmp_path / "artifact")
+    artifact = MedusaForASR.from_base(str(base), family="meralion2", trust_base_remote_code=True)
+    artifact.save_pretrained(tmp_path / "artifact")
     rng = np.random.default_rng(0)
     for name, seconds in (("long.wav", 40.0), ("short.wav", 4.0)):
         sf.write(tmp_path / name, (rng.standard_normal(int(16000 * seconds)) * 0.1).astype(np.float32), 16000)
@@ -46,7 +47,8 @@ def test_cli_refuses_whisper_language_options_for_meralion2(tmp_path, capsys):
     from standin import build_meralion2_standin
 
     base = build_meralion2_standin(tmp_path / "base", seed=0)
-    MedusaForASR.from_base(str(base), family="meralion2").save_pretrained(tmp_path / "artifact")
+    artifact = MedusaForASR.from_base(str(base), family="meralion2", trust_base_remote_code=True)
+    artifact.save_pretrained(tmp_path / "artifact")
     sf.write(tmp_path / "a.wav", np.zeros(16000, np.float32), 16000)
     code = transcribe.main([str(tmp_path / "a.wav"), "--model", str(tmp_path / "artifact"),
                                    "--language", "en", "--output", str(tmp_path / "out")])

@@ -647,19 +647,20 @@ def _transformers_version() -> tuple[int, int]:
     return tuple(int(x) for x in transformers.__version__.split(".")[:2])
 
 
-def _run_pipeline_end_to_end(base: str, tmp_path, n_clips: int, max_new_tokens: int):
-    """collect -> train -> export with the real model class; checks the artifact is lossless."""
+def _run_pipeline_end_to_end(base: str, tmp_path, n_clips: int, max_new_tokens: int, trust: tuple = ()):
+    """collect -> train -> export with the real model class (``trust``: ``--trust-base-code`` for a base that runs
+    its own code); checks the artifact is lossless."""
     from modeling_medusa import MedusaForASR
 
     audio = write_clips(str(tmp_path / "audio"), n_clips, seed=3)
     col, ckpt, art = (str(tmp_path / d) for d in ("collect", "ckpt", "artifact"))
-    info = collect.main(["--base", base, "--audio", audio, "--out", col, "--batch-size", "3",
+    info = collect.main(["--base", base, *trust, "--audio", audio, "--out", col, "--batch-size", "3",
                          "--shard-size", "4", "--max-new-tokens", str(max_new_tokens), "--device", "cpu"])
     assert info["n_utterances"] == n_clips and len(collect.list_shards(col)) == math.ceil(n_clips / 4)
-    metrics = train.main(["--base", base, "--data", col, "--out", ckpt, "--epochs", "2", "--batch-size", "2",
+    metrics = train.main(["--base", base, *trust, "--data", col, "--out", ckpt, "--epochs", "2", "--batch-size", "2",
                           "--val-fraction", "0.25", "--device", "cpu"])
     assert metrics["finished"] and len(metrics["head_accuracy"]["topk"]) == 4
-    export.main(["--base", base, "--base-id", base, "--heads", os.path.join(ckpt, "best.safetensors"),
+    export.main(["--base", base, *trust, "--base-id", base, "--heads", os.path.join(ckpt, "best.safetensors"),
                  "--out", art, "--tree-nodes", "6"])
     assert {"config.json", "medusa_heads.safetensors", "README.md", "modeling_medusa.py"} <= set(os.listdir(art))
 
@@ -715,7 +716,10 @@ def test_end_to_end_meralion2_standin(tmp_path):
     from standin import build_meralion2_standin
 
     base = str(build_meralion2_standin(tmp_path / "base", seed=0))
-    cfg = _run_pipeline_end_to_end(base, tmp_path, n_clips=8, max_new_tokens=12)
+    with pytest.raises(ValueError, match="--trust-base-code"):
+        collect.main(["--base", base, "--audio", write_clips(str(tmp_path / "one"), 1, seed=3),
+                      "--out", str(tmp_path / "refused")])
+    cfg = _run_pipeline_end_to_end(base, tmp_path, n_clips=8, max_new_tokens=12, trust=("--trust-base-code",))
     assert cfg.base_family == "meralion2"
 
 

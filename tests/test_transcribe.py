@@ -86,7 +86,7 @@ def write_wav(path: Path, seconds: float = 1.0, seed: int = 0, rate: int = SR) -
 
 def run(argv, model=None, capsys=None):
     model = model or FakeModel()
-    loader = lambda path, device, dtype, base=None: model  # noqa: E731
+    loader = lambda path, device, dtype, **options: model  # noqa: E731
     code = transcribe.main([*map(str, argv), "--quiet"], model_loader=loader)
     out, err = capsys.readouterr() if capsys else ("", "")
     return code, model, out, err
@@ -371,7 +371,7 @@ def test_ctrl_c_while_loading_the_model_is_one_line(tmp_path, capsys):
 
 
 def test_model_without_heads_exits_2(tmp_path, capsys):
-    def loader(path, device, dtype, base=None):
+    def loader(path, device, dtype, **options):
         raise FileNotFoundError(f"{path} has no medusa_heads.safetensors")
 
     code = transcribe.main([str(write_wav(tmp_path / "a.wav")), "--model", str(tmp_path)], model_loader=loader)

@@ -31,7 +31,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from tools import runtime
+from tools import cli_args, runtime
 from tools.files import command_line
 from tools.benchmark_inputs import (BenchmarkError, Clip, as_clip, base_precision, DEFAULT_MANIFEST, DEFAULT_MODEL,
                                     load_clips, load_model, read_manifest, resolve_artifact)
@@ -419,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--audio", default=DEFAULT_MANIFEST, help="manifest.jsonl of clips")
     parser.add_argument("--base", default=None,
                         help="base folder instead of the one the heads name (e.g. a quantised copy: pipeline.quantise)")
+    cli_args.add_trust_base_code(parser)
     runtime.add_device_options(parser, device="cpu", dtype="float32", threads=2)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per decoder per clip (median reported)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per decoder per clip")
@@ -485,7 +486,7 @@ def _main(args, argv=None) -> int:
     environment = environment_info(device, dtype, torch.get_num_threads())
 
     started = time.perf_counter()
-    model, base, declared_base = load_model(folder, device, dtype, args.base, args.int4_kernel)
+    model, base, declared_base = load_model(folder, device, dtype, args.base, args.int4_kernel, args.trust_base_code)
     if args.max_new_tokens is None:
         args.max_new_tokens = model.default_max_new_tokens
     load_seconds = time.perf_counter() - started

