@@ -29,9 +29,11 @@ from typing import NamedTuple
 try:
     from .draft_trees import DraftTree, build_tree_from_accuracy, expected_tokens_per_round
     from .medusa_decoding import MedusaStats
+    from .medusa_options import TIMINGS_ENV, cache_dir
 except ImportError:
     from draft_trees import DraftTree, build_tree_from_accuracy, expected_tokens_per_round
     from medusa_decoding import MedusaStats
+    from medusa_options import TIMINGS_ENV, cache_dir
 
 AUTO_TREE_SIZES = (8, 32, 64)  # draft nodes of the extra trees tried when only head accuracy is known
 # auto keeps the draft it last chose for the same shapes unless another promises this much more: a new draft needs
@@ -186,19 +188,7 @@ class TimingStore:
             return {}
 
 
-TIMINGS_ENV = "MEDUSA_ASR_DRAFT_TIMINGS"  # a file for the kept timings, or "off"
 TIMINGS_FILE = "draft_timings.json"
-CACHE_ENV = "MEDUSA_ASR_CACHE"
-
-
-def cache_dir() -> Path:
-    """This project's one cache folder: ``$MEDUSA_ASR_CACHE``, else ``$XDG_CACHE_HOME/medusa-asr``, else
-    ``~/.cache/medusa-asr``. It holds the Whisper bases converted offline by ``pipeline.real_whisper``
-    (loading looks there before the Hub), the wheels and packages they come from, the demo clip and the kept
-    draft timings."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "medusa-asr"
 
 
 def tree_name(tree: DraftTree) -> str:

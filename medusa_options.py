@@ -6,12 +6,24 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 TIMINGS_ENV = "MEDUSA_ASR_DRAFT_TIMINGS"  # a file for the kept draft timings, or "off"
+CACHE_ENV = "MEDUSA_ASR_CACHE"
 
 
 def timings_from_environment() -> str | None:
     return os.environ.get(TIMINGS_ENV)
+
+
+def cache_dir() -> Path:
+    """This project's one cache folder: ``$MEDUSA_ASR_CACHE``, else ``$XDG_CACHE_HOME/medusa-asr``, else
+    ``~/.cache/medusa-asr``. It holds the Whisper bases converted offline by ``pipeline.real_whisper``
+    (loading looks there before the Hub), the wheels and packages they come from, the demo clip and the kept
+    draft timings."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "medusa-asr"
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ import torch
 from conftest import ROOT, requires_transformers5, transformers_below_452
 from tiny_models import build_tiny_whisper, random_features
 
-CODE_FILES = ["configuration_medusa.py", "modeling_medusa.py", "medusa_options.py", "medusa_decoding.py",
-              "medusa_fast.py", "medusa_heads.py", "draft_policy.py", "draft_timing.py", "draft_trees.py", "kv_cache.py",
-              "logits_rules.py", "backbone.py", "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py"]
+CODE_FILES = ["configuration_medusa.py", "modeling_medusa.py", "medusa_options.py", "base_loading.py",
+              "generation_checks.py", "speech_io.py", "medusa_decoding.py", "medusa_fast.py", "medusa_heads.py",
+              "draft_policy.py", "draft_timing.py", "draft_trees.py", "kv_cache.py", "logits_rules.py", "backbone.py",
+              "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py"]
 
 
 def test_modeling_file_imports_every_code_file_itself():

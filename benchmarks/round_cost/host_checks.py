@@ -16,7 +16,7 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-import modeling_medusa  # noqa: E402
+import generation_checks  # noqa: E402
 from tools import runtime  # noqa: E402
 from tools.benchmark_environment import cpu_name  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
@@ -47,18 +47,18 @@ def any_activation_quantised_weight(base) -> bool:
 def checks(model, repeats: int) -> dict:
     base, backbone = model.backbone.base, model.backbone
     kwargs = {"input_features": torch.zeros(1, base.config.num_mel_bins, 3000)}
-    parameters = modeling_medusa.parameter_tensors(model)
+    parameters = generation_checks.parameter_tensors(model)
     return {
         "parameter_tensors": len(parameters),
         "weights_signature_module_parameters_us": median_us(lambda: signature(model.parameters()), repeats),
         "weights_signature_parameter_tensors_us": median_us(
-            lambda: signature(modeling_medusa.parameter_tensors(model)), repeats),
+            lambda: signature(generation_checks.parameter_tensors(model)), repeats),
         "activation_quantisation_named_modules_us": median_us(lambda: any_activation_quantised_weight(base), repeats),
         # (a call walks its parameters once, for this check and the weights' signature: the scan alone)
-        "activation_quantisation_now_us": median_us(lambda: modeling_medusa._activation_quantization(base, parameters),
+        "activation_quantisation_now_us": median_us(lambda: generation_checks.activation_quantization(base, parameters),
                                                     repeats),
         "generation_fallback_check_us": median_us(
-            lambda: modeling_medusa._generation_fallback_reason(kwargs, base.generation_config, backbone), repeats),
+            lambda: generation_checks.generation_fallback_reason(kwargs, base.generation_config, backbone), repeats),
         "logits_rules_us": median_us(lambda: backbone.make_logits_processor(None), repeats),
     }
 
