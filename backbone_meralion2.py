@@ -13,13 +13,13 @@ from __future__ import annotations
 import torch
 
 try:
-    from .backbone import (Backbone, Projection, backs, compile_fixed_shape, encoder_output, fusable, fuse_linears,
-                           weight_product)
+    from .backbone import Backbone, backs, compile_fixed_shape, encoder_output, fusable, fuse_linears
+    from .cpu_kernels import Projection, weight_product
     from .kv_cache import DecodeState, StaticKVCache, attention_mask
     from .logits_rules import SuppressionRules
 except ImportError:
-    from backbone import (Backbone, Projection, backs, compile_fixed_shape, encoder_output, fusable, fuse_linears,
-                          weight_product)
+    from backbone import Backbone, backs, compile_fixed_shape, encoder_output, fusable, fuse_linears
+    from cpu_kernels import Projection, weight_product
     from kv_cache import DecodeState, StaticKVCache, attention_mask
     from logits_rules import SuppressionRules
 
@@ -206,10 +206,8 @@ class MERaLiON2Backbone(Backbone):
 
     def _compiled_prompt_parts(self):
         """(speech encoder, ``layers_over_prompt``) compiled, made once. Eager, the prompt's pass is thousands of
-        small elementwise kernels (norms, rotary, soft-caps) around its products; compiled, they fuse. H200, bf16,
-        a 137-token prompt (``benchmarks/round_cost/prompt_pass.py``): the pass 7.4-8.8 -> 3.3-3.8 ms on the 3B
-        shape, 15.6 -> 8.2 ms on the 10B, 30.0 -> 16.9-17.3 ms at batch 16 of the 3B; the encoder 6.5 -> 6.1 ms
-        a window, 91 -> 81 ms for 16."""
+        small elementwise kernels (norms, rotary, soft-caps) around its products; compiled, they fuse
+        (``benchmarks/round_cost/prompt_pass.py``)."""
         if self._compiled_prompt is None:
             self._compiled_prompt = (compile_fixed_shape(encoder_output), compile_fixed_shape(self.layers_over_prompt))
         return self._compiled_prompt
@@ -315,7 +313,7 @@ class MERaLiON2Backbone(Backbone):
 
     def _rotary(self, hidden, positions):
         """cos, sin [B, T, head_dim] at ``positions`` [B, T]. Computed inside a compiled pass, each position's cos
-        and sin were recomputed by every layer's rotary kernel (3B shape, 64 tokens: 125 us a pass); on a GPU they
+        and sin were recomputed by every layer's rotary kernel; on a GPU they
         are gathered from a table instead (left padding's negative positions read position 0: never attended)."""
         table = self._rope_table
         if table is None or table[0].device != hidden.device or table[0].dtype != hidden.dtype:
@@ -357,8 +355,8 @@ class MERaLiON2Backbone(Backbone):
 def speech_attention_as_sdpa(encoder: torch.nn.Module) -> None:
     """The speech encoder's self-attention through SDPA, as the library's default load gives a Whisper encoder.
     MERaLiON-2's remote code hands the implementation asked for at load time to both of its sub-models, and the
-    decoder must be eager (SDPA drops Gemma2's attention soft-cap), so the encoder would run the eager one: 2.3x slower
-    (Whisper-large-v3 shape, H200, bf16: 14.7 against 6.3 ms a window, 207 against 86 ms for 16). The base's own
+    decoder must be eager (SDPA drops Gemma2's attention soft-cap), so the encoder would run the eager one, which is
+    several times slower. The base's own
     ``generate`` runs the same module, so ours still equals it. Transformers 4.x picks the attention class when it
     builds a layer (same weights: only the class changes); 5.x reads the config on every call."""
     from transformers.models.whisper import modeling_whisper
@@ -378,12 +376,10 @@ def grouped_attention(query, keys, values, mask, scaling: float, softcap: float 
 
     Two forms of the same products. By default a key/value head's query heads are rows of one product. With
     ``broadcast_cache`` the cache is broadcast over them instead (a [B, Hkv, 1, L, D] operand): run eagerly or
-    captured, torch.matmul then copies every layer's keys and values into the group size each step (H200, 3B
-    shape, captured greedy step: batch 64, 12.5 ms -> 7.4 without the copies; batch 16, 7.6 -> 6.1). Compiled,
-    the broadcast form ran faster only while the compiled cache write copied the whole cache anyway; since that
-    write is in place, inductor's copies of the broadcast cache are what is left (3B shape, compiled pass,
-    batch 16: one token 3.77 ms broadcast against 2.49 in rows, five tokens 4.21 against 2.81; batch 1, five
-    tokens: 135 us of copies), so compiled rounds use rows too (``MERaLiON2Backbone.compiled_cache_form``)."""
+    captured, torch.matmul then copies every layer's keys and values into the group size each step, a large share of a
+    step at large batches. Compiled, the broadcast form ran faster only while the compiled cache write copied the
+    whole cache anyway; since that write is in place, inductor's copies of the broadcast cache are what is left,
+    so compiled rounds use rows too (``MERaLiON2Backbone.compiled_cache_form``)."""
     batch, heads, n, dim = query.shape
     kv_heads, length = keys.shape[1], keys.shape[2]
     groups = heads // kv_heads

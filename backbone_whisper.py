@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from .backbone import (Backbone, Projection, attend_memory, backs, contiguous_stream, encoder_output, fusable,
-                           fuse_linears, linear, speech_scores, weight_product)
+    from .backbone import Backbone, backs, contiguous_stream, encoder_output, fusable, fuse_linears
+    from .cpu_kernels import Projection, attend_memory, linear, speech_scores, weight_product
     from .kv_cache import DecodeState, StaticKVCache, attention_mask
     from .logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules, device_ids
     from .medusa_decoding import WindowPlan
 except ImportError:
-    from backbone import (Backbone, Projection, attend_memory, backs, contiguous_stream, encoder_output, fusable,
-                          fuse_linears, linear, speech_scores, weight_product)
+    from backbone import Backbone, backs, contiguous_stream, encoder_output, fusable, fuse_linears
+    from cpu_kernels import Projection, attend_memory, linear, speech_scores, weight_product
     from kv_cache import DecodeState, StaticKVCache, attention_mask
     from logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules, device_ids
     from medusa_decoding import WindowPlan
@@ -97,7 +97,7 @@ class WhisperBackbone(Backbone):
 
     def fuse_projections(self) -> bool:
         """Give every decoder layer's self-attention one q/k/v weight and bias, so a round runs one product where
-        it ran three (a GPU round of a small Whisper is a chain of ~3 us kernels, whatever their size). The base's
+        it ran three (a GPU round of a small Whisper is a chain of kernels that cost the same whatever their size). The base's
         own layers keep working: their weights and biases become views of the fused tensors (k has no bias: its
         block of the fused bias is zeros). False (and nothing changed) when the layers cannot share a tensor."""
         groups = [[layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj] for layer in self.decoder.layers]
@@ -267,7 +267,7 @@ class WhisperBackbone(Backbone):
         if not heads:
             raise ValueError("this Whisper base's generation_config has no alignment_heads (the cross-attention "
                              "heads that word times are read from); add them to its generation_config.json as the "
-                             "Hub's copy of the model has them (a base converted by pipeline.real_whisper takes "
+                             "Hub's copy of the model has them (a base converted by tools.real_whisper takes "
                              "them from CTranslate2's config.json)")
         layers, heads_per_layer = len(self.decoder.layers), self.num_heads
         outside = [list(h) for h in heads if not (0 <= h[0] < layers and 0 <= h[1] < heads_per_layer)]
@@ -549,8 +549,8 @@ class WhisperBackbone(Backbone):
         if mode in ("auto", "memory"):
             mode = "memory" if mask is None else ("matmul" if mode == "auto" else "sdpa")
         if mode == "matmul":
-            # A verify chunk has a handful of queries: SDPA's fused kernels run one block per head for them
-            # (fp32: half of a tiny.en round on an H200; bf16 over the cache: 17 us, compiled matmuls 8.6)
+            # A verify chunk has a handful of queries: SDPA's fused kernels run one block per head for them,
+            # which leaves most of a GPU idle; two matmuls do not
             scores = torch.matmul(query, keys.transpose(-1, -2)) if mask is not None else speech_scores(query, keys)
             if mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)

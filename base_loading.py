@@ -23,7 +23,7 @@ except ImportError:
 BACKBONES: dict[str, type[Backbone]] = {backbone.family: backbone for backbone in (WhisperBackbone, MERaLiON2Backbone)}
 BASE_LOAD_KWARGS = ("torch_dtype", "dtype", "device_map", "attn_implementation", "quantization_config",
                     "revision", "token", "cache_dir", "local_files_only", "low_cpu_mem_usage")
-CONVERSION_MARKER = "conversion.json"  # written last into a base folder converted by pipeline.real_whisper
+CONVERSION_MARKER = "conversion.json"  # written last into a base folder converted by tools.real_whisper
 
 
 def detect_family(base) -> str:
@@ -46,7 +46,7 @@ class BaseModelNotFound(OSError):
                    if unreachable and not os.environ.get("HF_HUB_OFFLINE") else "")
         return (f"Could not load the base model {self.name!r} ({self.reason}). It is not a local folder, "
                 f"{converted_base_folder(self.name)} holds no converted copy, and the Hub or its cache does not "
-                f"have it: download it, convert it (Whisper tiny.en/base: python -m pipeline.real_whisper "
+                f"have it: download it, convert it (Whisper tiny.en/base: python -m tools.real_whisper "
                 f"{self.name}), or {how_to_point}.{offline}")
 
 
@@ -90,7 +90,7 @@ def load_base_model(name_or_path: str, family: str | None = None, trust_base_cod
 
 
 def resolve_base(name_or_path: str) -> str:
-    """A folder as it is; a Hub id converted offline into ``cache_dir()`` (``pipeline.real_whisper``) as that
+    """A folder as it is; a Hub id converted offline into ``cache_dir()`` (``tools.real_whisper``) as that
     copy, found before any Hub request; any other Hub id as it is (the Hub, or its cache when offline)."""
     path = Path(str(name_or_path)).expanduser()
     if path.is_dir():
@@ -104,7 +104,7 @@ def resolve_base(name_or_path: str) -> str:
 
 
 def converted_base_folder(hub_id: str) -> Path:
-    """Where ``pipeline.real_whisper`` converts ``hub_id`` (``cache_dir()/<last part of the id>``)."""
+    """Where ``tools.real_whisper`` converts ``hub_id`` (``cache_dir()/<last part of the id>``)."""
     return cache_dir() / str(hub_id).rstrip("/").split("/")[-1]
 
 

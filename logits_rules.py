@@ -52,7 +52,7 @@ class LogitsRules:
 
     key: tuple = ()
     # whether the rules only block tokens (set them to -inf) and change no other logit: the base's argmax can then
-    # be found through a screen of the output projection (backbone.ScreenedArgmax)
+    # be found through a screen of the output projection (cpu_kernels.ScreenedArgmax)
     masks_only: bool = False
 
     def __call__(self, logits: torch.Tensor, num_generated: torch.Tensor, path: ChunkPath | None = None):

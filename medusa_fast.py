@@ -101,9 +101,8 @@ class CapturedRounds:
         self.active = torch.ones(batch, dtype=torch.bool, device=device)
         self.result = torch.zeros(batch, tree.depth + 2, dtype=torch.long, device=device)  # [accepted, emitted...]
         self._active_on_device = [True] * batch
-        # the verdict's host copy: page-locked, read once an event says it landed (on an H100, 0.8-1.3 % off a
-        # round in the loop against tolist() of the device tensor, a copy through pageable memory, 4 of 4 cases:
-        # benchmarks/round_cost/h100_call_overhead.json)
+        # the verdict's host copy: page-locked, read once an event says it landed (tolist() of the device tensor
+        # copies through pageable memory: benchmarks/round_cost/h100_call_overhead.json)
         pinned = device.type == "cuda"
         self._host_result = torch.empty(self.result.shape, dtype=self.result.dtype, pin_memory=True) if pinned else None
         self._result_landed = torch.cuda.Event() if pinned else None

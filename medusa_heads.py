@@ -25,9 +25,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 try:
-    from .backbone import DerivedCopy, Projection, attend_memory, dense, is_dense
+    from .cpu_kernels import DerivedCopy, Projection, attend_memory, dense, is_dense
 except ImportError:
-    from backbone import DerivedCopy, Projection, attend_memory, dense, is_dense
+    from cpu_kernels import DerivedCopy, Projection, attend_memory, dense, is_dense
 
 HEAD_KINDS = ("medusa", "path")
 
@@ -241,10 +241,9 @@ WIDE_VOCAB_BLOCK = 1024  # (0: the k argmax passes over the whole row everywhere
 def best_indices(logits: torch.Tensor, k: int) -> torch.Tensor:
     """[..., V] -> the k best indices [..., k], best first (ties: the lowest index first). Up to 8 of them as k argmax
     passes, each masking the one before: compiled, that is one fused reduction, where a top-k kernel costs several
-    times as much (H200, 8 192 draft tokens: 3.7 us for 2, 6.2 us for 4, against 31-33 us for ``topk``). Compiled on
+    times as much. Compiled on
     a GPU over a whole wide vocabulary (MERaLiON-2's 256 000 tokens without a draft vocabulary), each such reduction is
-    one program a row, and four heads' rows leave the GPU idle (3B shape, tree of 32: 182 us a round for k = 4, 42 us
-    for a chain's k = 1): there the search goes through blocks (``blocked_best_indices``)."""
+    one program a row, and four heads' rows leave the GPU idle: there the search goes through blocks (``blocked_best_indices``)."""
     if k > ITERATED_ARGMAX_MAX_K:
         return logits.topk(k, dim=-1).indices
     width = WIDE_VOCAB_BLOCK
@@ -372,7 +371,7 @@ class PathDrafter(TreeDrafter):
 
 class FusedPathWeights:
     """Path heads with speech attention rearranged for drafting in fewer products per depth (a GPU round's drafting
-    is a chain of small kernels, each ~3 us whatever its size). For depth d's block, where the original runs
+    is a chain of small kernels that cost the same whatever their size). For depth d's block, where the original runs
     merge, query, attention out, the stack's first product and the draft projection:
     - query and the stack's first product read one row [norm(x) | x] through a block-diagonal weight (``qw``): the
       stack's product of x + Wo a + bo is W1 x + W1 Wo a + (W1 bo + b1), and W1 x is known before the attention;

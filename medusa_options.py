@@ -18,7 +18,7 @@ def timings_from_environment() -> str | None:
 
 def cache_dir() -> Path:
     """This project's one cache folder: ``$MEDUSA_ASR_CACHE``, else ``$XDG_CACHE_HOME/medusa-asr``, else
-    ``~/.cache/medusa-asr``. It holds the Whisper bases converted offline by ``pipeline.real_whisper``
+    ``~/.cache/medusa-asr``. It holds the Whisper bases converted offline by ``tools.real_whisper``
     (loading looks there before the Hub), the wheels and packages they come from, the demo clip and the kept
     draft timings."""
     if os.environ.get(CACHE_ENV):

@@ -31,6 +31,7 @@ try:
                                converted_base_folder, detect_family, first_line, hub_silence, load_base_model,
                                resolve_base, _undo_compressed_tensors_offloading)
     from .configuration_medusa import MedusaConfig
+    from .cpu_kernels import Projection  # noqa: F401
     from .draft_policy import CREDITED_CHAIN_STOP, DraftPolicy, TimingKey, TimingStore, processor_name
     from .draft_timing import PhaseTimer, loop_round_timer, time_drafts, verify_pass_timer
     from .draft_trees import DraftTree
@@ -54,6 +55,7 @@ except ImportError:
                               converted_base_folder, detect_family, first_line, hub_silence, load_base_model,
                               resolve_base, _undo_compressed_tensors_offloading)
     from configuration_medusa import MedusaConfig
+    from cpu_kernels import Projection  # noqa: F401
     from draft_policy import CREDITED_CHAIN_STOP, DraftPolicy, TimingKey, TimingStore, processor_name
     from draft_timing import PhaseTimer, loop_round_timer, time_drafts, verify_pass_timer
     from draft_trees import DraftTree
@@ -75,7 +77,7 @@ DRAFT_VOCAB_KEY = "draft_vocab"  # int64 [V_draft]: the token ids the heads proj
 CODE_FILES = ("configuration_medusa.py", "modeling_medusa.py", "medusa_options.py", "base_loading.py",
               "generation_checks.py", "speech_io.py", "medusa_decoding.py", "medusa_fast.py", "medusa_heads.py",
               "draft_policy.py", "draft_timing.py", "draft_trees.py", "kv_cache.py", "logits_rules.py", "backbone.py",
-              "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py")
+              "cpu_kernels.py", "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py")
 # The code a decode runs, whose digest keys the kept draft timings: what transformers copies for trust_remote_code
 # (the ASR pipeline's file is loaded apart), so a model loaded through the API and one the command line imports
 # find the same entry.

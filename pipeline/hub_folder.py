@@ -61,7 +61,7 @@ def base_processor(artifact: Path):
         except (OSError, ValueError, TypeError):
             continue
     raise SystemExit(f"{artifact}: cannot load the processor of its base {base} offline; convert the base first "
-                     f"(python -m pipeline.real_whisper {base}) or download it")
+                     f"(python -m tools.real_whisper {base}) or download it")
 
 
 def write_hub_folder(artifact: Path, out: Path, processor=None) -> list[str]:

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import augment as aug
+from tools import augment as aug
 from pipeline import texts as tx
 from tools.files import write_atomic, write_json_atomic
 

@@ -7,7 +7,7 @@
 # 15 epochs instead of 5 raised the real-speech tokens per 16-node round from 2.24 to 2.45).
 #
 #   pipeline/train_heads.sh BASE [WORK_DIR] [ARTIFACT_DIR]
-#   e.g. pipeline/train_heads.sh "$(python -m pipeline.real_whisper openai/whisper-tiny.en)" work_data
+#   e.g. pipeline/train_heads.sh "$(python -m tools.real_whisper openai/whisper-tiny.en)" work_data
 #
 # ARTIFACT_DIR defaults to WORK_DIR/artifacts/<base name>: a shipped (git-tracked) artifact such as
 # heads/whisper-tiny.en is replaced only when named and forced (FORCE=1).

@@ -1,5 +1,5 @@
 """Real-model test material: flite speech (short sentences, and a long recording of many sentences with
-pauses, clean or under noise: ``pipeline.long_recording``) and the real converted Whisper tiny.en with its
+pauses, clean or under noise: ``tools.long_recording``) and the real converted Whisper tiny.en with its
 committed heads."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import long_recording as material
-from pipeline.long_recording import with_noise  # noqa: F401  (the tests' import point)
+from tools import long_recording as material
+from tools.long_recording import with_noise  # noqa: F401  (the tests' import point)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def long_recording_with_sentences(folder: Path, seconds: float = 120.0, pause: f
 
 
 def converted_tiny_en() -> Path:
-    from pipeline import real_whisper
+    from tools import real_whisper
 
     try:
         return real_whisper.ensure_converted("openai/whisper-tiny.en")

@@ -16,7 +16,7 @@ from tiny_models import build_tiny_whisper, random_features
 CODE_FILES = ["configuration_medusa.py", "modeling_medusa.py", "medusa_options.py", "base_loading.py",
               "generation_checks.py", "speech_io.py", "medusa_decoding.py", "medusa_fast.py", "medusa_heads.py",
               "draft_policy.py", "draft_timing.py", "draft_trees.py", "kv_cache.py", "logits_rules.py", "backbone.py",
-              "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py"]
+              "cpu_kernels.py", "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py"]
 
 
 def test_modeling_file_imports_every_code_file_itself():
@@ -298,7 +298,7 @@ def test_unresolvable_base_is_a_clear_error(artifact, tmp_path):
 
 @requires_transformers5
 def test_readme_automodel_finds_the_offline_converted_base(artifact, base_folder, tmp_path, monkeypatch, capsys):
-    """An artifact naming a Whisper Hub id loads offline from the copy pipeline.real_whisper converted into the
+    """An artifact naming a Whisper Hub id loads offline from the copy tools.real_whisper converted into the
     cache folder (checked before the Hub), through AutoModel as the README shows and through the CLI; without
     one the error names what was looked for, and the CLI's names --base, not a Python keyword."""
     from tools import transcribe
@@ -312,7 +312,7 @@ def test_readme_automodel_finds_the_offline_converted_base(artifact, base_folder
     cli = [str(tmp_path / "a.wav"), "--model", str(hub_named), "--quiet"]
     with pytest.raises(OSError, match="base_model_name_or_path"):
         AutoModel.from_pretrained(str(hub_named), trust_remote_code=True)
-    from pipeline import real_whisper
+    from tools import real_whisper
 
     def no_pypi(name):  # the CLI would convert from PyPI: not in a test
         raise real_whisper.ConversionError("no PyPI here")

@@ -37,9 +37,9 @@ def test_grouped_attention_equals_attention_with_repeated_heads(broadcast_cache,
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the folded form runs on a CUDA GPU in half precision")
 @pytest.mark.parametrize("batch,n", [(1, 1), (1, 2), (1, 33), (4, 17), (4, 33)])
 def test_attention_to_the_speech_folds_queries_into_heads_without_changing_it(batch, n):
-    """attend_memory: queries folded into grouped-query heads (or, past backbone.MAX_FOLDED_QUERIES, FlashAttention: 4 x 33) give
+    """attend_memory: queries folded into grouped-query heads (or, past cpu_kernels.MAX_FOLDED_QUERIES, FlashAttention: 4 x 33) give
     SDPA's attention, [B, heads, n, D] as a verify pass makes it."""
-    from backbone import attend_memory
+    from cpu_kernels import attend_memory
 
     torch.manual_seed(n)
     query = torch.randn(batch, n, 6, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)

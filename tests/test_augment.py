@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipeline import augment as aug
+from tools import augment as aug
 
 SR = 16000
 ALL = aug.AugmentConfig(speed_fraction=1, reverb_fraction=1, noise_fraction=1, gain_fraction=1)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import requires_transformers5
-from pipeline.bf16_ties import bf16_ulp, check_bf16_row
+from tools.bf16_ties import bf16_ulp, check_bf16_row
 
 
 def scores_with(top: float, runner_up: float, vocab: int = 8) -> torch.Tensor:

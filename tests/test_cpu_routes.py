@@ -5,7 +5,7 @@ no other token wins) and the blockwise argmax, proved or not; the decoder's line
 import pytest
 import torch
 
-from backbone import ScreenedArgmax, blocked_argmax, fast_argmax, linear
+from cpu_kernels import ScreenedArgmax, blocked_argmax, fast_argmax, linear
 from logits_rules import ChainedRules, LogitsRules, SuppressionRules
 
 
@@ -52,7 +52,7 @@ def suppression(vocab, num_generated):
 def test_screened_argmax_equals_the_full_projection(vocab, width, bias, form, monkeypatch):
     """In either form of the screen's product (the bf16 copy as it is, or in oneDNN's layout), whichever this
     machine times faster."""
-    from backbone import SCREEN_PRODUCT, onednn_packed
+    from cpu_kernels import SCREEN_PRODUCT, onednn_packed
 
     if form == "packed" and onednn_packed(torch.zeros(8, 8, dtype=torch.bfloat16)) is None:
         pytest.skip("this torch build has no oneDNN linear for bf16")
@@ -146,7 +146,7 @@ def test_only_rules_that_block_tokens_are_screened():
 
 @pytest.mark.parametrize("form", ["rows", "columns", "packed"])
 def test_linear_for_a_few_rows_equals_the_layer_in_each_form(form, monkeypatch):
-    from backbone import CPU_FEW_ROWS, FEW_ROWS_PRODUCT, packs_float32
+    from cpu_kernels import CPU_FEW_ROWS, FEW_ROWS_PRODUCT, packs_float32
 
     if form == "packed" and not packs_float32():
         pytest.skip("this torch build has no oneDNN linear for float32")
@@ -173,7 +173,7 @@ def test_linear_for_a_few_rows_equals_the_layer_in_each_form(form, monkeypatch):
 def test_speech_scores_equal_the_queries_times_the_keys_in_each_form(form, monkeypatch):
     """Whichever form a machine times fastest, the scores of a few float32 queries over the speech's keys are
     ``query @ keys^T`` (same products, float rounding aside); fused q/k/v weights go through the same CPU route."""
-    from backbone import SPEECH_SCORES, speech_scores, weight_product
+    from cpu_kernels import SPEECH_SCORES, speech_scores, weight_product
 
     monkeypatch.setattr(SPEECH_SCORES, "chosen", {})
     monkeypatch.setattr(SPEECH_SCORES, "_timings", {})
@@ -194,7 +194,7 @@ def test_speech_scores_equal_the_queries_times_the_keys_in_each_form(form, monke
 def test_fastest_form_times_each_key_once_and_keeps_the_faster():
     import time
 
-    from backbone import FastestForm
+    from cpu_kernels import FastestForm
 
     calls = {"slow": 0, "fast": 0}
 
@@ -216,7 +216,7 @@ def test_fastest_form_times_each_key_once_and_keeps_the_faster():
 def test_fastest_form_in_use_times_the_calls_themselves_in_turn():
     import time
 
-    from backbone import FORM_TIMING_TURNS, FastestForm
+    from cpu_kernels import FORM_TIMING_TURNS, FastestForm
 
     ran = []
 
@@ -240,7 +240,7 @@ def test_fastest_form_in_use_times_the_calls_themselves_in_turn():
 def test_packed_copies_follow_their_weights():
     import gc
 
-    from backbone import PackedCopies, onednn_linear, packs_float32
+    from cpu_kernels import PackedCopies, onednn_linear, packs_float32
 
     if not packs_float32():
         pytest.skip("this torch build has no oneDNN linear for float32")
@@ -256,7 +256,7 @@ def test_packed_copies_follow_their_weights():
 
 
 def test_transposed_copy_is_the_contiguous_transpose():
-    from backbone import transposed_copy
+    from cpu_kernels import transposed_copy
 
     for dtype in (torch.float32, torch.bfloat16):
         for rows, columns in ((51968, 5), (1536, 2), (384, 1), (7, 3)):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.bf16_ties import check_bf16_batch
+from tools.bf16_ties import check_bf16_batch
 from conftest import transformers_below_452
 from oracle import OracleDrafter, randomize_heads
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.bf16_ties import check_bf16_batch
+from tools.bf16_ties import check_bf16_batch
 from conftest import requires_transformers5
 from oracle import OracleDrafter, randomize_heads
 from tiny_models import build_tiny_whisper, random_features

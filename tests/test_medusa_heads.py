@@ -141,7 +141,7 @@ def test_int8_draft_projection_ranks_like_the_float_projection():
 def test_padded_projection_rows_give_the_same_logits_in_the_first_columns():
     """A GPU projection with a vocabulary that is not a multiple of 8 multiplies a padded copy (aligned
     rows for cuBLAS); its first ``vocab`` columns are the logits."""
-    from backbone import pad_rows
+    from cpu_kernels import pad_rows
 
     weight, bias, hidden = torch.randn(51, 16), torch.randn(51), torch.randn(3, 16)
     padded_weight, padded_bias = pad_rows(weight, bias, 64)
@@ -156,7 +156,7 @@ def test_padded_projection_returns_contiguous_logits_off_the_cpu():
     """The logits a padded (GPU) projection returns are contiguous: suppression rules fill ids with
     index_fill, whose decomposition copies a strided input into a fresh tensor, and a compiled round's
     functional graph rejects that copy. The meta device takes the non-CPU path without a GPU."""
-    from backbone import Projection
+    from cpu_kernels import Projection
 
     weight = torch.empty(51865, 16, device="meta")
     projection = Projection(lambda: weight)

@@ -726,7 +726,7 @@ def test_end_to_end_meralion2_standin(tmp_path):
 def test_base_folder_resolves_known_whisper_ids_offline(tmp_path, monkeypatch):
     """``--base openai/whisper-tiny.en`` loads the offline copy (as benchmark.py does); folders and other
     names pass through unchanged."""
-    from pipeline import real_whisper
+    from tools import real_whisper
 
     calls = []
     monkeypatch.setattr(real_whisper, "resolve_whisper", lambda name: calls.append(name) or str(tmp_path / "converted"))
@@ -784,7 +784,7 @@ def test_hub_folder_takes_the_processor_the_artifact_ships_else_says_how_to_get_
     config = {"base_family": "whisper", "base_model_name_or_path": "nobody/no-such-whisper"}
     (artifact / "config.json").write_text(json.dumps(config))
     with pytest.raises(SystemExit, match="cannot load the processor of its base nobody/no-such-whisper offline.*"
-                                         "python -m pipeline.real_whisper nobody/no-such-whisper"):
+                                         "python -m tools.real_whisper nobody/no-such-whisper"):
         hub_folder.base_processor(artifact)
     tiny = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path / "tiny", seed=1)), family="whisper")
     tiny.processor.save_pretrained(artifact)

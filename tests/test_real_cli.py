@@ -10,7 +10,7 @@ import torch
 
 from tools import transcribe
 from conftest import requires_transformers5
-from pipeline.text_normalizer import wer
+from tools.text_normalizer import wer
 from real_speech import long_recording, long_recording_with_sentences, real_tiny_en_medusa, with_noise
 from test_transcribe import assert_subtitle_limits
 

@@ -1,4 +1,4 @@
-"""Checks for pipeline.real_whisper.
+"""Checks for tools.real_whisper.
 
 Offline part: a CTranslate2-format round trip on a tiny random Whisper (no wheel needed).
 Real part: the converted tiny.en matches ctranslate2's own greedy decoding on flite speech,
@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from pipeline import real_whisper as rw  # noqa: E402
+from tools import real_whisper as rw  # noqa: E402
 
 SENTENCES = [
     "The quick brown fox jumped over the lazy dog near the river bank.",

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from test_texts import STORY
 
-from pipeline import augment as aug
+from tools import augment as aug
 from pipeline import synth_speech as ss
 from pipeline import texts as tx
 

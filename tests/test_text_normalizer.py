@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from pipeline import text_normalizer
-from pipeline.text_normalizer import normalize, wer
+from tools import text_normalizer
+from tools.text_normalizer import normalize, wer
 
 
 @pytest.mark.parametrize(

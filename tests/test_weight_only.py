@@ -151,7 +151,7 @@ def test_a_base_on_gemlite_int4_layers_is_decoded_like_its_own_greedy_generate(t
     tree, batches of 1 and 2."""
     from modeling_medusa import MedusaForASR
     from oracle import OracleDrafter
-    from pipeline.bf16_ties import check_bf16_batch
+    from tools.bf16_ties import check_bf16_batch
     from tiny_models import build_tiny_whisper, random_features
 
     folder = build_tiny_whisper(tmp_path / "w", seed=4, width=128)  # GemLite's 4-bit groups need 128 columns

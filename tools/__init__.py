@@ -5,6 +5,7 @@ Run from the repository root, as modules: ``python -m tools.transcribe`` (files 
 tools.benchmark_gpu`` (MERaLiON-2 shapes on a GPU), ``python -m tools.benchmark_ctranslate2``,
 ``python -m tools.profile_rounds`` / ``tools.profile_prefill`` (round and prefill cost). What they share:
 ``tools.audio_io`` (audio and transcript I/O), ``tools.files`` (atomic writes), ``tools.markdown`` (Markdown
-tables) and ``tools.runtime`` (device, dtype, inputs, loading an artifact with its base resolved offline); the
-training pipeline, the ``pipeline`` package beside this one, uses the last three as well.
+tables), ``tools.runtime`` (device, dtype, inputs, loading an artifact with its base resolved offline),
+``tools.real_whisper`` (Whisper bases converted offline from PyPI), ``tools.text_normalizer`` (WER) and the rest.
+The training pipeline, the ``pipeline`` package beside this one, uses them too; nothing here imports ``pipeline``.
 """

@@ -268,9 +268,9 @@ def _half_precision(model) -> bool:
 
 def _bf16_divergences(timer: Timer, inputs: dict, expected_rows: list, got_rows: list) -> list:
     """Where ours left the base's half-precision greedy output, whether the base itself had a near-tie
-    there (top-2 scores within bf16 rounding: see pipeline/bf16_ties.py) — the one way a lossless
+    there (top-2 scores within bf16 rounding: see tools/bf16_ties.py) — the one way a lossless
     verifier may differ in half precision."""
-    from pipeline.bf16_ties import check_bf16_row, first_divergence
+    from tools.bf16_ties import check_bf16_row, first_divergence
 
     result = timer.model.base.generate(**inputs, **timer.generate_kwargs, max_new_tokens=timer.max_new_tokens,
                                        output_scores=True, return_dict_in_generate=True)

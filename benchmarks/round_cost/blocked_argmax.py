@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from backbone import blocked_argmax  # noqa: E402
+from cpu_kernels import blocked_argmax  # noqa: E402
 from graph_timing import graph_us  # noqa: E402
 from medusa_heads import best_indices, blocked_best_indices  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402

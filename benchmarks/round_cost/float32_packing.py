@@ -1,5 +1,5 @@
 """The CPU's few-row float32 products through the decoder's weights with and without oneDNN's packed form
-(``backbone.FEW_ROWS_PRODUCT``), on a real Whisper base:
+(``cpu_kernels.FEW_ROWS_PRODUCT``), on a real Whisper base:
 
 - each form alone, for 1 / 5 / 17 rows, timed through every decoder weight of a shape in turn (so each comes from
   memory, as in the loop: one weight timed back to back stays in cache);
@@ -19,7 +19,7 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-import backbone  # noqa: E402
+import cpu_kernels  # noqa: E402
 from benchmarks.round_cost.screen_packing import ms_per_round, rounds_arguments  # noqa: E402
 from tools import runtime  # noqa: E402
 from tools.audio_io import load_audio  # noqa: E402
@@ -27,7 +27,7 @@ from tools.benchmark_environment import cpu_name  # noqa: E402
 from tools.benchmark_inputs import read_manifest  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 
-ALL_FORMS = dict(backbone.FEW_ROWS_PRODUCT.forms)
+ALL_FORMS = dict(cpu_kernels.FEW_ROWS_PRODUCT.forms)
 VARIANTS = {  # forms, timed in use, rows up to
     "before": (("rows", "columns"), False, 16),
     "in_use": (("rows", "columns"), True, 64),
@@ -38,11 +38,11 @@ VARIANTS = {  # forms, timed in use, rows up to
 def use_variant(variant: str) -> None:
     """The loop chooses as ``variant`` says from now on, timing its forms again."""
     names, in_use, few_rows = VARIANTS[variant]
-    product = backbone.FEW_ROWS_PRODUCT
+    product = cpu_kernels.FEW_ROWS_PRODUCT
     product.forms, product.in_use = {name: ALL_FORMS[name] for name in names}, in_use
     product.chosen.clear()
     product._timings.clear()
-    backbone.CPU_FEW_ROWS = few_rows
+    cpu_kernels.CPU_FEW_ROWS = few_rows
 
 
 def decoder_weights(model) -> dict:
@@ -58,7 +58,7 @@ def decoder_weights(model) -> dict:
 def forms_alone(model, rows_counts, turns: int = 9) -> list[dict]:
     out = []
     for shape, weights in decoder_weights(model).items():
-        packed = [backbone.onednn_packed(w) for w, _ in weights]
+        packed = [cpu_kernels.onednn_packed(w) for w, _ in weights]
         for rows in rows_counts:
             x = torch.randn(rows, shape[1])
             us = {}
@@ -77,7 +77,7 @@ def forms_alone(model, rows_counts, turns: int = 9) -> list[dict]:
 
 def main() -> None:
     args = rounds_arguments(__doc__, "none,chain,tree")
-    if not backbone.packs_float32():
+    if not cpu_kernels.packs_float32():
         raise SystemExit("this torch build has no oneDNN linear for float32: nothing to compare")
     model = runtime.load_medusa(args.model, torch.float32, runtime.base_to_load(args.model, None)).eval()
     with torch.no_grad():
@@ -94,7 +94,7 @@ def main() -> None:
                 ms_per_round(model, inputs[:2], draft, expected[:2])  # (warm, and the forms timed in use)
                 times[variant, draft].append(ms_per_round(model, inputs, draft, expected))
                 print(variant, draft, round(times[variant, draft][-1], 2), flush=True)
-            chosen[variant] = {str(key): name for key, name in backbone.FEW_ROWS_PRODUCT.chosen.items()}
+            chosen[variant] = {str(key): name for key, name in cpu_kernels.FEW_ROWS_PRODUCT.chosen.items()}
     rows = [{"variant": variant, "draft": draft, "ms_per_round": round(statistics.median(v), 3),
              "runs": [round(x, 3) for x in v]} for (variant, draft), v in times.items()]
     write_json_atomic(args.out, {"command": command_line("benchmarks/round_cost/float32_packing.py"),

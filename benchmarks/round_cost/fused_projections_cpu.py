@@ -1,5 +1,5 @@
 """The CPU's rounds with the self-attention's q/k/v as one product and the speech scores in the form timed fastest
-(``backbone.SPEECH_SCORES``), against three products and ``query @ keys^T`` as before, on a real Whisper base and real
+(``cpu_kernels.SPEECH_SCORES``), against three products and ``query @ keys^T`` as before, on a real Whisper base and real
 speech: ms per round of plain greedy and of each draft, interleaved across repeats so the machine's drift falls on
 both, each chosen again from scratch, every output checked equal to plain greedy's.
 
@@ -14,7 +14,7 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-import backbone  # noqa: E402
+import cpu_kernels  # noqa: E402
 from benchmarks.round_cost.screen_packing import ms_per_round, rounds_arguments  # noqa: E402
 from tools import runtime  # noqa: E402
 from tools.audio_io import load_audio  # noqa: E402
@@ -22,7 +22,7 @@ from tools.benchmark_environment import cpu_name  # noqa: E402
 from tools.benchmark_inputs import read_manifest  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 
-SCORE_FORMS = dict(backbone.SPEECH_SCORES.forms)
+SCORE_FORMS = dict(cpu_kernels.SPEECH_SCORES.forms)
 VARIANTS = {"before": (False, ("keys_right",)), "fused_and_scores": (True, tuple(SCORE_FORMS))}  # fused, forms
 
 
@@ -32,7 +32,7 @@ def use_variant(model, variant: str, fuse_projections) -> None:
     model.backbone.fuse_projections = fuse_projections if fused else (lambda: False)
     model.backbone.fused = None
     model.round_cache.signature = None  # (the next call fuses again, or not)
-    scores = backbone.SPEECH_SCORES
+    scores = cpu_kernels.SPEECH_SCORES
     scores.forms = {name: SCORE_FORMS[name] for name in forms}
     scores.chosen.clear()
     scores._timings.clear()
@@ -59,7 +59,7 @@ def main() -> None:
     write_json_atomic(args.out, {"command": command_line("benchmarks/round_cost/fused_projections_cpu.py"),
                                  "cpu": cpu_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
                                  "model": args.model, "clips": len(inputs), "rounds": rows,
-                                 "score_forms_chosen": {str(k): v for k, v in backbone.SPEECH_SCORES.chosen.items()}})
+                                 "score_forms_chosen": {str(k): v for k, v in cpu_kernels.SPEECH_SCORES.chosen.items()}})
 
 
 if __name__ == "__main__":

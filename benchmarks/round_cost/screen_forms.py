@@ -1,4 +1,4 @@
-"""The CPU's screened output projection (``backbone.ScreenedArgmax``) in other forms, on a real converted Whisper:
+"""The CPU's screened output projection (``cpu_kernels.ScreenedArgmax``) in other forms, on a real converted Whisper:
 the screen's product timed on a bfloat16 copy of the weight (as it is, and in oneDNN's own layout, made once:
 ``ScreenedArgmax`` runs the faster of the two) against an int8 weight-only copy
 (``aten._weight_int8pack_mm``, per-row scales: half the bytes again) and the float32 projection in full (``Projection``, as the CPU rounds run it); and, on the
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, ".")
-from backbone import (ROUNDING_BF16, Projection, ScreenedArgmax, cpu_linear, onednn_linear, onednn_packed,  # noqa: E402
+from cpu_kernels import (ROUNDING_BF16, Projection, ScreenedArgmax, cpu_linear, onednn_linear, onednn_packed,  # noqa: E402
                       screen_copy)
 from medusa_heads import int8_drafting_supported, int8_rows  # noqa: E402
 from tools.benchmark_environment import cpu_name  # noqa: E402
@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    from pipeline.real_whisper import ensure_converted
+    from tools.real_whisper import ensure_converted
 
     torch.set_num_threads(args.threads)
     states, weight = decoder_states(ensure_converted(args.model), Path(args.audio))

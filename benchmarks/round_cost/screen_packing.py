@@ -1,5 +1,5 @@
 """The CPU's rounds with the screen's bf16 product on the copy as it is against the copy in oneDNN's own layout
-(``backbone.SCREEN_PRODUCT``'s two forms, each forced in turn), on real speech: ms per round of plain greedy and of
+(``cpu_kernels.SCREEN_PRODUCT``'s two forms, each forced in turn), on real speech: ms per round of plain greedy and of
 a draft, interleaved across repeats so the machine's drift falls on both, every output checked equal to plain
 greedy's.
 
@@ -15,7 +15,7 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-import backbone  # noqa: E402
+import cpu_kernels  # noqa: E402
 from tools import runtime  # noqa: E402
 from tools.benchmark_environment import cpu_name  # noqa: E402
 from tools.audio_io import load_audio  # noqa: E402
@@ -27,8 +27,8 @@ FORMS = ("unpacked", "packed")
 
 def use_form(form: str) -> None:
     """Every screen product in ``form`` from now on (as if timed fastest)."""
-    backbone.SCREEN_PRODUCT.chosen.clear()
-    backbone.SCREEN_PRODUCT._fastest = lambda operands, without=(): form
+    cpu_kernels.SCREEN_PRODUCT.chosen.clear()
+    cpu_kernels.SCREEN_PRODUCT._fastest = lambda operands, without=(): form
 
 
 def ms_per_round(model, inputs, draft: str, expected) -> float:
@@ -58,7 +58,7 @@ def rounds_arguments(doc: str, drafts: str) -> argparse.Namespace:
 
 def main() -> None:
     args = rounds_arguments(__doc__, "none,chain")
-    if backbone.onednn_packed(torch.zeros(8, 8, dtype=torch.bfloat16)) is None:
+    if cpu_kernels.onednn_packed(torch.zeros(8, 8, dtype=torch.bfloat16)) is None:
         raise SystemExit("this torch build has no oneDNN linear for bf16: nothing to compare")
     model = runtime.load_medusa(args.model, torch.float32, runtime.base_to_load(args.model, None)).eval()
     inputs = [model.prepare_audio_inputs([load_audio(row["audio"])]) for row in read_manifest(args.audio)]

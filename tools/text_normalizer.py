@@ -6,7 +6,7 @@ The spelling table is Whisper's own ``english.json`` (MIT, the file the Hub's Wh
 ``normalizer.json``), taken from the openai-whisper sdist on PyPI into the project cache on first use; where
 PyPI cannot be reached the normaliser runs without it, with a warning.
 
-    python -m pipeline.text_normalizer "Mr. Smith paid $3.50 for twenty-one apples."
+    python -m tools.text_normalizer "Mr. Smith paid $3.50 for twenty-one apples."
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def spelling_table_path() -> Path:
 
 def fetch_spelling_table(path: Path) -> None:
     """Whisper's spelling table from the openai-whisper sdist into ``path`` (written whole or not at all)."""
-    from pipeline.eval_speech import Sdist, download_sdist
+    from tools.pypi import Sdist, download_sdist
     from tools.files import write_atomic_with
 
     name, version, member = SPELLING_SOURCE

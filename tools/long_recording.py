@@ -88,6 +88,6 @@ def long_recording_with_sentences(folder: Path, seconds: float = 120.0, pause: f
 
 def with_noise(audio: np.ndarray, snr_db: float, seed: int = 0) -> np.ndarray:
     """``audio`` under pink noise at ``snr_db`` (over the whole recording)."""
-    from pipeline.augment import add_noise
+    from tools.augment import add_noise
 
     return add_noise(audio, snr_db, "pink", np.random.default_rng(seed)).astype(np.float32)
