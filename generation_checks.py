@@ -78,8 +78,7 @@ def activation_quantization(base, parameters: list) -> str | None:
 def parameter_tensors(module: torch.nn.Module) -> list:
     """Every parameter of ``module`` and its submodules, in a fixed order, a tied one once per module holding it:
     what ``module.parameters()`` yields, without its generators and de-duplication, which cost more than the
-    checks every call runs over them (whisper-tiny.en with its heads, 208 tensors: their signature 287 us through
-    ``parameters()`` against 138 on the 2-core development CPU; ``benchmarks/round_cost/host_checks.py``)."""
+    checks every call runs over them (``benchmarks/round_cost/host_checks.py`` measures both)."""
     tensors, stack = [], [module]
     while stack:
         current = stack.pop()
