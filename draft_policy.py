@@ -356,23 +356,20 @@ class DraftPolicy:
         stand_in = key._replace(compiled=False)
         if key.compiled:
             candidates = self.shortlist(candidates, stand_in)
-        if {key, stand_in} & self.untrusted:
-            self.chosen[key] = self.default_tree()
-            return self.chosen[key]
 
         def rate(tree):
             credit = STOPPING_CHAIN_CREDIT if tree in credited else 1.0
             return credit * self.expected_tokens(tree) / self.seconds(key, tree)
 
-        top = max(rate(tree) for tree in candidates)
+        self.rates[key] = {tree: rate(tree) for tree in candidates}
+        top = max(self.rates[key].values())
         margin = SMALLER_DRAFT_MARGIN if key.device == "cpu" else 0.0
         best = min((tree for tree in candidates if rate(tree) >= top / (1 + margin)), key=lambda tree: tree.num_nodes)
         last = self.chosen.get(key)
         if last in candidates and rate(best) < (1 + SWITCH_MARGIN) * rate(last):
             best = last
-        self.chosen[key] = best
-        self.rates[key] = {tree: rate(tree) for tree in candidates}
-        return best
+        self.chosen[key] = self.default_tree() if {key, stand_in} & self.untrusted else best
+        return self.chosen[key]
 
     def shortlist(self, candidates: list[DraftTree], key: TimingKey) -> list[DraftTree]:
         """The candidates timed by the loop's compiled runners already, else the best ``REFINED_CANDIDATES`` by their
@@ -403,12 +400,13 @@ class DraftPolicy:
 
     def measurements(self) -> list[dict]:
         """What ``auto`` measured and chose, for a benchmark's record: per timing key, each candidate's verify pass
-        (ms) and the spread of its timed passes, its expected tokens per round and the rate it was chosen by."""
+        (ms) and the spread of its timed passes, its expected tokens per round and the rate it was chosen by, and
+        whether the timings were plausible (where not, the default draft ran)."""
         return [{**key._asdict(), "candidates": [
                     {"draft": tree.name, "nodes": tree.num_nodes - 1, "verify_ms": 1e3 * self.seconds(key, tree),
                      "spread": self.timings[key, tree].spread, "expected_tokens": self.expected_tokens(tree),
                      "rate": rate, "chosen": tree == self.chosen[key]}
-                    for tree, rate in rates.items()]}
+                    for tree, rate in rates.items()], "plausible": not {key, key._replace(compiled=False)} & self.untrusted}
                 for key, rates in self.rates.items()]
 
     # ------------------------------------------------------------------ after each call

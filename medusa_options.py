@@ -27,6 +27,28 @@ def cache_dir() -> Path:
 
 
 @dataclass(frozen=True)
+class KernelOptions:
+    """The forms a round's kernels take, each the faster one where it was measured; the profiling scripts set the
+    others for their A/B runs. ``cache_index_put``: compiled rounds write the KV cache with one ``index_put_`` into
+    the whole tensor (False: the per-layer scatter, compiled too). ``gpu_argmax_block``: compiled GPU rounds find the
+    argmax block by block of this many scores (0: one plain argmax). ``grouped_attention`` (MERaLiON-2, compiled
+    rounds): the query heads of a key/value head as ``"rows"`` of one product, or the cache ``"broadcast"`` over
+    them. ``rope_table_devices``: device types whose MERaLiON-2 passes gather cos/sin from a table made at prefill
+    (elsewhere computed)."""
+
+    cache_index_put: bool = True
+    gpu_argmax_block: int = 2048
+    grouped_attention: str = "rows"
+    rope_table_devices: tuple = ("cuda",)
+
+    def __post_init__(self):
+        if self.grouped_attention not in ("rows", "broadcast") or self.gpu_argmax_block < 0:
+            raise ValueError(f"grouped_attention must be 'rows' or 'broadcast' and gpu_argmax_block >= 0; got "
+                             f"{self.grouped_attention!r}, {self.gpu_argmax_block!r}")
+        object.__setattr__(self, "rope_table_devices", tuple(self.rope_table_devices))
+
+
+@dataclass(frozen=True)
 class MedusaOptions:
     """``draft``: ``"auto"`` (time the candidates, pick the fastest), ``"chain"``, ``"tree"``, ``"tree-N"``, ``"none"``
     or explicit paths. ``cuda_graph``: run each round as one captured CUDA graph (None: on for CUDA devices).
@@ -37,7 +59,8 @@ class MedusaOptions:
     projection (drafts only propose: verification stays in the base's precision). ``fused_path_drafting``: device
     types whose path heads draft through fewer, larger products per depth (a GPU's drafting is otherwise a chain of
     small kernels). ``draft_timings``: the file ``auto``'s timings are kept in between processes, ``"off"``, or None
-    for the cache folder's (default: ``$MEDUSA_ASR_DRAFT_TIMINGS``)."""
+    for the cache folder's (default: ``$MEDUSA_ASR_DRAFT_TIMINGS``). ``kernels``: the rounds' kernel forms
+    (``KernelOptions``; a model's own, set with ``set_options``)."""
 
     draft: str | list | tuple = "auto"
     cuda_graph: bool | None = None
@@ -46,6 +69,7 @@ class MedusaOptions:
     int8_cpu_drafting: bool = True
     fused_path_drafting: tuple = ("cuda",)
     draft_timings: str | None = field(default_factory=timings_from_environment)
+    kernels: KernelOptions = field(default_factory=KernelOptions)
 
     def __post_init__(self):
         if self.cuda_graph not in (None, True, False) or self.compile not in (True, False):

@@ -116,6 +116,7 @@ class MedusaForASR(SpeechIO, PreTrainedModel):
         if base is not None:
             self.generation_config = base.generation_config  # what callers such as the ASR pipeline read
             self.main_input_name = self.backbone.required_inputs[0]
+            self.backbone.kernels = self.options.kernels
             check_fits(config, self.backbone)
             check_on_one_device(base)
             base.requires_grad_(False)
@@ -206,6 +207,8 @@ class MedusaForASR(SpeechIO, PreTrainedModel):
         self.options = dataclasses.replace(self.options, **changes)
         if "draft_timings" in changes:
             self.draft_policy.store = TimingStore.at(self.options.draft_timings)
+        if self.backbone is not None:
+            self.backbone.kernels = self.options.kernels
         return self.options
 
     def make_drafter(self, tree: DraftTree, device, options: MedusaOptions | None = None):
