@@ -44,10 +44,12 @@ class BaseModelNotFound(OSError):
         unreachable = self.unreachable or "connect" in self.reason.lower()
         offline = (" Without a network, HF_HUB_OFFLINE=1 skips the Hub (and its retries) and loads from its cache."
                    if unreachable and not os.environ.get("HF_HUB_OFFLINE") else "")
+        if self.reason == "no such folder":
+            return f"Could not load the base model: there is no folder {self.name}; {how_to_point}."
         return (f"Could not load the base model {self.name!r} ({self.reason}). It is not a local folder, "
                 f"{converted_base_folder(self.name)} holds no converted copy, and the Hub or its cache does not "
-                f"have it: download it, convert it (Whisper tiny.en/base: python -m tools.real_whisper "
-                f"{self.name}), or {how_to_point}.{offline}")
+                f"have it: download it (hf download {self.name}), convert it in the heads' repository (Whisper "
+                f"tiny.en/base: python -m tools.real_whisper {self.name}), or {how_to_point}.{offline}")
 
 
 class BaseCodeNotTrusted(ValueError):
@@ -66,6 +68,8 @@ def load_base_model(name_or_path: str, family: str | None = None, trust_base_cod
     needs it (MERaLiON-2; Whisper never) and ``trust_base_code`` says the caller agreed to it."""
     load_kwargs = {k: v for k, v in kwargs.items() if k in BASE_LOAD_KWARGS and v is not None}
     name_or_path = resolve_base(name_or_path)
+    if _looks_like_path(name_or_path) and not Path(name_or_path).expanduser().is_dir():
+        raise BaseModelNotFound(name_or_path, "no such folder")
     _from_cache_if_hub_silent(name_or_path, load_kwargs)
     adapter = _peft_adapter_base(name_or_path, load_kwargs)
     source = resolve_base(adapter) if adapter else name_or_path
@@ -129,6 +133,11 @@ def _load_processor(source, family, load_kwargs):
         warnings.warn(f"Loaded {source} without a processor ({type(err).__name__}: {first_line(err)}); "
                       "prepare_audio_inputs and decode_text need one: pass processor= to from_pretrained.")
         return None
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name meant as a folder (absolute, ./, ../, ~), never a Hub repository id."""
+    return str(name).startswith(("/", "./", "../", "~", "\\")) or Path(str(name)).is_absolute()
 
 
 def hub_silence(repo_id: str, load_kwargs: dict) -> str | None:

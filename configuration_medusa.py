@@ -3,6 +3,27 @@
 from transformers import PretrainedConfig
 
 SUPPORTED_FAMILIES = ("meralion2", "whisper")
+CANDIDATES_FORM = 'a list of {"paths": [[rank, ...], ...], "tokens_per_round": number}'
+
+
+def _is_paths(paths) -> bool:
+    return isinstance(paths, list) and all(
+        isinstance(path, list) and all(isinstance(rank, int) and rank >= 0 for rank in path) for path in paths)
+
+
+def _check_draft_candidates(candidates) -> None:
+    """config.json's ``draft_candidates`` in the form export writes (None or empty: none measured)."""
+    if candidates is None:
+        return
+    well_formed = isinstance(candidates, list) and all(
+        isinstance(c, dict) and _is_paths(c.get("paths"))
+        and isinstance(c.get("tokens_per_round"), (int, float)) and not isinstance(c.get("tokens_per_round"), bool)
+        for c in candidates)
+    if not well_formed:
+        shown = repr(candidates)
+        raise ValueError(f"config.json: draft_candidates must be {CANDIDATES_FORM}, got "
+                         f"{shown if len(shown) <= 60 else shown[:57] + '...'}; export the heads again "
+                         "(pipeline.export) or delete the field.")
 
 
 class MedusaConfig(PretrainedConfig):
@@ -44,6 +65,7 @@ class MedusaConfig(PretrainedConfig):
             raise ValueError("speech_attention=True needs head_kind='path'.")
         if medusa_num_heads < 1 or medusa_num_layers < 1:
             raise ValueError("medusa_num_heads and medusa_num_layers must both be >= 1.")
+        _check_draft_candidates(draft_candidates)
         self.base_model_name_or_path = base_model_name_or_path
         self.base_family = base_family
         self.medusa_num_heads = medusa_num_heads

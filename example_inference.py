@@ -31,7 +31,16 @@ def transcribe(audio_path: str, model_path: str = ".", max_new_tokens: int | Non
     return model.decode_text(sequences, inputs)[0]
 
 
-if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
+def main(argv: list[str]) -> int:
+    if len(argv) not in (1, 2):
         sys.exit(__doc__)
-    print(transcribe(*sys.argv[1:]))
+    try:
+        print(transcribe(*argv))
+    except (OSError, ValueError) as error:  # e.g. a base that is neither a folder, converted, nor in the Hub's cache
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -22,7 +22,13 @@ def cache_dir() -> Path:
     (loading looks there before the Hub), the wheels and packages they come from, the demo clip and the kept
     draft timings."""
     if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
+        folder = Path(os.environ[CACHE_ENV])
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise OSError(f"{CACHE_ENV}={folder} cannot be made a folder ({err.strerror}): set {CACHE_ENV} to a "
+                          "writable folder, or unset it") from err
+        return folder
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "medusa-asr"
 
 

@@ -184,11 +184,7 @@ class MedusaForASR(SpeechIO, PreTrainedModel):
 
     def set_draft_vocab(self, token_ids) -> None:
         """Restrict the heads' projection to these token ids (None: the whole vocabulary)."""
-        ids = None if token_ids is None else torch.as_tensor(token_ids, dtype=torch.long)
-        if ids is not None and (ids.ndim != 1 or not len(ids) or int(ids.min()) < 0
-                                or int(ids.max()) >= self.config.vocab_size):
-            raise ValueError(f"draft vocabulary must be 1-D token ids in [0, {self.config.vocab_size}); "
-                             f"got shape {tuple(ids.shape)}")
+        ids = None if token_ids is None else _checked_draft_vocab(token_ids, self.config.vocab_size)
         self.draft_vocab = None if ids is None else ids.to(next(self.medusa_heads.parameters()).device)
         self.config.draft_vocab_size = None if ids is None else len(ids)
         self._drafters.clear()
@@ -476,6 +472,19 @@ def _collect_hidden_states(model: MedusaForASR, max_new_tokens, with_speech: boo
                              f"{reason}; build the inputs with prepare_audio_inputs.")
     model._each_window(inputs, max_new_tokens, None, decode)
     return rows
+
+
+def _checked_draft_vocab(token_ids, vocab_size: int) -> torch.Tensor:
+    """``token_ids`` as a draft vocabulary, or ValueError naming what is wrong with them."""
+    ids = torch.as_tensor(token_ids, dtype=torch.long)
+    if ids.ndim != 1 or not len(ids):
+        raise ValueError(f"draft vocabulary must be 1-D token ids; got shape {tuple(ids.shape)}")
+    outside = ids[(ids < 0) | (ids >= vocab_size)]
+    if len(outside):
+        raise ValueError(f"draft vocabulary holds token id {int(outside[0])}, outside the base's vocabulary "
+                         f"[0, {vocab_size}): these heads are for another base, or their {DRAFT_VOCAB_KEY} is "
+                         "corrupt; export them again (pipeline.export).")
+    return ids
 
 
 def _check_heads(path, state: dict, expected: dict, config: MedusaConfig) -> None:

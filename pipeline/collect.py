@@ -290,6 +290,21 @@ def base_folder(base: str) -> str:
     return resolve_whisper(base)
 
 
+def load_from_base(args, **options):
+    """``MedusaForASR.from_base`` of ``--base`` (``--trust-base-code`` its consent); a base that cannot be loaded
+    (no such folder, not on the Hub or in its cache, refused code, another family) is the user's one-line error."""
+    from pipeline.real_whisper import ConversionError
+
+    medusa = import_medusa()
+    try:
+        return medusa.MedusaForASR.from_base(base_folder(args.base), trust_base_remote_code=args.trust_base_code,
+                                             **options)
+    except medusa.BaseModelNotFound as err:
+        raise SystemExit(err.message("give --base a local folder or a Hub id")) from err
+    except (OSError, ValueError, ImportError, ConversionError) as err:
+        raise SystemExit(f"--base {args.base}: {' '.join(str(err).split())}") from err
+
+
 def parse_device(name: str) -> str:
     """``--device`` of a pipeline command (``tools.runtime.resolve_device``); a device this machine lacks is a user
     error."""
@@ -317,13 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of audio files, manifest.jsonl ({'id','audio',...}), or HF dataset "
                         "name (NAME or NAME:CONFIG; needs `datasets`)")
     p.add_argument("--out", default="work_data/collect", help="output folder for the shards")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--batch-size", type=cli_args.positive_int, default=8)
+    p.add_argument("--max-new-tokens", type=cli_args.positive_int, default=128)
     p.add_argument("--language", default=None,
                    help="multilingual Whisper: language code of the audio (default: detected per clip)")
     p.add_argument("--task", default=None, choices=("transcribe", "translate"),
                    help="multilingual Whisper: task (default: the model's own, transcribe)")
-    p.add_argument("--shard-size", type=int, default=256, help="utterances per shard")
+    p.add_argument("--shard-size", type=cli_args.positive_int, default=256, help="utterances per shard")
     p.add_argument("--speech", action="store_true",
                    help="also store each utterance's encoder output (Whisper), for heads that attend to the "
                         "speech (pipeline.train --speech-attention); ~1-1.5 MB per utterance")
@@ -331,9 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="train", help="HF dataset split")
     p.add_argument("--audio-column", default="audio", help="HF dataset audio column")
     p.add_argument("--id-column", default="id", help="HF dataset id column (else split/index)")
-    p.add_argument("--skip", type=int, default=0,
+    p.add_argument("--skip", type=cli_args.non_negative_int, default=0,
                    help="ignore the first N utterances of the source (e.g. an evaluation holdout)")
-    p.add_argument("--limit", type=int, default=None, help="use at most N utterances (after --skip)")
+    p.add_argument("--limit", type=cli_args.positive_int, default=None, help="use at most N utterances (after --skip)")
     return p
 
 
@@ -499,8 +514,6 @@ def main(argv=None, model=None) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.batch_size < 1 or args.shard_size < 1:
-        raise SystemExit("--batch-size and --shard-size must be >= 1")
     utterances, source_info = _utterances(args)
     os.makedirs(args.out, exist_ok=True)
     shards = list_shards(args.out)
@@ -512,8 +525,7 @@ def main(argv=None, model=None) -> dict:
     device = parse_device(args.device)
     dtype = parse_dtype(args.dtype, device)
     if model is None and todo:
-        model = import_medusa().MedusaForASR.from_base(base_folder(args.base), torch_dtype=dtype, device_map=device,
-                                                       trust_base_remote_code=args.trust_base_code)
+        model = load_from_base(args, torch_dtype=dtype, device_map=device)
     info_path = os.path.join(args.out, "collect_info.json")
     info = _read_info(info_path)
     if model is not None:

@@ -41,9 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-data", action="append", default=[], help="collect folder(s) to replay on; repeatable")
     p.add_argument("--out", default="work_data/compare")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
-    p.add_argument("--epochs", default="8")
-    p.add_argument("--batch-size", default="32")
-    p.add_argument("--lr", default="2e-3")
+    p.add_argument("--epochs", type=cli_args.AsText(cli_args.positive_int), default="8")
+    p.add_argument("--batch-size", type=cli_args.AsText(cli_args.positive_int), default="32")
+    p.add_argument("--lr", type=cli_args.AsText(cli_args.positive_float), default="2e-3")
     p.add_argument("--device", default=None)
     p.add_argument("--keep-going", action="store_true", help="report a failing variant and go on with the next")
     return p

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tools import cli_args
 from tools.audio_io import resample_mono
 from tools.files import write_atomic, write_atomic_with
 from tools.pypi import FetchError, Sdist, download_sdist
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--score", metavar="MODEL", default=None,
                         help="also transcribe with this Whisper (e.g. openai/whisper-tiny.en) and print WER")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads for --score")
+    parser.add_argument("--threads", type=cli_args.positive_int, default=2, help="torch threads for --score")
     parser.add_argument("--librispeech", type=Path, default=None, metavar="FOLDER",
                         help="also add the utterances of a LibriSpeech folder (FLAC + *.trans.txt) you have")
     args = parser.parse_args(argv)

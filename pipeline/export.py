@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-from pipeline.collect import _summarise_entries, base_folder, import_medusa, parse_device, parse_dtype, run_cli
+from pipeline.collect import _summarise_entries, import_medusa, load_from_base, parse_device, parse_dtype, run_cli
 from pipeline.model_card import BENCHMARK_FIELDS, render_model_card
 from tools import cli_args
 from tools.files import apply_umask, write_atomic
@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="artifact folder to create or replace")
     p.add_argument("--tree", choices=("auto", "chain"), default="auto",
                    help="auto: sparse tree from measured top-k accuracy; chain: top-1 of every head")
-    p.add_argument("--tree-nodes", type=int, default=16,
+    p.add_argument("--tree-nodes", type=cli_args.positive_int, default=16,
                    help="draft nodes of the artifact's default tree (root excluded); draft='auto' weighs "
                         "every tree pipeline.train measured")
     p.add_argument("--benchmark", action="append", default=[],
@@ -309,11 +309,9 @@ def main(argv=None, model=None) -> str:
 
     dtype = parse_dtype(args.dtype, args.device)
     if model is None:
-        medusa = import_medusa()
-        model = medusa.MedusaForASR.from_base(base_folder(args.base), medusa_num_heads=num_heads,
-                                              medusa_num_layers=num_layers, head_kind=shape["head_kind"],
-                                              speech_attention=shape["speech_attention"], torch_dtype=dtype,
-                                              device_map=args.device, trust_base_remote_code=args.trust_base_code)
+        model = load_from_base(args, medusa_num_heads=num_heads, medusa_num_layers=num_layers,
+                               head_kind=shape["head_kind"], speech_attention=shape["speech_attention"],
+                               torch_dtype=dtype, device_map=args.device)
     from pipeline.train import load_heads_state
 
     load_heads_state(model, {k: v for k, v in state.items()})

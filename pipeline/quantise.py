@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from pipeline.collect import run_cli
+from tools import cli_args
 from tools.files import command_line, staged_folder
 
 RECIPE = {"scheme": "W4A16", "targets": "Linear", "ignore": ["proj_out"]}
@@ -162,13 +163,13 @@ def main(argv=None) -> int:
     p.add_argument("base", help="Whisper base: a folder, or a Hub id converted here (openai/whisper-tiny.en)")
     p.add_argument("out", type=Path, help="folder to write, e.g. work_data/quantised/whisper-tiny.en-w4a16")
     p.add_argument("--calibration", type=Path, required=True, help="manifest.jsonl of speech with transcripts")
-    p.add_argument("--samples", type=int, default=DEFAULTS["samples"], help="calibration clips")
-    p.add_argument("--seed", type=int, default=0, help="random choice of the calibration clips")
-    p.add_argument("--pack-seconds", type=float, default=DEFAULTS["pack_seconds"],
+    p.add_argument("--samples", type=cli_args.positive_int, default=DEFAULTS["samples"], help="calibration clips")
+    p.add_argument("--seed", type=cli_args.seed, default=0, help="random choice of the calibration clips")
+    p.add_argument("--pack-seconds", type=cli_args.non_negative_float, default=DEFAULTS["pack_seconds"],
                    help="read consecutive clips into one calibration window of up to this many seconds "
                         "(0: one clip a window)")
     p.add_argument("--actorder", choices=ACTORDERS, default=DEFAULTS["actorder"], help="GPTQ activation ordering")
-    p.add_argument("--dampening-frac", type=float, default=DEFAULTS["dampening_frac"],
+    p.add_argument("--dampening-frac", type=cli_args.fraction, default=DEFAULTS["dampening_frac"],
                    help="GPTQ Hessian dampening (share of its mean diagonal)")
     p.add_argument("--weight-observer", choices=OBSERVERS, default=DEFAULTS["weight_observer"],
                    help="how each group's 4-bit scale is chosen (an *mse observer searches clipping ranges)")

@@ -46,6 +46,7 @@ import numpy as np
 
 from tools import augment as aug
 from pipeline import texts as tx
+from tools import cli_args
 from tools.files import write_atomic, write_json_atomic
 
 SAMPLE_RATE = 16000
@@ -591,10 +592,10 @@ def synthesize_corpus(args: argparse.Namespace) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Synthesize English training speech with flite (and festival).")
     p.add_argument("--out", type=Path, default=Path("work_data/synth_speech"), help="output folder")
-    p.add_argument("--num-utterances", type=int, default=10000, help="kept clips wanted in total")
-    p.add_argument("--workers", type=int, default=2, help="parallel synthesis processes")
-    p.add_argument("--shard-size", type=int, default=1000, help="clips per shard_XXXX folder")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-utterances", type=cli_args.positive_int, default=10000, help="kept clips wanted in total")
+    p.add_argument("--workers", type=cli_args.positive_int, default=2, help="parallel synthesis processes")
+    p.add_argument("--shard-size", type=cli_args.positive_int, default=1000, help="clips per shard_XXXX folder")
+    p.add_argument("--seed", type=cli_args.seed, default=0)
     p.add_argument("--texts", default=None,
                    help=f"text sources with weights (default {tx.DEFAULT_TEXTS}); known: {', '.join(tx.SOURCES)}")
     p.add_argument("--exclude-references", type=Path, action="append", default=None,
@@ -603,13 +604,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--voices", default="auto",
                    help=f"voices with weights, e.g. slt:3,rms:2,festival-ked:1; 'auto' (default): every flite "
                         f"voice and the installed festival ones. Known: {', '.join(VOICES)}")
-    p.add_argument("--festival-fraction", type=float, default=0.0,
+    p.add_argument("--festival-fraction", type=cli_args.fraction, default=0.0,
                    help="extra share of clips read by festival's slt-hts voice (slower; needs festival)")
     p.add_argument("--augment", default="default", choices=sorted(aug.PRESETS),
                    help="augmentation preset (default: default = speed 0.5, reverb 0.2, noise 0.4, gain 0.5 "
                         "of the clips)")
     for name in ("speed", "reverb", "noise", "gain"):
-        p.add_argument(f"--{name}-fraction", type=float, default=None,
+        p.add_argument(f"--{name}-fraction", type=cli_args.fraction, default=None,
                        help=f"share of clips with {name} augmentation (overrides the preset)")
     p.add_argument("--flite-bin", default=None, help="flite binary (default: flite on PATH)")
     p.add_argument("--text2wave-bin", default=None, help="festival text2wave (default: on PATH)")

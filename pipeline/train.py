@@ -36,7 +36,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from pipeline.collect import (base_folder, import_medusa, list_shards, load_shard, load_shard_speech, parse_device, parse_dtype,
+from pipeline.collect import (import_medusa, list_shards, load_from_base, load_shard, load_shard_speech, parse_device, parse_dtype,
                               run_cli)
 from tools import cli_args
 from tools.files import save_safetensors_atomic, torch_save_atomic, write_json_atomic
@@ -211,11 +211,8 @@ def heads_metadata(model) -> dict:
 
 
 def build_model(args, dtype, device):
-    medusa = import_medusa()
-    return medusa.MedusaForASR.from_base(base_folder(args.base), medusa_num_heads=args.heads,
-                                         medusa_num_layers=args.layers, head_kind=args.head_kind,
-                                         speech_attention=args.speech_attention, torch_dtype=dtype, device_map=device,
-                                         trust_base_remote_code=args.trust_base_code)
+    return load_from_base(args, medusa_num_heads=args.heads, medusa_num_layers=args.layers, head_kind=args.head_kind,
+                          speech_attention=args.speech_attention, torch_dtype=dtype, device_map=device)
 
 
 def _device_of(model):
@@ -369,33 +366,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", required=True, help="base model (its output projection is used)")
     cli_args.add_trust_base_code(p)
     p.add_argument("--out", default="work_data/ckpt", help="checkpoint folder")
-    p.add_argument("--heads", type=int, default=4, help="number of heads K (draft depth)")
-    p.add_argument("--layers", type=int, default=1, help="residual blocks per head")
+    p.add_argument("--heads", type=cli_args.positive_int, default=4, help="number of heads K (draft depth)")
+    p.add_argument("--layers", type=cli_args.positive_int, default=1, help="residual blocks per head")
     p.add_argument("--head-kind", choices=("medusa", "path"), default="medusa",
                    help="medusa: independent heads; path: each head also sees the tokens before it on its path")
     p.add_argument("--speech-attention", action="store_true",
                    help="path heads also attend to the speech (Whisper; shards collected with --speech)")
-    p.add_argument("--draft-vocab", type=int, default=0,
+    p.add_argument("--draft-vocab", type=cli_args.non_negative_int, default=0,
                    help="heads project onto the N most frequent training tokens (0: the whole vocabulary)")
-    p.add_argument("--soft-labels", type=float, default=0.0,
+    p.add_argument("--soft-labels", type=cli_args.fraction, default=0.0,
                    help="weight of the base's own distribution in the loss (0: its argmax only; 1: only it)")
     p.add_argument("--eval-data", action="append", default=[],
                    help="another collect folder (e.g. real speech) to replay the best heads on; repeatable")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=16, help="utterances per step")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup-steps", type=int, default=None,
+    p.add_argument("--epochs", type=cli_args.positive_int, default=3)
+    p.add_argument("--batch-size", type=cli_args.positive_int, default=16, help="utterances per step")
+    p.add_argument("--lr", type=cli_args.positive_float, default=1e-3)
+    p.add_argument("--warmup-steps", type=cli_args.non_negative_int, default=None,
                    help="linear warm-up steps (default: min(100, 10%% of all steps))")
-    p.add_argument("--val-fraction", type=float, default=0.05)
-    p.add_argument("--min-tokens", type=int, default=2, help="drop utterances with fewer tokens")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--val-fraction", type=cli_args.below_one, default=0.05)
+    p.add_argument("--min-tokens", type=cli_args.non_negative_int, default=2, help="drop utterances with fewer tokens")
+    p.add_argument("--seed", type=cli_args.seed, default=0)
     add_device_options(p, dtype="float32", dtype_help="base projection and heads (float32 recommended)")
     p.add_argument("--amp", choices=("auto", "bf16", "off"), default="auto",
                    help="bf16 autocast of the heads + output projection (master weights stay in --dtype). "
                         "auto: on for CUDA, off on CPU. On CPUs with AMX/AVX512-BF16, bf16 is ~3x faster")
-    p.add_argument("--save-every", type=int, default=200, help="also write last.pt every N steps")
-    p.add_argument("--eval-every", type=int, default=0, help="also validate every N steps (0: epochs only)")
-    p.add_argument("--max-steps", type=int, default=None,
+    p.add_argument("--save-every", type=cli_args.positive_int, default=200, help="also write last.pt every N steps")
+    p.add_argument("--eval-every", type=cli_args.non_negative_int, default=0, help="also validate every N steps (0: epochs only)")
+    p.add_argument("--max-steps", type=cli_args.positive_int, default=None,
                    help="stop (after checkpointing) once this global step is reached; rerun to continue")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue from OUT/last.pt if present (default on)")

@@ -716,7 +716,7 @@ def test_end_to_end_meralion2_standin(tmp_path):
     from standin import build_meralion2_standin
 
     base = str(build_meralion2_standin(tmp_path / "base", seed=0))
-    with pytest.raises(ValueError, match="--trust-base-code"):
+    with pytest.raises(SystemExit, match="--trust-base-code"):
         collect.main(["--base", base, "--audio", write_clips(str(tmp_path / "one"), 1, seed=3),
                       "--out", str(tmp_path / "refused")])
     cfg = _run_pipeline_end_to_end(base, tmp_path, n_clips=8, max_new_tokens=12, trust=("--trust-base-code",))

@@ -421,9 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="base folder instead of the one the heads name (e.g. a quantised copy: pipeline.quantise)")
     cli_args.add_trust_base_code(parser)
     runtime.add_device_options(parser, device="cpu", dtype="float32", threads=2)
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per decoder per clip (median reported)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per decoder per clip")
-    parser.add_argument("--max-new-tokens", type=int, default=None,
+    parser.add_argument("--repeats", type=cli_args.positive_int, default=3, help="timed runs per decoder per clip (median reported)")
+    parser.add_argument("--warmup", type=cli_args.non_negative_int, default=1, help="untimed runs per decoder per clip")
+    parser.add_argument("--max-new-tokens", type=cli_args.positive_int, default=None,
                         help="new tokens per clip (default: the family's, its backbone's default_max_new_tokens)")
     parser.add_argument("--draft", default="auto", type=draft_option,
                         help="auto: the fastest of plain / chain / trees on this device (timed); chain; tree (the "
@@ -433,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="multilingual Whisper: language code of the clips (default: detected per clip)")
     parser.add_argument("--task", default=None, choices=["transcribe", "translate"],
                         help="multilingual Whisper: task (default: the model's own, transcribe)")
-    parser.add_argument("--batch-size", type=int, default=None,
+    parser.add_argument("--batch-size", type=cli_args.positive_int, default=None,
                         help="also run a batched section, N clips per batch (N > 1)")
     parser.add_argument("--cuda-graph", default="auto", choices=["auto", "on", "off"],
                         help="Medusa's CUDA-graph rounds (auto: the model's default, on for CUDA devices)")
@@ -441,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timestamps", action="store_true",
                         help="Whisper: every decoder returns timestamps (return_timestamps=True); Medusa then "
                              "decodes inside the base's own generate, with its timestamp rules")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N clips of the manifest")
+    parser.add_argument("--limit", type=cli_args.positive_int, default=None, help="only the first N clips of the manifest")
     parser.add_argument("--out", default=DEFAULT_OUT, help="output folder (results.json, results.md, the plot)")
     parser.add_argument("--merge-summary", action="append", default=[], metavar="JSON",
                         help="only merge these summary lists or results.json files (rows measured elsewhere) into "

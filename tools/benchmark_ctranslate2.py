@@ -18,6 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
+from tools import cli_args
 from tools import runtime
 from tools.benchmark_inputs import DEFAULT_MODEL, load_model, read_manifest, resolve_artifact
 from tools.benchmark_report import corpus_wer
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL, help="artifact folder with heads")
     p.add_argument("--audio", required=True, help="manifest.jsonl of clips (audio, text)")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=cli_args.positive_int, default=3)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     import torch

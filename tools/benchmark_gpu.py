@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from tools import cli_args
 from tools import benchmark_gpu_report as report_gpu
 from tools import runtime
 from tools.files import command_line, write_atomic, write_json_atomic
@@ -357,20 +358,20 @@ def parse_args(argv=None):
     parser.add_argument("--out", default="benchmarks/gpu")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="meralion2-3b")
     parser.add_argument("--sections", default="verify,lengths,batching", help=f"comma-separated, of {', '.join(SECTIONS)}")
-    parser.add_argument("--text-layers", type=int, default=None, help="fewer decoder layers, for a smoke test")
-    parser.add_argument("--sizes", default="1,2,3,5,8,16,32,64", help="verify: tokens per pass")
-    parser.add_argument("--compile-sizes", default="5,64", help="verify: sizes also compiled")
-    parser.add_argument("--lengths", default="16,32,64,128", help="lengths: new tokens per call, batch 1")
+    parser.add_argument("--text-layers", type=cli_args.positive_int, default=None, help="fewer decoder layers, for a smoke test")
+    parser.add_argument("--sizes", type=cli_args.positive_ints_text, default="1,2,3,5,8,16,32,64", help="verify: tokens per pass")
+    parser.add_argument("--compile-sizes", type=cli_args.positive_ints_text, default="5,64", help="verify: sizes also compiled")
+    parser.add_argument("--lengths", type=cli_args.positive_ints_text, default="16,32,64,128", help="lengths: new tokens per call, batch 1")
     parser.add_argument("--length-drafts", default="none,chain,tree-32")
     parser.add_argument("--length-methods", default=",".join(LENGTH_GROUPS),
                         help="lengths: ours (our loop's rows) and/or hf (the library's generate); the earlier rows "
                              "of a group not named are kept")
-    parser.add_argument("--batches", default="4,16,64", help="batching (batch 1 is the lengths section)")
+    parser.add_argument("--batches", type=cli_args.positive_ints_text, default="4,16,64", help="batching (batch 1 is the lengths section)")
     parser.add_argument("--batch-drafts", default="none,chain,tree-8,tree-32")
-    parser.add_argument("--batch-new-tokens", type=int, default=64)
-    parser.add_argument("--max-verify-tokens", type=int, default=1024, help="batching: skip trees above batch x nodes")
-    parser.add_argument("--compile-batches", default="1,16", help="batch sizes whose rounds are also compiled")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-new-tokens", type=cli_args.positive_int, default=64)
+    parser.add_argument("--max-verify-tokens", type=cli_args.positive_int, default=1024, help="batching: skip trees above batch x nodes")
+    parser.add_argument("--compile-batches", type=cli_args.positive_ints_text, default="1,16", help="batch sizes whose rounds are also compiled")
+    parser.add_argument("--repeats", type=cli_args.positive_int, default=3)
     parser.add_argument("--drafter-cost", choices=DRAFTER_COSTS, default="replay",
                         help="replay: the replayed drafts' own cost; heads: also what trained heads with an 8 192-token "
                              "draft vocabulary compute each round (tools.meralion2_shaped.HeadsCostDrafter)")

@@ -31,6 +31,7 @@ from draft_trees import DraftTree
 from kv_cache import CachePool
 from medusa_fast import CapturedCalls, CapturedRounds
 from medusa_heads import MedusaDrafter
+from tools import cli_args
 from tools.benchmark_gpu import DecodeBench, draft_trees
 from tools.benchmark_report import QUANTISED_SUMMARY_KEY, ratio, update_summary
 from tools import runtime
@@ -207,14 +208,14 @@ def parse_args(argv=None):
     parser.add_argument("--precision", choices=[p for p in PRECISIONS if p != "bf16"], default="int4")
     parser.add_argument("--intermediate", choices=sorted(SHAPES), default="meralion2-3b")
     parser.add_argument("--intermediate-drafts", default="tree-16", help="the intermediate's Medusa drafts")
-    parser.add_argument("--gammas", default="3,5,7", help="chain lengths the target verifies")
-    parser.add_argument("--agreements", default="0.8,0.9,0.95",
+    parser.add_argument("--gammas", type=cli_args.positive_ints_text, default="3,5,7", help="chain lengths the target verifies")
+    parser.add_argument("--agreements", type=cli_args.fractions_text, default="0.8,0.9,0.95",
                         help="probability that the intermediate picks the target's next token (an assumption)")
     parser.add_argument("--target-drafts", default="none,chain,tree-16", help="Medusa on the target, for comparison")
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--new-tokens", type=cli_args.positive_int, default=64)
+    parser.add_argument("--repeats", type=cli_args.positive_int, default=3)
     parser.add_argument("--compile", action="store_true", help="rounds compiled (about a minute per runner)")
-    parser.add_argument("--text-layers", type=int, default=None, help="fewer decoder layers, for a smoke test")
+    parser.add_argument("--text-layers", type=cli_args.positive_int, default=None, help="fewer decoder layers, for a smoke test")
     return parser.parse_args(argv)
 
 

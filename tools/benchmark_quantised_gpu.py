@@ -29,6 +29,7 @@ import torch
 
 from backbone_meralion2 import MERaLiON2Backbone
 from draft_trees import expected_tokens_per_round
+from tools import cli_args
 from tools.benchmark_gpu import DecodeBench, draft_trees, graph_ms, measure_copy_bandwidth, verify_pass
 from tools.benchmark_report import QUANTISED_SUMMARY_KEY, ratio, update_summary
 from tools import runtime
@@ -172,15 +173,15 @@ def parse_args(argv=None):
     parser.add_argument("--out", default="benchmarks/quantised")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="meralion2-3b")
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
-    parser.add_argument("--sizes", default="1,2,4,5,8,16,32,64", help="tokens per verify pass")
+    parser.add_argument("--sizes", type=cli_args.positive_ints_text, default="1,2,4,5,8,16,32,64", help="tokens per verify pass")
     parser.add_argument("--drafts", default="none,chain,tree-8,tree-16,tree-32,tree-64")
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--new-tokens", type=cli_args.positive_int, default=64)
+    parser.add_argument("--repeats", type=cli_args.positive_int, default=3)
     parser.add_argument("--from-results", nargs="+", default=None, metavar="RESULTS_JSON",
                         help="no measuring: re-derive the picks, the Markdown and the summary rows from results files "
                              "this command wrote (each keeps the command that measured it)")
     parser.add_argument("--compile", action="store_true", help="decode rounds compiled (about a minute each at 3B)")
-    parser.add_argument("--text-layers", type=int, default=None, help="fewer decoder layers, for a smoke test")
+    parser.add_argument("--text-layers", type=cli_args.positive_int, default=None, help="fewer decoder layers, for a smoke test")
     parser.add_argument("--tag", default="", help="added to the results file's name (results-SHAPE[-compiled]-TAG), so "
                                                   "a run of other precisions keeps the earlier files")
     args = parser.parse_args(argv)

@@ -21,6 +21,8 @@ import os
 import shutil
 import sys
 
+from tools import cli_args
+
 INDEX = "weights_index.json"
 PART = "weights.part"
 SMALL_FILES_LIMIT = 8 << 20  # (config, tokenizer, processor files travel with the first part)
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
     s = sub.add_parser("split", help="a converted base folder -> N part folders")
     s.add_argument("folder")
     s.add_argument("out_prefix", help="part folders are OUT_PREFIX1 ... OUT_PREFIXN")
-    s.add_argument("--parts", type=int, default=3)
+    s.add_argument("--parts", type=cli_args.positive_int, default=3)
     j = sub.add_parser("join", help="the part folders, in order -> the base folder")
     j.add_argument("parts", nargs="+")
     j.add_argument("--out", required=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tools import cli_args
 from tools import runtime
 from tools.benchmark_ctranslate2 import faster_whisper_segments
 from tools.benchmark_inputs import load_model, resolve_artifact
@@ -126,10 +127,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.compare_segments", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="heads/whisper-tiny.en", help="folder (or Hub repo) with the Medusa heads")
-    parser.add_argument("--seconds", type=float, default=180.0, help="length of the recording")
-    parser.add_argument("--snr-db", type=float, default=10.0, help="the noisy condition's signal-to-noise ratio")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads for every decoder (default: torch's)")
+    parser.add_argument("--seconds", type=cli_args.positive_float, default=180.0, help="length of the recording")
+    parser.add_argument("--snr-db", type=cli_args.any_float, default=10.0, help="the noisy condition's signal-to-noise ratio")
+    parser.add_argument("--repeats", type=cli_args.positive_int, default=3)
+    parser.add_argument("--threads", type=cli_args.positive_int, default=None, help="CPU threads for every decoder (default: torch's)")
     parser.add_argument("--out", default="benchmarks/segments/whisper-tiny.en")
     args = parser.parse_args(argv)
 

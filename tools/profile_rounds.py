@@ -33,6 +33,7 @@ from draft_trees import DraftTree, build_tree_from_accuracy
 from medusa_decoding import accept
 from medusa_fast import CapturedRounds, capture_cuda_graph
 from medusa_options import KernelOptions
+from tools import cli_args
 from tools.files import command_line, write_json_atomic
 
 SHAPES = {  # d_model, decoder layers, heads, ffn, vocab (the converted real models)
@@ -271,9 +272,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtypes", default="bfloat16,float32")
     p.add_argument("--modes", default=None, help="graph,compiled (CUDA) or eager (CPU)")
     p.add_argument("--head-kinds", default="medusa,path")
-    p.add_argument("--draft-vocab", type=int, default=4096)
+    p.add_argument("--draft-vocab", type=cli_args.non_negative_int, default=4096)
     p.add_argument("--attention", default="auto", help="half-precision attention(s) to time: auto,sdpa,matmul")
-    p.add_argument("--iterated-argmax-max-k", type=int, default=medusa_heads.ITERATED_ARGMAX_MAX_K,
+    p.add_argument("--iterated-argmax-max-k", type=cli_args.non_negative_int, default=medusa_heads.ITERATED_ARGMAX_MAX_K,
                    help="drafts' top-k as iterated argmax up to this k (0: always torch.topk)")
     p.add_argument("--drafts", default="none,chain4,tree16,tree32")
     p.add_argument("--fused-drafting", default="on", help="path heads' fused drafting (GPU) to time: on,off")
@@ -282,7 +283,7 @@ def main(argv=None) -> int:
     p.add_argument("--compiled-forms", default="new",
                    help="compiled rounds' cache write and argmax to time: new (one index_put_ into the whole cache, "
                         "blocked argmax) and/or old (a scatter into each layer's view, one argmax reduction a row)")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", type=cli_args.positive_int, default=1)
     p.add_argument("--profile", action="store_true", help="kernel tables of the compiled rounds (CUDA)")
     p.add_argument("--timeline", action="store_true",
                    help="the captured rounds' own timelines: busy time, gaps, the largest gaps (CUDA)")

@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+from tools.cli_args import positive_int
+
 DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
                "float16": "float16", "fp16": "float16"}
 
@@ -60,15 +62,6 @@ def dtype_name(name: str) -> str:
     if name != "auto" and name not in DTYPE_NAMES:
         raise argparse.ArgumentTypeError(f"unknown dtype {name!r}; choose float32, bfloat16, float16 or auto")
     return DTYPE_NAMES.get(name, name)
-
-
-def positive_int(value: str) -> int:
-    import argparse
-
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return number
 
 
 def resolve_device(name: str) -> str:

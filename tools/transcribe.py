@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "ratio > 1.35) at temperatures 0.2 ... 1.0, sampled by the base model from a fixed seed, as "
                         "Whisper's long-form recipe does; greedy windows still go through Medusa. "
                         "--no-temperature-fallback: greedy only (every window the base's greedy output)")
-    parser.add_argument("--window-seconds", type=float, default=None,
+    parser.add_argument("--window-seconds", type=cli_args.positive_float, default=None,
                         help="MERaLiON-2: seconds of audio per window (default 30, as its model card advises for "
                         "ASR; at most 300). Whisper always takes the whole file (its own 30 s long-form windows)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

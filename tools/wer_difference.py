@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tools import cli_args
 from tools.files import command_line
 
 CONFIDENCE = 0.95
@@ -78,7 +79,7 @@ def parse_args(argv=None):
     parser.add_argument("second", help="results.json of the run compared with it (e.g. the W4A16 base)")
     parser.add_argument("--method", choices=METHODS, default="baseline",
                         help="whose transcripts: the base's own generate (baseline), our plain loop or ours")
-    parser.add_argument("--resamples", type=int, default=RESAMPLES)
+    parser.add_argument("--resamples", type=cli_args.positive_int, default=RESAMPLES)
     parser.add_argument("--out", required=True, help="JSON list of rows; a row for the same two files is replaced")
     return parser.parse_args(argv)
 
