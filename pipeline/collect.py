@@ -293,7 +293,7 @@ def base_folder(base: str) -> str:
 def load_from_base(args, **options):
     """``MedusaForASR.from_base`` of ``--base`` (``--trust-base-code`` its consent); a base that cannot be loaded
     (no such folder, not on the Hub or in its cache, refused code, another family) is the user's one-line error."""
-    from pipeline.real_whisper import ConversionError
+    from tools.real_whisper import ConversionError
 
     medusa = import_medusa()
     try:
