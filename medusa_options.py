@@ -82,8 +82,9 @@ class MedusaOptions:
             raise ValueError(f"cuda_graph must be True, False or None and compile True or False; got "
                              f"cuda_graph={self.cuda_graph!r}, compile={self.compile!r}")
         stop = self.cpu_chain_stop
-        if stop != "auto" and (isinstance(stop, (bool, str)) or not 0.0 <= float(stop) <= 1.0):
-            raise ValueError(f"cpu_chain_stop must be 'auto' or a probability in [0, 1]; got {stop!r}")
+        if stop != "auto" and (isinstance(stop, (bool, str)) or not float(stop) >= 0.0):
+            raise ValueError(f"cpu_chain_stop must be 'auto' or a number >= 0 (above 1: one draft a round); got "
+                             f"{stop!r}")
         object.__setattr__(self, "fused_path_drafting", tuple(self.fused_path_drafting))
 
     def but(self, **changes) -> "MedusaOptions":
