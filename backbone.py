@@ -13,11 +13,13 @@ try:
     from .draft_trees import DraftTree
     from .kv_cache import DecodeState
     from .logits_rules import ChunkPath
+    from .medusa_options import KernelOptions
 except ImportError:
     from cpu_kernels import ScreenedArgmax, fast_argmax, is_dense
     from draft_trees import DraftTree
     from kv_cache import DecodeState
     from logits_rules import ChunkPath
+    from medusa_options import KernelOptions
 
 
 # --------------------------------------------------------------------------- helpers the adapters share
@@ -112,6 +114,7 @@ class Backbone:
     before any base is loaded (loading, detection, defaults, which generate options the loop takes as is)."""
 
     family: str = ""
+    kernels = KernelOptions()  # the rounds' kernel forms: the model sets its options' (MedusaOptions.kernels)
     required_inputs: tuple = ()  # generate inputs a call must give (the first one may be passed positionally)
     max_audio_seconds: float = 30.0  # audio one call takes
     default_max_new_tokens: int = 224  # new tokens per window by default (transcription, benchmark, model card)
@@ -246,7 +249,7 @@ class Backbone:
         if self.screens_argmax and ScreenedArgmax.applies(hidden, projection.weight_of(), rules):
             masks, begin, finish = rules.screen_parts()
             return projection.screened_argmax(hidden, lambda logits: masks(logits, num_generated, path), begin, finish)
-        return fast_argmax(rules(self.logits(hidden), num_generated, path))
+        return fast_argmax(rules(self.logits(hidden), num_generated, path), self.kernels.gpu_argmax_block)
 
     def start_decoding(self, state: DecodeState, hidden: torch.Tensor, prompt: torch.Tensor, process_logits):
         """The prefill's last step: the logits rules' history, then the first token (the processed argmax

@@ -36,10 +36,6 @@ class MERaLiON2Backbone(Backbone):
     greedy_as_is = {"suppress_tokens": ([],), "begin_suppress_tokens": ([],), "forced_decoder_ids": ([],)}
     base_config_settings = ("eos_token_id", "pad_token_id", "max_length")
     default_eos_token_ids = (1, 107)  # <eos>, <end_of_turn> (only when the base's generation config has none)
-    # Compiled rounds' grouped attention: "broadcast" the cache over each key/value head's query heads or make the
-    # query heads "rows" of one product (see grouped_attention); class settings, for the A/B of the round-cost scripts.
-    compiled_cache_form = "rows"
-    rope_table_devices = ("cuda",)  # where cos/sin are gathered from a table (see _rotary); elsewhere computed
 
     @classmethod
     def is_model_type(cls, model_type: str) -> bool:
@@ -189,6 +185,7 @@ class MERaLiON2Backbone(Backbone):
         make = cache_pool.get if cache_pool is not None else StaticKVCache
         cache = make(len(self.model.layers), batch, self.num_kv_heads, prompt_len + max_new + extra_slots,
                      self.head_dim, self.model.embed_tokens.weight.dtype, input_ids.device)
+        cache.index_put_when_compiled = self.kernels.cache_index_put
         self._prepare_rope_table(cache.capacity, cache.keys.device, cache.keys.dtype)
         first_slot = (mask == 0).long().cumprod(dim=1).sum(dim=1)  # count of left-padding tokens
         state = DecodeState(cache, torch.zeros_like(first_slot), first_slot, hidden=None, next_token=None)
@@ -304,7 +301,7 @@ class MERaLiON2Backbone(Backbone):
         base's own rotary module (so the values equal the ones it computes; compiled code's own cos may differ by an
         ulp). A larger cache adds a larger table; none is freed, as captured rounds read them by address."""
         rotary = self.model.rotary_emb
-        if device.type not in self.rope_table_devices or getattr(rotary, "rope_type", "default") != "default":
+        if device.type not in self.kernels.rope_table_devices or getattr(rotary, "rope_type", "default") != "default":
             self._rope_table = None
             return
         table = self._rope_table
@@ -347,7 +344,7 @@ class MERaLiON2Backbone(Backbone):
         state.cache.write(layer_idx, slots, key, value)
         keys, values = state.cache.layer(layer_idx, upto)
         out = grouped_attention(query, keys, values, mask, self.scaling, self.attn_softcap,
-                                broadcast_cache=torch.compiler.is_compiling() and self.compiled_cache_form == "broadcast")
+                                broadcast_cache=torch.compiler.is_compiling() and self.kernels.grouped_attention == "broadcast")
         return attn.o_proj(out)
 
     # ------------------------------------------------------------------ output format
@@ -383,7 +380,7 @@ def grouped_attention(query, keys, values, mask, scaling: float, softcap: float 
     captured, torch.matmul then copies every layer's keys and values into the group size each step, a large share of a
     step at large batches. Compiled, the broadcast form ran faster only while the compiled cache write copied the
     whole cache anyway; since that write is in place, inductor's copies of the broadcast cache are what is left,
-    so compiled rounds use rows too (``MERaLiON2Backbone.compiled_cache_form``)."""
+    so compiled rounds use rows too (``KernelOptions.grouped_attention``)."""
     batch, heads, n, dim = query.shape
     kv_heads, length = keys.shape[1], keys.shape[2]
     groups = heads // kv_heads

@@ -514,6 +514,7 @@ class WhisperBackbone(Backbone):
         device, dtype = self.device, self.base.dtype
         make = cache_pool.get if cache_pool is not None else StaticKVCache
         cache = make(len(self.decoder.layers), batch, self.num_heads, capacity, self.head_dim, dtype, device)
+        cache.index_put_when_compiled = self.kernels.cache_index_put
         zeros = torch.zeros(batch, dtype=torch.long, device=device)
         extra = {} if encoder_kv is None else {"cross_keys": encoder_kv[0], "cross_values": encoder_kv[1]}
         return DecodeState(cache, zeros, zeros.clone(), hidden=None, next_token=None, extra=extra)

@@ -290,19 +290,17 @@ def _top_candidates(scores: torch.Tensor, width: int) -> tuple[torch.Tensor, tor
     return tokens[:, :m], values[:, m]
 
 
-COMPILED_GPU_ARGMAX_BLOCK = 2048  # (0: plain argmax in compiled GPU rounds, for an A/B in tools.profile_rounds)
-
-
-def fast_argmax(scores: torch.Tensor) -> torch.Tensor:
+def fast_argmax(scores: torch.Tensor, gpu_block: int = 2048) -> torch.Tensor:
     """``scores.argmax(-1)`` (the first maximum) over long rows in the form each device runs fastest: blocked (see
     ``blocked_argmax``) on a CPU, where argmax runs one scalar loop per row and a plain maximum is vectorised; blocked in
     compiled GPU rounds, where compiled argmax is one reduction per row, too few programs for a few long rows
-    (``benchmarks/round_cost/blocked_argmax.py``); plain argmax elsewhere (eager GPU kernels, where it is one kernel against several)."""
+    (``benchmarks/round_cost/blocked_argmax.py``), by blocks of ``gpu_block`` (``KernelOptions.gpu_argmax_block``; 0:
+    plain); plain argmax elsewhere (eager GPU kernels, where it is one kernel against several)."""
     compiling = torch.compiler.is_compiling()
     if scores.device.type == "cpu" and not compiling:
         width = 1024
     elif scores.is_cuda and compiling:
-        width = COMPILED_GPU_ARGMAX_BLOCK
+        width = gpu_block
     else:
         width = 0
     if not width or scores.shape[-1] <= 2 * width:

@@ -1,4 +1,4 @@
-"""Which draft a call uses, and the captured rounds kept between calls.
+"""Which draft a call uses: ``DraftPolicy``, in the shape of transformers' candidate generators.
 
 ``DraftPolicy`` answers ``draft="auto"``: the candidates are plain greedy (no drafts), the chain and the
 artifact's trees; each is scored by expected tokens per round over the measured cost of one verify pass
@@ -7,13 +7,15 @@ measurement (``draft_candidates``: tokens per round replayed on held-out and eva
 heads were exported), or else from per-head top-k accuracy; either is updated by what each draft really
 emitted in this process.
 
-``RoundCache`` keeps the fixed-shape caches and captured rounds for later calls of the same shapes, and
-drops them when the weights they were captured with are replaced.
+The model asks and reports; the policy never runs anything: ``to_time`` names the trees the model must time
+under a ``TimingKey`` (none where this process or the ``TimingStore`` already has them), ``report`` hands it the
+timed passes (kept with their spread, refused when noisy or impossible), ``choose`` and ``chain_stop`` answer from
+what was kept, and ``update`` after each call takes what the rounds emitted and how long they took (a kept choice
+the loop's own rate disagrees with is timed again).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import platform
@@ -22,73 +24,89 @@ import time
 import uuid
 import warnings
 from pathlib import Path
-from typing import Callable, NamedTuple
-
-import torch
+from typing import NamedTuple
 
 try:
     from .draft_trees import DraftTree, build_tree_from_accuracy, expected_tokens_per_round
-    from .kv_cache import CachePool
     from .medusa_decoding import MedusaStats
-    from .medusa_fast import CapturedCalls
+    from .medusa_options import TIMINGS_ENV, cache_dir
 except ImportError:
     from draft_trees import DraftTree, build_tree_from_accuracy, expected_tokens_per_round
-    from kv_cache import CachePool
     from medusa_decoding import MedusaStats
-    from medusa_fast import CapturedCalls
+    from medusa_options import TIMINGS_ENV, cache_dir
 
 AUTO_TREE_SIZES = (8, 32, 64)  # draft nodes of the extra trees tried when only head accuracy is known
-TIMED_PASSES = 9  # verify passes timed per candidate (after one warm-up), taken in turn across the candidates
-KEPT_AFTER_FIRST_TURN = 0.75  # candidates timed on after the warm-up turn: within this share of the best's rate
 # auto keeps the draft it last chose for the same shapes unless another promises this much more: a new draft needs
-# new fixed-shape rounds (captured and, with compile=True, compiled: 13 s inside one timed whisper-base call on
-# the H200, when auto's updated estimates tipped a clip from the 16-node tree to the chain and back)
+# new fixed-shape rounds (captured and, with compile=True, compiled: seconds inside a call)
 SWITCH_MARGIN = 0.1
 # on a CPU, of candidates within this of the best rate, auto takes the one with the fewest nodes: there a larger
-# tree's eager round costs more in the loop than its timed pass shows (tiny.en, 2-core CPU: the 8-node tree's rounds
-# 1.26x the chain's, its timed passes 1.13-1.20x; picked on a timing 1 % ahead, its rounds ran 1.18x own greedy
-# against the chain's 1.38x). A GPU's timed pass is the captured round itself: there the margin cost whisper-base
-# (H200, bf16, 28 clips) its 16-node tree, auto running the chain at 1.41x own greedy where it had run 1.57x.
+# tree's eager round costs more in the loop than its timed pass shows. A GPU's timed pass is the captured round
+# itself: there the best rate wins, however close.
 SMALLER_DRAFT_MARGIN = 0.05
 # with compiled rounds, the candidates timed again by the runner the loop will use (compiling each one): at most this
 # many, of those within this share of the best stand-in rate. The stand-in (an uncompiled round captured as a CUDA
-# graph) overstates trees, whose rounds gain most from compiling: whisper-base (H200, bf16, 28 clips) ran the chain
-# at 1.42x own greedy where its 32-node tree ran 1.58x. Four, not three: tiny.en's 32-node tree (32 000-utterance
-# heads) ranked fourth by the stand-in and was never compiled, so auto ran the 16-node tree at 1.74x own greedy; timed
-# compiled it led (0.506 ms a pass for 3.08 expected tokens against 0.490 for 2.82) and ran 1.80x. One more compile
-# on a shape's first call.
+# graph) overstates trees, whose rounds gain most from compiling, so more than the stand-in's best are compiled.
 REFINED_CANDIDATES = 4
 REFINED_SHARE = 0.8
-CPU_CACHE_EVICTION_BYTES = 64 * 2**20  # read before each timed pass on a CPU (see evict_cpu_caches)
 # A CPU chain drafts past a depth only while its drafts' joint probability is at least CHAIN_STOP_SCALE x (what one
 # more depth adds to a pass) / (a pass's cost per expected token): a likelier draft earns more than its depth costs.
-# Fitted on 300 synthetic clips (not the evaluation recordings) on a 2-core Intel VM, where a depth costs ~1.1 ms
-# (tiny.en) / ~1.7 ms (base): 1.5 puts both near their best replayed threshold (0.4 / 0.45; flat over 0.3-0.6;
-# benchmarks/round_cost/cpu_*_chain_confidence_dev_synthetic.json). Where depths cost nearly nothing (the AMD VM of
-# 2026-12-02: 13.6 -> 13.8 ms a pass from 1 to 4 drafts) the threshold falls to ~0 and the full chain is drafted.
+# Fitted on synthetic clips, never the evaluation recordings (benchmarks/round_cost/); where depths cost nearly
+# nothing the threshold falls to ~0 and the full chain is drafted.
 CHAIN_STOP_SCALE = 1.5
 CHAIN_STOP_MAX = 0.9
 # On a CPU the chain is timed drafting every depth, but the loop's chain stops where its heads are unsure, which its
-# timing cannot show: it runs faster than its rate says. Same-day runs on the 2-core Intel VM (2026-12-04, the 28
-# recordings): the full chain's rounds 1.25x -> the stopping chain's 1.38x own greedy (tiny.en), 1.55x -> 1.66x
-# (base); the smaller gain credits its rate. Without it the 8-node tree, timed 4-7 % behind the chain, was once
-# timed ahead and chosen: its rounds ran 1.25x own greedy where the chain's ran 1.43x (tiny.en, 32 000-utterance heads).
-# Credited only where the chain's stop (``chain_stop``) is at least CREDITED_CHAIN_STOP: those gains came with stops
-# of 0.38-0.44; where depths cost little the stop falls to ~0 and the chain seldom stops.
+# timing cannot show: it runs faster than its rate says, by about this much where it stops at all (a stop of at least
+# CREDITED_CHAIN_STOP; where depths cost little the stop falls to ~0 and the chain seldom stops).
 STOPPING_CHAIN_CREDIT = 1.07
 CREDITED_CHAIN_STOP = 0.2
-
-
 PRIOR_ROUNDS = 64  # weight of the artifact's own measurement against the rounds observed since
+# A tree's timed passes are refused (timed again, else used by this process only while auto falls back to the
+# artifact's default draft) when their interquartile range exceeds this share of their median: timings taken while
+# the machine was busy with other work would otherwise fix auto's choice for every later process.
+MAX_TIMING_SPREAD = 0.25
+# ... or when a draft whose nodes are a subset of another's is timed this much slower than it: verifying more nodes
+# cannot cost less (the slack is for kernels that differ by shape).
+ORDER_SLACK = 0.25
+# A kept (recalled) choice is timed afresh once when the loop's own seconds per round differ from the kept pass's by
+# more than this factor either way: the machine is not the one (or not as busy as) when they were timed.
+RECHECK_FACTOR = 2.0
 
 
 class TimingKey(NamedTuple):
-    """What a verify pass's time depends on besides the draft: auto times its candidates once per key."""
+    """What a verify pass's time depends on besides the draft and the model: auto times its candidates once per key."""
     device: str  # "cpu", "cuda"
     dtype: str
     batch: int
     captured: bool
     compiled: bool = False  # the loop's rounds are compiled: timed by the loop's own runners (see choose)
+
+
+class Timing(NamedTuple):
+    """A tree's verify pass under one key: the median of its timed passes and their interquartile range over it."""
+    seconds: float
+    spread: float = 0.0
+
+
+def judged(passes: list[float]) -> Timing:
+    """The timing of a tree's timed passes (fewer than four: no spread to judge)."""
+    median = statistics.median(passes)
+    if len(passes) < 4 or median <= 0:
+        return Timing(median)
+    quartiles = statistics.quantiles(passes, n=4)
+    return Timing(median, (quartiles[2] - quartiles[0]) / median)
+
+
+def implausible(timings: dict) -> str | None:
+    """Why these timings (tree -> Timing, one key) cannot be trusted, or None: a noisy tree, or a draft timed clearly
+    slower than one that verifies a superset of its nodes."""
+    for tree, timing in timings.items():
+        if timing.spread > MAX_TIMING_SPREAD:
+            return f"{tree.name}: passes spread {timing.spread:.0%} about their median"
+    for small, small_timing in timings.items():
+        for large, large_timing in timings.items():
+            if set(small.paths) < set(large.paths) and small_timing.seconds > (1 + ORDER_SLACK) * large_timing.seconds:
+                return f"{small.name} timed slower than {large.name}, which verifies more"
+    return None
 
 
 DRAFT_NAMES = ("auto", "chain", "tree", "none")  # besides "tree-N" and explicit paths
@@ -103,46 +121,45 @@ def sized_tree_nodes(draft) -> int | None:
 
 class TimingStore:
     """Verify-pass timings kept between processes in one JSON file, so that ``auto`` times its candidates once per
-    machine and model, not once per process (2-core AMD EPYC, whisper tiny.en: a new process's first call 1.98 s, most
-    of it timing the candidates, against 0.72 s recalling them; ``benchmarks/first_call/``). An entry is found by
-    ``context(key)``: what a pass's time depends on besides the draft (the machine, torch, the artifact's code, the
-    model's shapes; see ``MedusaForASR.timing_context``) and the ``TimingKey``; where any of them changes, the
-    candidates are timed afresh. ``context`` returns None where nothing is to be kept (a stand-in drafter)."""
+    machine and model, not once per process (a new process's first call then skips most of its set-up). An entry is
+    found by a context (what a pass's time depends on besides the draft: the machine, torch, the artifact's code, the
+    model's shapes; see ``MedusaForASR.timing_context``) and the ``TimingKey``; where either changes, the candidates
+    are timed afresh. Each timing is kept with its spread; only timings ``implausible`` lets pass are written."""
 
     MAX_ENTRIES = 256  # the most recently written are kept
 
-    def __init__(self, path: Path, context: Callable[[TimingKey], str | None]):
-        self.path, self.context = Path(path), context
+    def __init__(self, path: Path):
+        self.path = Path(path)
         self._warned = False
 
     @classmethod
-    def default(cls, context) -> "TimingStore | None":
-        """The store at ``$MEDUSA_ASR_DRAFT_TIMINGS``, else ``draft_timings.json`` in ``cache_dir()``; None where
-        that variable says ``off``."""
-        where = os.environ.get(TIMINGS_ENV, "").strip()
+    def at(cls, where: str | None) -> "TimingStore | None":
+        """The store in the file ``where``, else ``draft_timings.json`` in ``cache_dir()``; None for ``off``."""
+        where = (where or "").strip()
         if where.lower() in ("off", "0", "false", "no"):
             return None
-        return cls(Path(where) if where else cache_dir() / TIMINGS_FILE, context)
+        return cls(Path(where) if where else cache_dir() / TIMINGS_FILE)
 
-    def recall(self, key: TimingKey, trees: list[DraftTree]) -> dict | None:
-        """Each of ``trees``' seconds as kept for ``key``, or None unless all of them were (timings from two
-        processes are not mixed: the machine may have drifted between them)."""
-        entry = self._entries().get(self._entry_name(key) or "", {})
-        kept = entry.get("seconds", {})
-        if not all(tree_name(tree) in kept for tree in trees):
+    def recall(self, context: str, key: TimingKey, trees: list[DraftTree]) -> dict | None:
+        """Each of ``trees``' timing as kept for ``key``, or None unless all of them were (timings from two processes
+        are not mixed: the machine may have drifted between them)."""
+        entry = self._entries().get(self._entry_name(context, key), {})
+        seconds, spread = entry.get("seconds", {}), entry.get("spread", {})
+        names = [tree_name(tree) for tree in trees]
+        if not all(name in seconds and name in spread for name in names):
             return None
-        return {tree: float(kept[tree_name(tree)]) for tree in trees}
+        return {tree: Timing(float(seconds[name]), float(spread[name])) for tree, name in zip(trees, names)}
 
-    def remember(self, key: TimingKey, seconds: dict) -> None:
-        """Keep ``seconds`` (tree -> seconds of one pass) for ``key``, beside those kept for it before (``choose``
-        and ``chain_stop`` time different drafts under one key); a store that cannot be written warns once."""
-        name = self._entry_name(key)
-        if name is None:
-            return
+    def remember(self, context: str, key: TimingKey, timings: dict) -> None:
+        """Keep ``timings`` (tree -> Timing) for ``key``, beside those kept for it before (``choose`` and ``chain_stop``
+        time different drafts under one key); a store that cannot be written warns once."""
+        name = self._entry_name(context, key)
         entries = self._entries()
-        kept = entries.get(name, {}).get("seconds", {})  # (the same process's other timings for ``key``)
-        kept.update({tree_name(tree): s for tree, s in seconds.items()})
-        entries[name] = {"seconds": kept, "written": time.time()}
+        entry = entries.get(name, {})
+        seconds, spread = entry.get("seconds", {}), entry.get("spread", {})
+        seconds.update({tree_name(tree): timing.seconds for tree, timing in timings.items()})
+        spread.update({tree_name(tree): timing.spread for tree, timing in timings.items()})
+        entries[name] = {"seconds": seconds, "spread": spread, "written": time.time()}
         newest = sorted(entries, key=lambda n: entries[n].get("written", 0), reverse=True)[: self.MAX_ENTRIES]
         # (a file of its own, renamed over the store: a reader sees the old file or the new one; written with the
         # umask's permissions, where a NamedTemporaryFile's 0600 would hide a shared cache's timings from others)
@@ -159,9 +176,9 @@ class TimingStore:
                               "file to silence this", stacklevel=2)
                 self._warned = True
 
-    def _entry_name(self, key: TimingKey) -> str | None:
-        context = self.context(key)
-        return None if context is None else json.dumps([context, list(key)])
+    @staticmethod
+    def _entry_name(context: str, key: TimingKey) -> str:
+        return json.dumps([context, list(key)])
 
     def _entries(self) -> dict:
         try:
@@ -171,25 +188,7 @@ class TimingStore:
             return {}
 
 
-TIMINGS_ENV = "MEDUSA_ASR_DRAFT_TIMINGS"  # a file for the kept timings, or "off"
 TIMINGS_FILE = "draft_timings.json"
-CACHE_ENV = "MEDUSA_ASR_CACHE"
-
-
-def cache_dir() -> Path:
-    """This project's one cache folder: ``$MEDUSA_ASR_CACHE``, else ``$XDG_CACHE_HOME/medusa-asr``, else
-    ``~/.cache/medusa-asr``. It holds the Whisper bases converted offline by ``tools.real_whisper``
-    (loading looks there before the Hub), the wheels and packages they come from, the demo clip and the kept
-    draft timings."""
-    if os.environ.get(CACHE_ENV):
-        folder = Path(os.environ[CACHE_ENV])
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise OSError(f"{CACHE_ENV}={folder} cannot be made a folder ({err.strerror}): set {CACHE_ENV} to a "
-                          "writable folder, or unset it") from err
-        return folder
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "medusa-asr"
 
 
 def tree_name(tree: DraftTree) -> str:
@@ -209,13 +208,19 @@ def processor_name() -> str:
 
 
 class DraftPolicy:
+    """``draft="auto"``'s choice for one artifact: the candidates, the timings they were judged by, and what each
+    draft really emitted in this process."""
+
     def __init__(self, config, store: TimingStore | None = None):
         self.config = config
         self.store = store  # verify-pass timings kept between processes (None: timed in every process)
-        self.verify_seconds: dict = {}  # (device, dtype, batch, captured, tree) -> seconds of one verify pass
+        self.timings: dict = {}  # (TimingKey, tree) -> Timing of one verify pass
+        self.untrusted: set = set()  # keys whose timings stayed implausible: used here, never kept, auto falls back
+        self.recalled: set = set()  # keys whose timings came from the store (re-checked once by ``update``)
+        self.not_recalled: set = set()  # keys whose kept timings the loop disagreed with: timed afresh, then replaced
         self.observed: dict = {}  # tree -> [tokens emitted, rounds] in this process
-        self.chosen: dict = {}  # (device, dtype, batch, captured) -> the draft last chosen for it
-        self.rates: dict = {}  # the same key -> {candidate: the rate it was chosen by}, as last chosen
+        self.chosen: dict = {}  # key -> the draft last chosen for it
+        self.rates: dict = {}  # key -> {candidate: the rate it was chosen by}, as last chosen
         self._measured = None
 
     # ------------------------------------------------------------------ candidates
@@ -276,11 +281,14 @@ class DraftPolicy:
             options += [DraftTree.from_paths(build_tree_from_accuracy(accuracy, n)) for n in AUTO_TREE_SIZES]
         return list(dict.fromkeys(options))  # unique, in order
 
+    def contenders(self, candidates: list[DraftTree]) -> list[DraftTree]:
+        """The candidates worth timing: plain greedy and every draft expected to add a token."""
+        return [t for t in candidates if t.num_nodes == 1 or self.expected_tokens(t) > 1.0 + 1e-6]
+
     def cache_slack(self, candidates: list[DraftTree]) -> int:
         """Cache slots a call reserves past its own tokens: twice the largest tree it or ``auto`` may draft. Every
         call of this artifact then asks the same capacity of the fixed-shape cache pool whatever its draft, so plain
-        greedy and drafted calls share one cache and keep each other's captured (compiled) rounds; sized by the call
-        alone, a drafted call's larger cache replaced a greedy call's, whose rounds were then compiled again."""
+        greedy and drafted calls share one cache and keep each other's captured (compiled) rounds."""
         return 2 * max(t.num_nodes for t in [*candidates, *self.candidates("auto")])
 
     def predicted_tokens(self, tree: DraftTree) -> float:
@@ -299,190 +307,128 @@ class DraftPolicy:
         emitted, rounds = self.observed.get(tree, (0, 0))
         return (self.predicted_tokens(tree) * PRIOR_ROUNDS + emitted) / (PRIOR_ROUNDS + rounds)
 
+    # ------------------------------------------------------------------ timings: asked for, reported
+    def to_time(self, trees: list[DraftTree], key: TimingKey, context: str | None = None) -> list[DraftTree]:
+        """Those of ``trees`` the caller must time under ``key`` (and ``report``): the ones this process has not timed,
+        unless the store kept them all for ``context`` (None: nothing is kept, a stand-in drafter)."""
+        untimed = [tree for tree in trees if (key, tree) not in self.timings]
+        if not untimed or context is None or self.store is None or key in self.not_recalled:
+            return untimed
+        kept = self.store.recall(context, key, untimed)
+        if kept is None or implausible({**self._kept(key), **kept}):
+            return untimed
+        self.timings.update({(key, tree): timing for tree, timing in kept.items()})
+        self.recalled.add(key)
+        return []
+
+    def report(self, key: TimingKey, passes: dict, context: str | None = None, last_try: bool = True) -> bool:
+        """Take the timed passes (tree -> seconds of each pass) under ``key``. Plausible ones are kept, here and in
+        the store; implausible ones (``implausible``) are dropped so that the caller times them again, or on its
+        ``last_try`` are used by this process only and make ``auto`` fall back to the default draft for ``key``.
+        Returns whether they were plausible."""
+        timings = {tree: judged(seconds) for tree, seconds in passes.items()}
+        if implausible({**self._kept(key), **timings}):
+            if not last_try:
+                return False
+            self.untrusted.add(key)
+        self.timings.update({(key, tree): timing for tree, timing in timings.items()})
+        if key not in self.untrusted and context is not None and self.store is not None:
+            self.store.remember(context, key, timings)
+        return key not in self.untrusted
+
+    def _kept(self, key: TimingKey) -> dict:
+        return {tree: timing for (k, tree), timing in self.timings.items() if k == key}
+
+    def seconds(self, key: TimingKey, tree: DraftTree) -> float:
+        return self.timings[key, tree].seconds
+
     # ------------------------------------------------------------------ choosing
-    def choose(self, candidates: list[DraftTree], key: TimingKey, pass_timer, loop_timer=None,
-               stops_early=None) -> DraftTree:
-        """The candidate with the most expected tokens per second of verify time. ``pass_timer(tree)`` makes a
-        function that runs one verify pass of ``tree`` and returns its seconds; the candidates not yet timed
-        under ``key`` are timed in turn (``_time``), so that the machine's drift falls on all of them alike. With
-        ``key.compiled``, ``loop_timer(tree)`` makes a function that runs one of the loop's own (compiled) rounds:
-        the best few by ``pass_timer`` are timed again by it (``_shortlist``) and the choice is theirs. A tree for
-        which ``stops_early(tree)`` holds (a CPU chain whose stop is at least ``CREDITED_CHAIN_STOP``) has its rate credited
-        by ``STOPPING_CHAIN_CREDIT``. On a CPU, of candidates within ``SMALLER_DRAFT_MARGIN`` of the best, the
-        smallest; and the draft last chosen for ``key`` stays unless another promises ``SWITCH_MARGIN`` more."""
-        candidates = [t for t in candidates if t.num_nodes == 1 or self.expected_tokens(t) > 1.0 + 1e-6]
+    def choose(self, candidates: list[DraftTree], key: TimingKey, credited=frozenset()) -> DraftTree:
+        """The candidate with the most expected tokens per second of verify time under ``key`` (each timed first:
+        ``to_time``). With ``key.compiled`` the choice is among the ``shortlist`` of the stand-in (uncompiled) timings,
+        timed again by the loop's own compiled rounds. A tree in ``credited`` (a CPU chain whose stop is at least
+        ``CREDITED_CHAIN_STOP``) has its rate credited by ``STOPPING_CHAIN_CREDIT``. On a CPU, of candidates within
+        ``SMALLER_DRAFT_MARGIN`` of the best, the smallest; and the draft last chosen for ``key`` stays unless another
+        promises ``SWITCH_MARGIN`` more. Timings that stayed implausible: the artifact's default draft."""
+        candidates = self.contenders(candidates)
         if len(candidates) == 1:
             return candidates[0]  # no draft is expected to add a token: nothing to time
         stand_in = key._replace(compiled=False)
-        self._time_untimed(candidates, stand_in, pass_timer)
         if key.compiled:
-            candidates = self._shortlist(candidates, stand_in)
-            self._time_untimed(candidates, key, loop_timer)
-
-        credited = {tree for tree in candidates if stops_early is not None and stops_early(tree)}
+            candidates = self.shortlist(candidates, stand_in)
 
         def rate(tree):
             credit = STOPPING_CHAIN_CREDIT if tree in credited else 1.0
-            return credit * self.expected_tokens(tree) / self.verify_seconds[key, tree]
+            return credit * self.expected_tokens(tree) / self.seconds(key, tree)
 
-        top = max(rate(tree) for tree in candidates)
+        self.rates[key] = {tree: rate(tree) for tree in candidates}
+        top = max(self.rates[key].values())
         margin = SMALLER_DRAFT_MARGIN if key.device == "cpu" else 0.0
-        best = min((tree for tree in candidates if rate(tree) >= top / (1 + margin)),
-                   key=lambda tree: tree.num_nodes)
+        best = min((tree for tree in candidates if rate(tree) >= top / (1 + margin)), key=lambda tree: tree.num_nodes)
         last = self.chosen.get(key)
         if last in candidates and rate(best) < (1 + SWITCH_MARGIN) * rate(last):
             best = last
-        self.chosen[key] = best
-        self.rates[key] = {tree: rate(tree) for tree in candidates}
-        return best
+        self.chosen[key] = self.default_tree() if {key, stand_in} & self.untrusted else best
+        return self.chosen[key]
 
-    def _shortlist(self, candidates: list[DraftTree], key: TimingKey) -> list[DraftTree]:
-        """The candidates timed under ``key`` by the loop's runners already, else the best
-        ``REFINED_CANDIDATES`` by their rate under ``key`` within ``REFINED_SHARE`` of the best."""
+    def shortlist(self, candidates: list[DraftTree], key: TimingKey) -> list[DraftTree]:
+        """The candidates timed by the loop's compiled runners already, else the best ``REFINED_CANDIDATES`` by their
+        rate under ``key`` (the stand-in) within ``REFINED_SHARE`` of the best."""
         compiled = key._replace(compiled=True)
-        done = [tree for tree in candidates if (compiled, tree) in self.verify_seconds]
+        done = [tree for tree in candidates if (compiled, tree) in self.timings]
         if done:
             return done
-        rates = {tree: self.expected_tokens(tree) / self.verify_seconds[key, tree] for tree in candidates}
+        rates = {tree: self.expected_tokens(tree) / self.seconds(key, tree) for tree in candidates}
         ranked = sorted(candidates, key=rates.get, reverse=True)[:REFINED_CANDIDATES]
         return [tree for tree in ranked if rates[tree] >= REFINED_SHARE * rates[ranked[0]]]
 
-    def _time_untimed(self, candidates: list[DraftTree], key: TimingKey, timer, drop_slow: bool = True) -> None:
-        """Time the candidates not timed under ``key`` yet, unless the store kept them all; keep what was timed."""
-        untimed = [tree for tree in candidates if (key, tree) not in self.verify_seconds]
-        if not untimed:
-            return
-        kept = self.store.recall(key, untimed) if self.store is not None else None
-        if kept is None:
-            self._time(untimed, key, timer, drop_slow)
-            kept = {tree: self.verify_seconds[key, tree] for tree in untimed}
-            if self.store is not None:
-                self.store.remember(key, kept)
-        self.verify_seconds.update({(key, tree): seconds for tree, seconds in kept.items()})
-
-    def _time(self, trees: list[DraftTree], key: tuple, pass_timer, drop_slow: bool = True) -> None:
-        """Time ``trees`` in turn, one pass each per turn: a warm-up turn (first uses build copies and caches),
-        then (``drop_slow``) a turn that leaves out the trees promising less than ``KEPT_AFTER_FIRST_TURN`` of the
-        best one's tokens per second (a 32- or 64-node tree on a CPU), whose slow passes would only cost time; the
-        rest go on for ``TIMED_PASSES`` timed turns in all, and keep the median."""
-        timers = {tree: pass_timer(tree) for tree in trees}
-        for timer in timers.values():
-            timer()
-        seconds = {tree: [timer()] for tree, timer in timers.items()}
-        best = max(self.expected_tokens(tree) / seconds[tree][0] for tree in trees)
-        kept = [tree for tree in trees
-                if not drop_slow or self.expected_tokens(tree) / seconds[tree][0] >= KEPT_AFTER_FIRST_TURN * best]
-        for turn in range(TIMED_PASSES - 1):
-            for tree in kept:
-                seconds[tree].append(timers[tree]())
-        for tree in trees:
-            self.verify_seconds[key, tree] = statistics.median(seconds[tree])
-
-    def chain_stop(self, chain: DraftTree, key: TimingKey, pass_timer) -> float:
-        """The joint draft probability below which ``chain`` stops drafting (``PathDrafter``) for ``key``: from the
-        verify passes of a one-draft chain and of ``chain``, timed as ``choose`` times its candidates (see
-        ``CHAIN_STOP_SCALE``)."""
-        if chain.depth < 2:
+    def chain_stop(self, chain: DraftTree, key: TimingKey) -> float:
+        """The joint draft probability below which ``chain`` stops drafting (``PathDrafter``) for ``key``, from the
+        timed passes of ``chain_stop_drafts(chain)`` (see ``CHAIN_STOP_SCALE``); 0 (the full chain) where there is
+        nothing to stop before or the timings stayed implausible."""
+        if chain.depth < 2 or key in self.untrusted:
             return 0.0
         first = DraftTree.chain(1)
-        self._time_untimed([first, chain], key, pass_timer, drop_slow=False)
-        per_depth = (self.verify_seconds[key, chain] - self.verify_seconds[key, first]) / (chain.depth - 1)
-        per_token = self.verify_seconds[key, chain] / self.expected_tokens(chain)
+        per_depth = (self.seconds(key, chain) - self.seconds(key, first)) / (chain.depth - 1)
+        per_token = self.seconds(key, chain) / self.expected_tokens(chain)
         return min(max(CHAIN_STOP_SCALE * per_depth / per_token, 0.0), CHAIN_STOP_MAX)
+
+    @staticmethod
+    def chain_stop_drafts(chain: DraftTree) -> list[DraftTree]:
+        """The drafts ``chain_stop`` needs timed (every pass, none left out as slow)."""
+        return [DraftTree.chain(1), chain] if chain.depth >= 2 else []
 
     def measurements(self) -> list[dict]:
         """What ``auto`` measured and chose, for a benchmark's record: per timing key, each candidate's verify pass
-        (ms), its expected tokens per round and the rate it was chosen by."""
+        (ms) and the spread of its timed passes, its expected tokens per round and the rate it was chosen by, and
+        whether the timings were plausible (where not, the default draft ran)."""
         return [{**key._asdict(), "candidates": [
-                    {"draft": tree.name, "nodes": tree.num_nodes - 1, "verify_ms": 1e3 * self.verify_seconds[key, tree],
-                     "expected_tokens": self.expected_tokens(tree), "rate": rate, "chosen": tree == self.chosen[key]}
-                    for tree, rate in rates.items()]}
+                    {"draft": tree.name, "nodes": tree.num_nodes - 1, "verify_ms": 1e3 * self.seconds(key, tree),
+                     "spread": self.timings[key, tree].spread, "expected_tokens": self.expected_tokens(tree),
+                     "rate": rate, "chosen": tree == self.chosen[key]}
+                    for tree, rate in rates.items()], "plausible": not {key, key._replace(compiled=False)} & self.untrusted}
                 for key, rates in self.rates.items()]
 
-    def observe(self, tree: DraftTree, stats: MedusaStats):
-        """Count what ``tree`` emitted per round in a call, so ``auto`` adapts when the audio is harder
-        or easier than the artifact's own measurement."""
+    # ------------------------------------------------------------------ after each call
+    def update(self, tree: DraftTree, stats: MedusaStats, key: TimingKey | None = None,
+               rounds_seconds: float | None = None) -> None:
+        """What a call's rounds of ``tree`` did: the tokens they emitted (``auto`` adapts when the audio is harder or
+        easier than the artifact's own measurement) and, under ``key``, the seconds they took. Where ``tree``'s timing
+        came from the store and the loop's seconds per round differ from it by more than ``RECHECK_FACTOR`` either way,
+        the key's timings are forgotten: the next call times them afresh and replaces the kept entry (once a
+        process)."""
         if tree.num_nodes > 1 and stats.row_rounds:
             emitted, rounds = self.observed.get(tree, (0, 0))
             self.observed[tree] = (emitted + stats.emitted_tokens, rounds + stats.row_rounds)
+        if key not in self.recalled or (key, tree) not in self.timings or not stats.rounds or not rounds_seconds:
+            return
+        ratio = rounds_seconds / stats.rounds / self.seconds(key, tree)
+        if not 1 / RECHECK_FACTOR <= ratio <= RECHECK_FACTOR:
+            self.forget(key)
 
-
-@functools.lru_cache(maxsize=1)
-def _eviction_buffer() -> torch.Tensor:
-    return torch.ones(CPU_CACHE_EVICTION_BYTES // 4)
-
-
-def evict_cpu_caches() -> None:
-    """Read a buffer larger than a processor's last-level cache, so that the next pass finds its weights in
-    memory, not in cache, as every round of a decode loop does (a round reads more than the cache holds: on the
-    2-core development CPU, timed warm, a chain pass cost 1.65x a plain one for whisper-base against 1.51x in
-    the loop, enough for auto to prefer plain greedy in one run)."""
-    _eviction_buffer().sum()
-
-
-def wall_seconds(fn, device) -> float:
-    synchronize(device)
-    start = time.perf_counter()
-    fn()
-    synchronize(device)
-    return time.perf_counter() - start
-
-
-def cuda_ms(fn) -> float:
-    """Milliseconds of ``fn``'s GPU work, timed with CUDA events on the current stream."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
-def graph_seconds(graph) -> float:
-    return cuda_ms(graph.replay) / 1000
-
-
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class RoundCache:
-    """Fixed-shape caches (a pool, capacity rounded up) and the captured rounds built on them."""
-
-    def __init__(self):
-        self.pool = CachePool()
-        self.calls = CapturedCalls()  # the prefill's captured parts (speech encoder, prompt pass)
-        self.runners: dict = {}
-        self.signature = None  # the weights the kept rounds were captured with
-
-    def check_weights(self, parameters) -> bool:
-        """Captured rounds hold raw pointers to the weights: when any weight tensor was replaced since
-        they were captured (``.to()``, ``.half()``, a reload, an in-place update) drop them instead of replaying over freed
-        memory. Returns True when they were dropped (or none were kept)."""
-        signature = tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in parameters)
-        if signature == self.signature:
-            return False
-        self.release()
-        self.signature = signature
-        return True
-
-    def runner(self, key, state, build):
-        """The runner for ``key`` loaded with ``state`` (prefilled into a pool cache), or ``build()``."""
-        runner = self.runners.get(key)
-        if runner is None:
-            for stale in [k for k, r in self.runners.items() if not self.pool.holds(r.state.cache)]:
-                self.runners.pop(stale).release()
-            runner = self.runners[key] = build()
-        else:
-            runner.load(state)
-        return runner
-
-    def release(self):
-        for runner in self.runners.values():
-            runner.release()
-        self.runners.clear()
-        self.calls.release()
-        self.pool.caches.clear()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    def forget(self, key: TimingKey) -> None:
+        """Drop ``key``'s timings (and its stand-in's): timed afresh by the next call, not recalled from the store."""
+        keys = {key, key._replace(compiled=False)}
+        self.timings = {(k, tree): t for (k, tree), t in self.timings.items() if k not in keys}
+        self.recalled -= keys
+        self.not_recalled |= keys

@@ -18,7 +18,7 @@ class StaticKVCache:
     keeps ``lengths[b]`` = number of valid slots. Rejected drafts are simply overwritten later.
     """
 
-    index_put_when_compiled = True  # (False: the scatter below compiled too, for an A/B in tools.profile_rounds)
+    index_put_when_compiled = True  # a backbone sets each cache's from its KernelOptions.cache_index_put
 
     def __init__(self, num_layers, batch_size, num_kv_heads, capacity, head_dim, dtype, device):
         shape = (num_layers, batch_size, num_kv_heads, capacity, head_dim)

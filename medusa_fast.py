@@ -1,5 +1,6 @@
 """Fixed-shape Medusa rounds for GPUs: a whole round (draft, verify, accept, cache update) is one
-CUDA graph, optionally compiled; the host syncs once per round to read the emitted tokens.
+CUDA graph, optionally compiled; the host syncs once per round to read the emitted tokens. ``RoundCache`` keeps
+them, and the fixed-shape caches they run on, for later calls of the same shapes.
 
 Same arithmetic as ``medusa_decoding.EagerRounds`` (so the same tokens), but with every shape fixed:
 attention runs over the whole preallocated cache, finished rows stay in the batch frozen (their lengths
@@ -16,12 +17,12 @@ import torch
 try:
     from .backbone import compile_fixed_shape
     from .draft_trees import DraftTree
-    from .kv_cache import DecodeState
+    from .kv_cache import CachePool, DecodeState
     from .medusa_decoding import RoundResult, verify_round
 except ImportError:
     from backbone import compile_fixed_shape
     from draft_trees import DraftTree
-    from kv_cache import DecodeState
+    from kv_cache import CachePool, DecodeState
     from medusa_decoding import RoundResult, verify_round
 
 
@@ -191,3 +192,45 @@ class CapturedRounds:
         self._result_landed.record()
         self._result_landed.synchronize()
         return self._host_result.tolist()
+
+
+class RoundCache:
+    """Fixed-shape caches (a pool, capacity rounded up), the captured rounds built on them and the prefill's captured
+    calls, kept for later calls of the same shapes and dropped when the weights they were captured with are replaced."""
+
+    def __init__(self):
+        self.pool = CachePool()
+        self.calls = CapturedCalls()  # the prefill's captured parts (speech encoder, prompt pass)
+        self.runners: dict = {}
+        self.signature = None  # the weights the kept rounds were captured with
+
+    def check_weights(self, parameters) -> bool:
+        """Captured rounds hold raw pointers to the weights: when any weight tensor was replaced since they were
+        captured (``.to()``, ``.half()``, a reload, an in-place update) drop them instead of replaying over freed
+        memory. Returns True when they were dropped (or none were kept)."""
+        signature = tuple((p.data_ptr(), p.dtype, p.device, p._version) for p in parameters)
+        if signature == self.signature:
+            return False
+        self.release()
+        self.signature = signature
+        return True
+
+    def runner(self, key, state, build):
+        """The runner for ``key`` loaded with ``state`` (prefilled into a pool cache), or ``build()``."""
+        runner = self.runners.get(key)
+        if runner is None:
+            for stale in [k for k, r in self.runners.items() if not self.pool.holds(r.state.cache)]:
+                self.runners.pop(stale).release()
+            runner = self.runners[key] = build()
+        else:
+            runner.load(state)
+        return runner
+
+    def release(self):
+        for runner in self.runners.values():
+            runner.release()
+        self.runners.clear()
+        self.calls.release()
+        self.pool.caches.clear()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -13,8 +13,9 @@ import torch
 from conftest import ROOT, requires_transformers5, transformers_below_452
 from tiny_models import build_tiny_whisper, random_features
 
-CODE_FILES = ["configuration_medusa.py", "modeling_medusa.py", "medusa_decoding.py", "medusa_fast.py",
-              "medusa_heads.py", "draft_policy.py", "draft_trees.py", "kv_cache.py", "logits_rules.py", "backbone.py",
+CODE_FILES = ["configuration_medusa.py", "modeling_medusa.py", "medusa_options.py", "base_loading.py",
+              "generation_checks.py", "speech_io.py", "medusa_decoding.py", "medusa_fast.py", "medusa_heads.py",
+              "draft_policy.py", "draft_timing.py", "draft_trees.py", "kv_cache.py", "logits_rules.py", "backbone.py",
               "cpu_kernels.py", "backbone_whisper.py", "backbone_meralion2.py", "asr_pipeline.py"]
 
 
@@ -116,6 +117,18 @@ def test_automodel_loads_the_artifact_with_trust_remote_code(artifact, base_fold
     assert all(p.shape[0] != projection.shape[0] for p in model.medusa_heads.parameters())
     assert model.backbone.output_projection is (model.base.proj_out if base_folder[1] == "whisper"
                                                 else model.base.text_decoder.lm_head)
+
+
+def test_the_api_and_the_command_line_find_the_same_kept_timings(artifact):
+    """A model loaded through transformers (remote code copied into its module cache, which leaves out the ASR
+    pipeline's file) and one the command line imports from the folder key their kept draft timings alike."""
+    from transformers import AutoModel
+
+    from modeling_medusa import MedusaForASR
+
+    through_api = AutoModel.from_pretrained(str(artifact), trust_remote_code=True)
+    assert type(through_api) is not MedusaForASR  # (the module cache's class, not this checkout's)
+    assert through_api.timing_context() == MedusaForASR.from_pretrained(str(artifact)).timing_context()
 
 
 def test_asr_pipeline_runs_whisper_artifacts_and_refuses_meralion2_in_one_line(artifact, base_folder):
@@ -445,6 +458,7 @@ def test_auto_draft_weighs_tree_sizes_by_measured_cost(artifact):
     """auto considers plain greedy, the chain, the config's tree and trees of other sizes, and picks the
     most expected tokens per second of verify time (costs injected here, timed on the device in use)."""
     from draft_policy import AUTO_TREE_SIZES, SMALLER_DRAFT_MARGIN, TimingKey
+    from draft_timing import time_drafts
     from draft_trees import expected_tokens_per_round
     from modeling_medusa import MedusaForASR
 
@@ -458,11 +472,12 @@ def test_auto_draft_weighs_tree_sizes_by_measured_cost(artifact):
     assert sizes[:3] == [0, 4, 3] and set(AUTO_TREE_SIZES) <= set(sizes) and len(set(candidates)) == len(candidates)
     key = TimingKey("cpu", str(model.dtype), 1, False)
     for cost_per_node in (0.0, 1.0):  # free verification: the big trees win; costly: plain greedy
-        policy.verify_seconds, policy.chosen = {}, {}
-        chosen = policy.choose(candidates, key, lambda tree: lambda: 1.0 + cost_per_node * (tree.num_nodes - 1))
+        policy.timings, policy.chosen = {}, {}
+        time_drafts(policy, candidates, key, None, lambda tree: lambda: 1.0 + cost_per_node * (tree.num_nodes - 1))
+        chosen = policy.choose(candidates, key)
 
         def rate(t):
-            return (expected_tokens_per_round(t, accuracy) if t.num_nodes > 1 else 1.0) / policy.verify_seconds[key, t]
+            return (expected_tokens_per_round(t, accuracy) if t.num_nodes > 1 else 1.0) / policy.seconds(key, t)
 
         top = max(rate(t) for t in candidates)  # (the smallest of the candidates within the margin of the best)
         assert chosen == min((t for t in candidates if rate(t) >= top / (1 + SMALLER_DRAFT_MARGIN)),
@@ -491,10 +506,14 @@ def test_auto_draft_timings_are_kept_for_a_later_process(artifact, tmp_path, mon
     """A model made later (as a new process makes it) with the same timings file recalls what auto timed: its first
     call times no verify pass and decodes the same ids with the same draft. What keys the timings names the machine and
     changes with the drafting settings; with a stand-in drafter nothing is kept."""
-    from draft_policy import TimingKey, processor_name
+    from draft_policy import processor_name
     from modeling_medusa import MedusaForASR
 
+    import draft_policy
+
     monkeypatch.setenv("MEDUSA_ASR_DRAFT_TIMINGS", str(tmp_path / "timings.json"))
+    for bound in ("MAX_TIMING_SPREAD", "ORDER_SLACK"):  # (about recall: a busy machine's timings are kept all the same)
+        monkeypatch.setattr(draft_policy, bound, float("inf"))
     accuracy = [[0.8, 0.9, 0.95], [0.6, 0.75, 0.85], [0.45, 0.6, 0.7], [0.3, 0.45, 0.55]]
     features = random_features(1, 5)
 
@@ -504,8 +523,10 @@ def test_auto_draft_timings_are_kept_for_a_later_process(artifact, tmp_path, mon
         return model
 
     def counting_timers(model) -> list:
-        timed, own_timer = [], model._verify_pass_timer
-        monkeypatch.setattr(model, "_verify_pass_timer", lambda *args: timed.append(args) or own_timer(*args))
+        import modeling_medusa
+
+        timed, own_timer = [], modeling_medusa.verify_pass_timer
+        monkeypatch.setattr(modeling_medusa, "verify_pass_timer", lambda *args: timed.append(args) or own_timer(*args))
         return timed
 
     first = fresh_model()
@@ -517,10 +538,9 @@ def test_auto_draft_timings_are_kept_for_a_later_process(artifact, tmp_path, mon
     got, stats = later.generate(input_features=features, max_new_tokens=10, return_stats=True)
     assert not later_timed and stats["draft"] == first_stats["draft"] and torch.equal(got, expected)
 
-    key = TimingKey("cpu", str(later.dtype), 1, False)
-    context = later.timing_context(key)
+    context = later.timing_context()
     assert processor_name() in context and f"{torch.get_num_threads()} threads" in context
-    later.int8_cpu_drafting = not later.int8_cpu_drafting
-    assert later.timing_context(key) != context
+    later.set_options(int8_cpu_drafting=not later.options.int8_cpu_drafting)
+    assert later.timing_context() != context
     later.drafter = lambda hidden: torch.zeros(*hidden.shape[:-1], 4, later.config.vocab_size)
-    assert later.timing_context(key) is None
+    assert later.timing_context() is None

@@ -42,9 +42,9 @@ def test_auto_with_compiled_rounds_times_the_loops_own_runners_and_stays_exact(t
     out, stats = model.generate(input_features=features, max_new_tokens=16, draft="auto", compile=True,
                                 return_stats=True)
     assert torch.equal(out, expected)
-    compiled_keys = [key for key, _ in model.draft_policy.verify_seconds if key.compiled]
+    compiled_keys = [key for key, _ in model.draft_policy.timings if key.compiled]
     assert compiled_keys and len(model.round_cache.runners) == len(compiled_keys)  # the shortlist, each one runner
-    assert stats["draft"] in {tree.name for (key, tree) in model.draft_policy.verify_seconds if key.compiled}
+    assert stats["draft"] in {tree.name for (key, tree) in model.draft_policy.timings if key.compiled}
     runners = dict(model.round_cache.runners)
     assert torch.equal(model.generate(input_features=features, max_new_tokens=16, draft="auto", compile=True), expected)
     assert model.round_cache.runners == runners  # the second call replays what the first compiled
@@ -53,6 +53,7 @@ def test_auto_with_compiled_rounds_times_the_loops_own_runners_and_stays_exact(t
 def test_kept_compiled_timings_let_a_later_model_compile_only_the_draft_it_runs(tmp_path, monkeypatch):
     """With ``compile=True`` and a timings file, a model made later (as a new process makes it) recalls what the
     first timed: it compiles one runner, the draft the first picked, and gives the same ids."""
+    import modeling_medusa
     from modeling_medusa import MedusaForASR
 
     monkeypatch.setenv("MEDUSA_ASR_DRAFT_TIMINGS", str(tmp_path / "timings.json"))
@@ -73,9 +74,9 @@ def test_kept_compiled_timings_let_a_later_model_compile_only_the_draft_it_runs(
     assert torch.equal(out, expected) and len(first.round_cache.runners) >= 2
     later = fresh_model()
     timed = []
-    for timer in ("_verify_pass_timer", "_loop_round_timer"):
-        own = getattr(later, timer)
-        monkeypatch.setattr(later, timer, lambda *args, own=own: timed.append(args) or own(*args))
+    for timer in ("verify_pass_timer", "loop_round_timer"):
+        own = getattr(modeling_medusa, timer)
+        monkeypatch.setattr(modeling_medusa, timer, lambda *args, own=own: timed.append(args) or own(*args))
     got, stats = later.generate(input_features=features, max_new_tokens=16, draft="auto", compile=True,
                                 return_stats=True)
     assert torch.equal(got, expected) and stats["draft"] == first_stats["draft"]

@@ -237,11 +237,13 @@ def test_fusing_keeps_the_captures_of_later_calls(meralion_medusa):
     assert "kept" not in model.round_cache.calls.graphs
 
 
-def test_rotary_table_gives_the_base_rotary_values_and_output(meralion_medusa, monkeypatch):
+def test_rotary_table_gives_the_base_rotary_values_and_output(meralion_medusa):
     """On a GPU the passes gather cos/sin from a table made at prefill by the base's own rotary module: forced on
     here (CPU), the gathered values equal the module's at the same positions and the output stays the base's."""
-    backbone = meralion_medusa.backbone
-    monkeypatch.setattr(type(backbone), "rope_table_devices", ("cpu",))
+    from medusa_options import KernelOptions
+
+    backbone, kernels = meralion_medusa.backbone, meralion_medusa.options.kernels
+    meralion_medusa.set_options(kernels=KernelOptions(rope_table_devices=("cpu",)))
     rng = random.Random(5)
     for index in range(4):
         inputs = make_inputs(meralion_medusa, rng, rng.randint(1, 2))
@@ -253,6 +255,6 @@ def test_rotary_table_gives_the_base_rotary_values_and_output(meralion_medusa, m
     positions = torch.tensor([[0, 7, 700], [5, 6, 4000]])
     for gathered, computed in zip(backbone._rotary(hidden, positions), backbone.model.rotary_emb(hidden, positions)):
         assert torch.equal(gathered, computed)
-    monkeypatch.undo()
+    meralion_medusa.set_options(kernels=kernels)
     meralion_medusa.generate(**inputs, draft="chain", max_new_tokens=1)  # back to computed cos/sin
     assert backbone._rope_table is None

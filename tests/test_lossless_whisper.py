@@ -339,7 +339,7 @@ def test_path_heads_equal_the_base_greedy(speech, fused, tmp_path_factory):
     config = MedusaConfig(**{**fresh.config.to_dict(), "head_kind": "path", "speech_attention": speech})
     model = MedusaForASR(config, base=fresh.base, processor=fresh.processor).eval()
     model.set_draft_vocab(list(range(0, 120, 2)) + [112, 113])
-    model.fused_path_drafting = ("cuda", "cpu") if fused else ()
+    model.set_options(fused_path_drafting=("cuda", "cpu") if fused else ())
     assert isinstance(model.make_drafter(DraftTree.chain(2), "cpu"), FusedPathDrafter) == fused
     rng = random.Random(8)
     for index in range(10):
@@ -374,7 +374,7 @@ def test_chains_that_stop_drafting_early_equal_the_base_greedy(tmp_path_factory)
         features = random_features(batch, 900 + index)
         expected = model.generate(input_features=features, max_new_tokens=max_new, use_medusa=False)
         randomize_heads(model, rng.randint(0, 10_000), std=rng.choice([0.05, 0.2]))
-        model.cpu_chain_stop = stop
+        model.set_options(cpu_chain_stop=stop)
         got, stats = model.generate(input_features=features, max_new_tokens=max_new, draft="chain",
                                     return_stats=True)
         assert torch.equal(expected, got), f"case {index}: stop {stop}, batch {batch}"
@@ -406,7 +406,7 @@ def test_cpu_drafts_come_from_an_int8_copy_of_the_current_heads(tmp_path_factory
     merge, weight = second.heads.blocks[0].merge, model.medusa_heads.blocks[0].merge.weight
     assert second is not first
     assert torch.allclose(merge.rows.float() * merge.scales.float()[:, None], weight, atol=float(weight.abs().max()) / 100)
-    model.int8_cpu_drafting = False
+    model.set_options(int8_cpu_drafting=False)
     assert model.make_drafter(tree, "cpu").heads is model.medusa_heads
 
 

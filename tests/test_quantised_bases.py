@@ -114,7 +114,7 @@ def test_a_base_in_compressed_tensors_offload_cache_moves_with_the_model():
     """compressed-tensors 0.19 under transformers 5.17 (the lent GPU's) keeps a decompressed base's layers in its CPU
     offload cache, which ``.to(device)`` cannot move: the loader makes them ordinary parameters again."""
     offload = pytest.importorskip("compressed_tensors.offload")
-    from modeling_medusa import _undo_compressed_tensors_offloading
+    from base_loading import _undo_compressed_tensors_offloading
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     weight = model[0].weight.detach().clone()

@@ -88,8 +88,6 @@ def test_circles_are_found():
 
 # hardware named, or a time in micro/milliseconds or a percentage: what one machine measured on one day
 MEASURED = re.compile(r"\b(H100|H200|A100|EPYC|Xeon)\b|\d(\.\d+)? ?(us|ms|µs)\b|\d %")
-# their lab notes go with the options/draft-choice rework of the model class (issue 54)
-NOT_YET_CLEAN = {"draft_policy.py", "modeling_medusa.py"}
 
 
 def comments_and_strings(path: Path):
@@ -100,6 +98,5 @@ def comments_and_strings(path: Path):
 
 def test_artifact_code_carries_no_measured_figures():
     found = [f"{path.name}:{line}: {match.group(0)!r}" for path in sorted(ROOT.glob("*.py"))
-             if path.name not in NOT_YET_CLEAN
              for line, text in comments_and_strings(path) for match in MEASURED.finditer(text)]
     assert not found, "measured figures belong in results, not in code: " + "; ".join(found)

@@ -30,7 +30,7 @@ from tools import runtime
 from tools.files import command_line, write_atomic, write_json_atomic
 from backbone import encoder_output
 from backbone_meralion2 import MERaLiON2Backbone
-from draft_policy import cuda_ms
+from draft_timing import cuda_ms
 from draft_trees import DraftTree, build_tree_from_accuracy
 from kv_cache import CachePool
 from medusa_fast import capture_cuda_graph

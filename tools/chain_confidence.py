@@ -11,7 +11,7 @@
 3. Replays the rounds under "draft depth d only while the product of the depths' probabilities so far is at least
    t" (the depth where it falls below is drafted and verified, the ones after it are not): a round then emits
    min(accepted, d) + 1 tokens (none past an EOS) at the cost of a d-draft round, so the rounds' speed-up over
-   plain greedy per threshold t follows. ``MedusaForASR.cpu_chain_stop`` is that t.
+   plain greedy per threshold t follows. ``MedusaOptions.cpu_chain_stop`` is that t.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.manual_seed(0)
     model, _, _ = load_model(resolve_artifact(args.model), "cpu", torch.float32)
-    model.cpu_chain_stop = 0.0  # the full chain: what the replay cuts
+    model.set_options(cpu_chain_stop=0.0)  # the full chain: what the replay cuts
     clips = load_clips(model, read_manifest(args.audio), progress=False)
     depth = model.config.medusa_num_heads
     records = record_rounds(model, clips, depth)

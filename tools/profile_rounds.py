@@ -19,6 +19,7 @@ Writes OUT/round_cost.json and prints a table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -26,13 +27,12 @@ from pathlib import Path
 
 import torch
 
-import cpu_kernels
-import kv_cache
 import medusa_heads
-from draft_policy import cuda_ms
+from draft_timing import cuda_ms
 from draft_trees import DraftTree, build_tree_from_accuracy
 from medusa_decoding import accept
 from medusa_fast import CapturedRounds, capture_cuda_graph
+from medusa_options import KernelOptions
 from tools import cli_args
 from tools.files import command_line, write_json_atomic
 
@@ -73,13 +73,11 @@ def build_model(shape: str, dtype, device, head_kind: str, draft_vocab: int, enc
     return model
 
 
-ARGMAX_BLOCK = cpu_kernels.COMPILED_GPU_ARGMAX_BLOCK
-
-
-def use_compiled_forms(new: bool) -> None:
-    """The compiled rounds' cache write and argmax as they are (``new``) or as they were before 2026-12-04."""
-    kv_cache.StaticKVCache.index_put_when_compiled = new
-    cpu_kernels.COMPILED_GPU_ARGMAX_BLOCK = ARGMAX_BLOCK if new else 0
+def compiled_forms(new: bool, kernels: KernelOptions | None = None) -> KernelOptions:
+    """``kernels`` (default: the defaults) with the compiled rounds' cache write and argmax as they are (``new``) or
+    as they were before (the per-layer scatter, one plain argmax)."""
+    kernels = kernels or KernelOptions()
+    return kernels if new else dataclasses.replace(kernels, cache_index_put=False, gpu_argmax_block=0)
 
 
 def drafts_for(num_heads: int) -> dict:
@@ -305,10 +303,10 @@ def main(argv=None) -> int:
                             for f in args.fused_drafting.split(",") for q in args.fused_projections.split(",")
                             for c in args.compiled_forms.split(",")]
                 for kind, attention, fused, fused_projections, forms in variants:
-                    use_compiled_forms(forms == "new")
                     model = build_model(shape, dtype, device, kind, args.draft_vocab)
+                    model.set_options(kernels=compiled_forms(forms == "new"))
                     model.backbone.half_attention = attention
-                    model.fused_path_drafting = ("cuda",) if fused == "on" else ()
+                    model.set_options(fused_path_drafting=("cuda",) if fused == "on" else ())
                     if fused_projections == "on" and device.type == "cuda":
                         model.backbone.fuse_projections()  # as generate() does on a GPU
                     for name, tree in drafts_for(4).items():

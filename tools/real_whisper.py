@@ -74,7 +74,7 @@ ALIASES = {
     "whisper-base": "openai/whisper-base",
 }
 
-MARKER = "conversion.json"  # written last into a finished folder; = modeling_medusa.CONVERSION_MARKER
+MARKER = "conversion.json"  # written last into a finished folder; = base_loading.CONVERSION_MARKER
 # Bumped when the converted output changes; folders written by another version are converted again.
 # 2: multilingual generation config forces <|transcribe|> after the detected language, as the Hub's does.
 CONVERTER_VERSION = 2
@@ -88,7 +88,7 @@ class ConversionError(RuntimeError):
 
 
 def cache_root(cache_dir: Path | None = None) -> Path:
-    """``cache_dir``, else the project's one cache folder (``modeling_medusa.cache_dir``), where loading the
+    """``cache_dir``, else the project's one cache folder (``medusa_options.cache_dir``), where loading the
     artifact looks for converted bases."""
     if cache_dir is not None:
         return Path(cache_dir)

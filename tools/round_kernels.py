@@ -15,7 +15,7 @@ import time
 import torch
 
 from backbone_meralion2 import MERaLiON2Backbone  # noqa: E402
-from draft_policy import cuda_ms  # noqa: E402
+from draft_timing import cuda_ms  # noqa: E402
 from kv_cache import CachePool  # noqa: E402
 from medusa_decoding import MedusaStats, run_rounds  # noqa: E402
 from medusa_fast import CapturedRounds  # noqa: E402

@@ -25,11 +25,12 @@ import torch
 from backbone_meralion2 import MERaLiON2Backbone  # noqa: E402
 from backbone import compile_fixed_shape  # noqa: E402
 from medusa_fast import capture_cuda_graph  # noqa: E402
-from draft_policy import cuda_ms  # noqa: E402
+from draft_timing import cuda_ms  # noqa: E402
 from tools.benchmark_gpu import measure_copy_bandwidth, time_cuda, verify_pass  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 from tools.meralion2_shaped import build_model, decoder_bytes, make_prompt  # noqa: E402
-from tools.profile_rounds import use_compiled_forms  # noqa: E402
+from medusa_options import KernelOptions  # noqa: E402
+from tools.profile_rounds import compiled_forms  # noqa: E402
 
 KINDS = (("product", ("gemm", "gemv", "nvjet", "cutlass", "sm90_xmma", "splitk", "triton_tem")),
          ("attention", ("flash", "fmha", "attention", "sdpa")),
@@ -61,8 +62,9 @@ def kernel_table(replay, replays: int = 20, top: int = 12) -> dict:
             "top_kernels_us": dict(per_kernel.most_common(top))}
 
 
-def use_variant(variant: str) -> None:
-    """Class and inductor settings for one ``--variants`` entry (defaults for every setting it does not name)."""
+def use_variant(variant: str) -> KernelOptions:
+    """Inductor settings for one ``--variants`` entry, and the kernel forms it names (defaults for every setting it
+    does not name)."""
     import torch._inductor.config as inductor
 
     settings = set(variant.split("+")) - {"now"}
@@ -70,9 +72,11 @@ def use_variant(variant: str) -> None:
     unknown = settings - set(known)
     if unknown:
         raise SystemExit(f"unknown variant setting(s) {sorted(unknown)}: use {', '.join(known)}")
-    MERaLiON2Backbone.compiled_cache_form = next((f for f in ("rows", "broadcast") if f in settings), DEFAULTS["cache_form"])
-    MERaLiON2Backbone.rope_table_devices = (() if "computed" in settings else ("cuda",) if "table" in settings
-                                            else DEFAULTS["rope_table_devices"])
+    defaults = KernelOptions()
+    kernels = KernelOptions(grouped_attention=next((f for f in ("rows", "broadcast") if f in settings),
+                                                   defaults.grouped_attention),
+                            rope_table_devices=(() if "computed" in settings else ("cuda",) if "table" in settings
+                                                else defaults.rope_table_devices))
     inductor.coordinate_descent_tuning = "tuned" in settings
     inductor.triton.multi_kernel = 1 if "multikernel" in settings else 0
     inductor.triton.cooperative_reductions = "cooperative" in settings
@@ -80,12 +84,11 @@ def use_variant(variant: str) -> None:
         raise SystemExit(f"variant setting 'pdl' needs inductor's triton.enable_pdl, which torch {torch.__version__} lacks")
     if hasattr(inductor.triton, "enable_pdl"):
         inductor.triton.enable_pdl = "pdl" in settings
-    use_compiled_forms("old" not in settings)
     torch.backends.cuda.preferred_blas_library("cublaslt" if "cublaslt" in settings else DEFAULTS["blas"])
+    return compiled_forms("old" not in settings, kernels)
 
 
-DEFAULTS = {"cache_form": MERaLiON2Backbone.compiled_cache_form, "rope_table_devices": MERaLiON2Backbone.rope_table_devices,
-            "blas": torch.backends.cuda.preferred_blas_library()}
+DEFAULTS = {"blas": torch.backends.cuda.preferred_blas_library()}
 
 
 def capture(backbone, inputs, n: int, autotune: bool):
@@ -137,8 +140,9 @@ def main() -> None:
         for autotune in args.autotune.split(","):
             graphs = {}
             for variant in args.variants.split(","):
-                use_variant(variant)
+                kernels = use_variant(variant)
                 backbone = MERaLiON2Backbone(model)  # (a fresh one: the rotary table is made at prefill)
+                backbone.kernels = kernels
                 backbone.fused = fused.fused  # (fusing again would copy the weights once more for every variant)
                 graphs[variant] = capture(backbone, inputs, n, autotune == "on")
                 rows.append({"variant": variant, "tokens": n, "autotuned_products": autotune == "on",
