@@ -284,6 +284,7 @@ class MedusaForASR(SpeechIO, PreTrainedModel):
         """Prefill and Medusa rounds for one batch (a direct call, or one window of the base's generate);
         returns (tokens generated per row, the prompt)."""
         on_cuda, graphs = self.backbone.device.type == "cuda", self._replays_graphs(options.cuda_graph)
+        _suggest_bfloat16(on_cuda, self.dtype)
         captured = on_cuda if options.cuda_graph is None else options.cuda_graph  # off CUDA: fixed shapes, no capture
         fixed_shape = captured or options.compile
         candidates = self.draft_policy.candidates(options.draft)
@@ -390,6 +391,19 @@ class MedusaForASR(SpeechIO, PreTrainedModel):
 
 
 MERaLiON2MedusaForASR = MedusaForASR  # the name the seed's snippet uses
+
+
+class Float32OnGPU(UserWarning):
+    """A model decoding in float32 on a GPU, where bfloat16 would be faster."""
+
+
+def _suggest_bfloat16(on_cuda: bool, dtype: torch.dtype) -> None:
+    """One line (Python shows a warning from one place once) for a float32 model on a GPU: transformers loads
+    Whisper in float32 unless told otherwise, and there every product runs at float32's rate."""
+    if on_cuda and dtype == torch.float32:
+        warnings.warn("Decoding in float32 on a GPU: load with dtype=torch.bfloat16 for faster rounds (ids then equal "
+                      "the bfloat16 base's; they part from float32's only at near-ties of its top two scores).",
+                      Float32OnGPU, stacklevel=2)
 
 
 def _artifact_config(folder: str, config) -> tuple[MedusaConfig, Path]:

@@ -81,3 +81,4 @@ def test_kept_compiled_timings_let_a_later_model_compile_only_the_draft_it_runs(
                                 return_stats=True)
     assert torch.equal(got, expected) and stats["draft"] == first_stats["draft"]
     assert not timed and len(later.round_cache.runners) == 1
+

@@ -107,3 +107,23 @@ def test_a_downloaded_artifact_without_its_base_says_how_to_get_it(artifact, tmp
     assert len(err) == 1, err
     assert "hf download openai/whisper-tiny.en" in err[0] and "python -m tools.real_whisper" in err[0]
     assert "base_model_name_or_path" in err[0]
+
+
+def test_a_float32_model_on_a_gpu_is_told_once_in_one_line_about_bfloat16():
+    """A float32 model on CUDA (transformers' default for Whisper) hears once, in one line, that bfloat16 decodes
+    faster; bfloat16 on CUDA and float32 on a CPU hear nothing. The check itself needs no GPU."""
+    import warnings
+
+    from modeling_medusa import Float32OnGPU, _suggest_bfloat16
+
+    def decode_once(on_cuda, dtype):
+        _suggest_bfloat16(on_cuda, dtype)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            decode_once(True, torch.float32)
+            decode_once(True, torch.bfloat16)
+            decode_once(False, torch.float32)
+    notes = [w for w in caught if issubclass(w.category, Float32OnGPU)]
+    assert len(notes) == 1 and "\n" not in str(notes[0].message) and "dtype=torch.bfloat16" in str(notes[0].message)
