@@ -53,7 +53,8 @@ test-whisper: system-deps $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -q tests
 
 test-meralion2: $(VENV_MERALION2)/.installed
-	$(VENV_MERALION2)/bin/python -m pytest -q tests/test_lossless_meralion2.py tests/test_meralion2_standin.py tests/test_artifact.py tests/test_pipeline.py tests/test_meralion2_cli.py tests/test_base_contract.py
+	$(VENV_MERALION2)/bin/python -m pytest -q tests/test_lossless_meralion2.py tests/test_meralion2_standin.py tests/test_artifact.py tests/test_pipeline.py tests/test_meralion2_cli.py tests/test_base_contract.py \
+	    tests/test_base_consent.py tests/test_export_vllm.py
 
 system-deps:
 	@missing=""; for c in flite ffmpeg; do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
