@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.collect import run_cli
+from tools import cli_args
 from tools.audio_io import load_audio
 from tools.files import write_atomic, write_atomic_with
 
@@ -65,8 +66,8 @@ def main(argv=None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--audio", required=True, type=Path, help="manifest.jsonl of the clips (pipeline.synth_speech)")
     p.add_argument("--out", required=True, type=Path, help="folder for the joined recordings and their manifest")
-    p.add_argument("--max-seconds", type=float, default=28.0, help="longest recording (Whisper's window is 30 s)")
-    p.add_argument("--pause", type=float, default=0.5, help="seconds of silence between two clips")
+    p.add_argument("--max-seconds", type=cli_args.positive_float, default=28.0, help="longest recording (Whisper's window is 30 s)")
+    p.add_argument("--pause", type=cli_args.non_negative_float, default=0.5, help="seconds of silence between two clips")
     args = p.parse_args(argv)
     if not 0 < args.max_seconds <= 30:
         raise SystemExit(f"--max-seconds {args.max_seconds}: use a value in (0, 30], one Whisper window")

@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
-from tools import audio_io, runtime, transcribe
+from tools import audio_io, cli_args, runtime, transcribe
 
 EPILOG = """\
 Several machines: start Ray on each, then run the command on any of them (this repository at the same path on
@@ -378,9 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="float32, bfloat16, float16 or auto (float32 on a CPU, bf16/fp16 on a GPU)")
     parser.add_argument("--workers", type=runtime.positive_int, default=1,
                         help="actors, each holding the model once (default: 1)")
-    parser.add_argument("--gpus-per-worker", type=float, default=None,
+    parser.add_argument("--gpus-per-worker", type=cli_args.positive_float, default=None,
                         help="GPUs each actor reserves (default: 1 with --device cuda, else 0)")
-    parser.add_argument("--cpus-per-worker", type=float, default=1.0,
+    parser.add_argument("--cpus-per-worker", type=cli_args.positive_float, default=1.0,
                         help="CPUs each actor reserves on a CPU device, and its torch threads (default: 1)")
     parser.add_argument("--batch-size", type=runtime.positive_int, default=8,
                         help="recordings per batched generate call (default: 8)")

@@ -23,6 +23,7 @@ import torch
 
 from draft_trees import DraftTree
 from medusa_heads import draft_probability
+from tools import cli_args
 from tools.benchmark_inputs import load_clips, load_model, read_manifest, resolve_artifact
 from tools.files import command_line, write_json_atomic
 
@@ -111,9 +112,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.chain_confidence", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="heads/whisper-tiny.en")
     p.add_argument("--audio", default="work_data/eval_speech/manifest.jsonl")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cost-clips", type=int, default=None, help="time the rounds on the first N clips (default: all)")
-    p.add_argument("--thresholds", default="0,0.1,0.2,0.3,0.4,0.45,0.5,0.55,0.6,0.65,0.7,0.8,0.9")
+    p.add_argument("--repeats", type=cli_args.positive_int, default=3)
+    p.add_argument("--cost-clips", type=cli_args.positive_int, default=None, help="time the rounds on the first N clips (default: all)")
+    p.add_argument("--thresholds", type=cli_args.fractions_text, default="0,0.1,0.2,0.3,0.4,0.45,0.5,0.55,0.6,0.65,0.7,0.8,0.9")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     torch.manual_seed(0)

@@ -23,6 +23,7 @@ from medusa_heads import MedusaDrafter  # noqa: E402
 from tools.verify_pass_kernels import kernel_table  # noqa: E402
 from tools.benchmark_gpu import draft_trees  # noqa: E402
 from tools.profile_rounds import wall_ms  # noqa: E402
+from tools import cli_args  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 from tools.meralion2_shaped import (DRAFTER_COSTS, SEED_TOP1, build_model, make_prompt, plain_continuation,  # noqa: E402
                                     prefill, rank_profile, replay_drafter)
@@ -61,19 +62,19 @@ def driven_ms(runner, start, new_tokens: int) -> tuple[float, int]:
     return elapsed * 1000 / stats.rounds, stats.rounds
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.round_kernels", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="meralion2-3b")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--text-layers", type=int, default=None, help="fewer decoder layers (a check of the script)")
+    parser.add_argument("--text-layers", type=cli_args.positive_int, default=None, help="fewer decoder layers (a check of the script)")
     parser.add_argument("--drafts", default="none,chain,tree-32")
-    parser.add_argument("--rounds", type=int, default=16, help="rounds timed (and profiled) back to back")
-    parser.add_argument("--batch", type=int, default=1, help="rows of every round (the same prompt repeated)")
-    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--rounds", type=cli_args.positive_int, default=16, help="rounds timed (and profiled) back to back")
+    parser.add_argument("--batch", type=cli_args.positive_int, default=1, help="rows of every round (the same prompt repeated)")
+    parser.add_argument("--top", type=cli_args.positive_int, default=25)
     parser.add_argument("--drafter-cost", choices=DRAFTER_COSTS, default="replay",
                         help="heads: the replayed drafts at trained heads' cost (tools.meralion2_shaped.HeadsCostDrafter)")
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
     model = build_model(device, torch.bfloat16 if device.type == "cuda" else torch.float32, args.shape, args.text_layers)
     backbone = MERaLiON2Backbone(model)

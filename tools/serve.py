@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tools import audio_io, runtime, transcribe
+from tools import audio_io, cli_args, runtime, transcribe
 from tools.speech_batch import DecodeOptions, ModelOptions, Result, SpeechBatcher
 
 EPILOG = """\
@@ -268,16 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="auto", type=runtime.dtype_name, help="float32, bfloat16, float16, auto")
     parser.add_argument("--threads", type=runtime.positive_int, default=None, help="torch CPU threads per replica")
     parser.add_argument("--no-medusa", action="store_true", help="plain greedy decoding, heads unused")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="(default: 8000)")
+    parser.add_argument("--host", type=str, default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=cli_args.Number(int, 1, 65535), default=8000, help="(default: 8000)")
     parser.add_argument("--replicas", type=runtime.positive_int, default=1, help="model replicas (default: 1)")
-    parser.add_argument("--gpus-per-replica", type=float, default=None,
+    parser.add_argument("--gpus-per-replica", type=cli_args.positive_float, default=None,
                         help="GPUs per replica (default: 1 with --device cuda, else 0)")
     parser.add_argument("--max-batch-size", type=runtime.positive_int, default=16,
                         help="requests batched into one generate (default: 16)")
-    parser.add_argument("--batch-wait-s", type=float, default=0.05,
+    parser.add_argument("--batch-wait-s", type=cli_args.non_negative_float, default=0.05,
                         help="how long a batch waits for more requests (default: 0.05 s)")
-    parser.add_argument("--max-upload-mb", type=float, default=MAX_UPLOAD_MB, help="(default: 25)")
+    parser.add_argument("--max-upload-mb", type=cli_args.positive_float, default=MAX_UPLOAD_MB, help="(default: 25)")
     parser.add_argument("--address", default=None, help="Ray cluster to join (auto: the one `ray start` made here)")
     return parser
 

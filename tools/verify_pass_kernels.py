@@ -27,6 +27,7 @@ from backbone import compile_fixed_shape  # noqa: E402
 from medusa_fast import capture_cuda_graph  # noqa: E402
 from draft_timing import cuda_ms  # noqa: E402
 from tools.benchmark_gpu import measure_copy_bandwidth, time_cuda, verify_pass  # noqa: E402
+from tools import cli_args  # noqa: E402
 from tools.files import command_line, write_json_atomic  # noqa: E402
 from tools.meralion2_shaped import build_model, decoder_bytes, make_prompt  # noqa: E402
 from medusa_options import KernelOptions  # noqa: E402
@@ -114,16 +115,16 @@ def interleaved_ms(replays: dict, repeats: int = 30, timer=cuda_ms) -> dict:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.verify_pass_kernels", description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="meralion2-3b")
-    parser.add_argument("--tokens", default="1,5")
-    parser.add_argument("--batch", type=int, default=1, help="rows a pass verifies, each with --tokens tokens")
+    parser.add_argument("--tokens", type=cli_args.positive_ints_text, default="1,5")
+    parser.add_argument("--batch", type=cli_args.positive_int, default=1, help="rows a pass verifies, each with --tokens tokens")
     parser.add_argument("--autotune", default="off,on")
     parser.add_argument("--variants", default="now", help="comma-separated variants of the pass (see the module's doc)")
-    parser.add_argument("--top", type=int, default=12, help="how many of the costliest kernels to list")
+    parser.add_argument("--top", type=cli_args.positive_int, default=12, help="how many of the costliest kernels to list")
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     model = build_model(torch.device("cuda"), torch.bfloat16, args.shape, None)
     floor_ms = decoder_bytes(model) / measure_copy_bandwidth(torch.device("cuda")) * 1000
     inputs = make_prompt(model, args.batch, model.device)

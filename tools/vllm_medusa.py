@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from tools import cli_args
+
 ROOT = Path(__file__).resolve().parents[1]
 
 PROMPT = "<|startoftranscript|><|en|><|transcribe|><|notimestamps|>"
@@ -150,14 +152,14 @@ def main(argv=None) -> int:
     r.add_argument("--heads", required=True, help="the heads artifact (residual-block heads)")
     r.add_argument("--audio", type=Path, default=ROOT / "work_data/eval_speech/manifest.jsonl")
     r.add_argument("--out", type=Path, required=True)
-    r.add_argument("--limit", type=int)
-    r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--limit", type=cli_args.positive_int)
+    r.add_argument("--threads", type=cli_args.positive_int, default=2)
     v = steps.add_parser("vllm", help="vLLM greedy and vLLM + Medusa (vLLM's environment)")
     v.add_argument("--reference", type=Path, required=True)
     v.add_argument("--draft-model", type=Path, required=True, help="folder written by pipeline.export_vllm")
     v.add_argument("--audio", type=Path, default=ROOT / "work_data/eval_speech/manifest.jsonl")
     v.add_argument("--base", help="base folder for vLLM (default: the reference's)")
-    v.add_argument("--num-speculative-tokens", type=int, default=4)
+    v.add_argument("--num-speculative-tokens", type=cli_args.positive_int, default=4)
     v.add_argument("--summary", type=Path, help="merge the row into this summary (benchmarks/scale_out/summary.json)")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
