@@ -441,7 +441,7 @@ def _through_base_generate(model: MedusaForASR, kwargs: dict, max_new_tokens, mi
     ``decode(plan)`` as its decoding loop for every window it can describe as a ``WindowPlan``."""
     from transformers.generation.utils import GenerationMixin
 
-    def decode_window(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+    def decode_window(base, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
         plan = model.backbone.window_plan(input_ids, logits_processor, stopping_criteria, generation_config,
                                          model_kwargs)
         if isinstance(plan, str):
@@ -451,7 +451,7 @@ def _through_base_generate(model: MedusaForASR, kwargs: dict, max_new_tokens, mi
                               f"greedy attempts only).", stacklevel=2)
             else:
                 warnings.warn(f"Medusa decoding does not support {plan}; this window uses the base's own decoding.")
-            return GenerationMixin._sample(model, input_ids, logits_processor, stopping_criteria,
+            return GenerationMixin._sample(base, input_ids, logits_processor, stopping_criteria,
                                            generation_config, **model_kwargs)
         generated, _ = decode(plan)
         sequences = torch.cat([input_ids, model.backbone.padded(generated, input_ids)], dim=1)
