@@ -40,7 +40,8 @@ def main(argv: list[str]) -> int:
     try:
         print(transcribe(*argv))
     except (OSError, ValueError, soundfile.LibsndfileError) as error:  # no heads, no base, untrusted base code, bad audio
-        print(f"example_inference.py: {" ".join(str(error).split())}", file=sys.stderr)
+        message = " ".join(str(error).split())
+        print(f"example_inference.py: {message}", file=sys.stderr)
         return 2
     return 0
 
