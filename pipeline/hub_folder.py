@@ -78,7 +78,7 @@ def _processor(source):
 def converted_base(base: str) -> Path | None:
     """The copy of ``base`` converted offline (``tools.real_whisper``), converting it on first use; None for a
     base it knows no source for."""
-    from pipeline import real_whisper
+    from tools import real_whisper
 
     if real_whisper.canonical_id(base) not in real_whisper.KNOWN_MODELS:
         return None

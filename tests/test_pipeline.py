@@ -893,7 +893,8 @@ def test_hub_folder_converts_a_known_base_it_finds_no_copy_of(tmp_path, monkeypa
     import modeling_medusa
     from tiny_models import build_tiny_whisper
 
-    from pipeline import hub_folder, real_whisper
+    from pipeline import hub_folder
+    from tools import real_whisper
 
     artifact = tmp_path / "artifact"
     artifact.mkdir()

@@ -6,7 +6,7 @@ without Medusa; every row says whether its texts equal the single-process comman
 
     nice -n 10 python -m tools.bench_scale_out --clips 8
 
-The clips are flite speech of the long-recording sentences (``pipeline.long_recording``), written under
+The clips are flite speech of the long-recording sentences (``tools.long_recording``), written under
 --work. Each row records the command, the date, and the machine's load average before and after the run.
 """
 
