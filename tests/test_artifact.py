@@ -308,8 +308,18 @@ def test_readme_automodel_finds_the_offline_converted_base(artifact, base_folder
 
     monkeypatch.setenv("MEDUSA_ASR_CACHE", str(tmp_path / "cache"))
     hub_named = edited_copy(artifact, tmp_path / "hub_named", base_model_name_or_path="openai/whisper-tiny.en")
-    sf.write(tmp_path / "a.wav", np.zeros(1600, np.float32), 16000)
-    cli = [str(tmp_path / "a.wav"), "--model", str(hub_named), "--quiet"]
+    noise = np.random.default_rng(5).normal(0, 0.1, 1600).astype(np.float32)  # (the CLI fails a silent file)
+    sf.write(tmp_path / "a.wav", noise, 16000)
+    cli = [str(tmp_path / "a.wav"), "--model", str(hub_named), "--max-new-tokens", "8", "--quiet"]
+
+    def decodes(args) -> bool:
+        """The CLI loaded the model and decoded the file: the tiny base's ids decode to no text, which the CLI
+        counts as a failed file (exit 1, no output written), not as a user error."""
+        capsys.readouterr()
+        code = transcribe.main(args)
+        err = capsys.readouterr().err
+        return code == 0 or (code == 1 and "the model produced no text" in err and "Traceback" not in err)
+
     with pytest.raises(OSError, match="base_model_name_or_path"):
         AutoModel.from_pretrained(str(hub_named), trust_remote_code=True)
     from tools import real_whisper
@@ -327,8 +337,8 @@ def test_readme_automodel_finds_the_offline_converted_base(artifact, base_folder
     (converted / "conversion.json").write_text(json.dumps({"hub_id": "openai/whisper-tiny.en"}))
     model = AutoModel.from_pretrained(str(hub_named), trust_remote_code=True)
     assert Path(model.base.name_or_path) == converted
-    assert transcribe.main(cli) == 0
-    assert transcribe.main(cli + ["--base", str(base_folder[0])]) == 0
+    assert decodes(cli)
+    assert decodes(cli + ["--base", str(base_folder[0])])
     capsys.readouterr()
     assert transcribe.main(cli + ["--base", str(tmp_path / "elsewhere")]) == transcribe.EXIT_USER_ERROR
     assert "elsewhere" in capsys.readouterr().err
