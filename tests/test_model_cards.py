@@ -46,11 +46,11 @@ def test_card_is_rendered_from_the_template_and_its_committed_results(folder):
 
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     rows = read_rows(folder) if folder in ARTIFACTS else shipped_rows()
-    assert rows, f"{folder}: no benchmark rows"
+    assert rows or config.get("card_note"), f"{folder}: no benchmark rows, and no card_note saying why"
     assert (folder / "README.md").read_text(encoding="utf-8") == render_model_card(
-        config, rows, PLOT_FILE, trained=folder in ARTIFACTS)
+        config, rows, PLOT_FILE if rows else None, trained=folder in ARTIFACTS)
     assert "benchmark" not in config or not config["benchmark"]  # the record lives in results.json
-    if folder in ARTIFACTS:
+    if folder in ARTIFACTS and rows:
         results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
         assert results["command"].startswith("python -m pipeline.update_card")
         assert all(row["command"].startswith("python -m tools.benchmark") for row in results["rows"])
@@ -69,7 +69,9 @@ def test_card_is_one_page_with_short_sentences_a_named_licence_and_its_plot(fold
         ast.parse(code)
     assert "pip install" in code_blocks(body, "bash")[0]
     plots = re.findall(r"!\[[^]]*\]\(([^)]+)\)", body)
-    assert plots and all((folder / p).is_file() and (folder / p).stat().st_size < MAX_PLOT_BYTES for p in plots)
+    unmeasured = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("card_note")
+    assert plots or unmeasured  # an artifact measured nowhere says why, in bold, under its intro
+    assert all((folder / p).is_file() and (folder / p).stat().st_size < MAX_PLOT_BYTES for p in plots)
     for term in ("draft", "verify pass", "round", "tree"):
         assert f"*{term}*" in body  # defined where it is first used
     if folder == ROOT:

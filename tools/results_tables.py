@@ -156,13 +156,13 @@ def render() -> str:
         shown.add(BENCHMARKS / relative)
         text = (f"## {title}\n\n`benchmarks/{relative}` ({summary['gpu']}, torch {summary['torch']}, "
                 f"transformers {summary['transformers']}, {summary['date']}). {summary.get('note', '')}".rstrip()
-                + " Dynamic-cache rows: in the file.\n\n" + gpu_decode(summary))
+                + "\n\n" + gpu_decode(summary))
         if summary["verify"]:
             text += ("\n\nMilliseconds of one verify pass by tokens verified (floor: the weights' bytes at the "
                      "measured copy bandwidth):\n\n" + gpu_verify(summary))
         sections.append(text + "\n\n" + _commands([summary["command"]] + [r["command"] for r in summary["runs"]]))
-    sections.append("## Other result files\n\nUnder `benchmarks/`, each with its date and the program that wrote it; the "
-                    "full command is inside each file.\n\n" + other_files(shown))
+    sections.append("## Other result files\n\nUnder `benchmarks/`, with date and program; each file holds its full "
+                    "command.\n\n" + other_files(shown))
     return "\n\n".join(sections) + "\n"
 
 
