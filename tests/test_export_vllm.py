@@ -130,7 +130,8 @@ def test_meralion2_standin_heads_export(tmp_path):
     from standin import build_meralion2_standin
 
     base = build_meralion2_standin(tmp_path / "standin", seed=0)
-    model = MedusaForASR.from_base(str(base), family="meralion2", medusa_num_heads=HEADS, medusa_num_layers=LAYERS)
+    model = MedusaForASR.from_base(str(base), family="meralion2", medusa_num_heads=HEADS, medusa_num_layers=LAYERS,
+                                   trust_base_remote_code=True)
     folder = artifact(model, tmp_path / "heads", draft_vocab=list(range(0, model.config.vocab_size, 2)))
     check_export(model, folder, tmp_path / "vllm", hidden_size=model.config.hidden_size)
 
