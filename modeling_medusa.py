@@ -120,17 +120,14 @@ class MedusaForASR(SpeechIO, PreTrainedModel):
             check_fits(config, self.backbone)
             check_on_one_device(base)
             base.requires_grad_(False)
-            param = next(base.parameters())
-            self.medusa_heads.to(device=param.device, dtype=param.dtype)
+            self.medusa_heads.to(next(base.parameters()))  # the base's device and dtype
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, base_model=None,
                         base_model_name_or_path=None, processor=None, trust_base_remote_code: bool = False,
                         options: MedusaOptions | None = None, **kwargs):
-        """Load the artifact: its config, the base model it names, and the trained heads. A base of a family that
-        runs its own code (MERaLiON-2) runs it when it is the base the artifact names, or with
-        ``trust_base_remote_code=True`` (a ``base_model_name_or_path`` the caller chose). ``options``: how the model
-        decodes (``MedusaOptions``)."""
+        """Load the artifact: its config, the base it names and the trained heads. A base's own code (MERaLiON-2)
+        runs for the base the artifact names, else only with ``trust_base_remote_code=True``."""
         folder = _resolve_artifact(pretrained_model_name_or_path, kwargs)
         config, heads_path = _artifact_config(folder, config)
         if base_model_name_or_path:
@@ -148,8 +145,7 @@ class MedusaForASR(SpeechIO, PreTrainedModel):
     def from_base(cls, base_model_name_or_path: str, family: str | None = None, medusa_num_heads: int = 4,
                   medusa_num_layers: int = 1, base_model=None, processor=None, head_kind: str = "medusa",
                   speech_attention: bool = False, trust_base_remote_code: bool = False, **kwargs):
-        """Fresh (zero-initialised) heads on a frozen base: the starting point for training. A base of a family that
-        runs its own code (MERaLiON-2) needs ``trust_base_remote_code=True``."""
+        """Fresh (zero-initialised) heads on a frozen base, for training (MERaLiON-2: ``trust_base_remote_code``)."""
         if base_model is None:
             base_model, processor = load_base_model(base_model_name_or_path, family,
                                                     trust_base_code=trust_base_remote_code, **kwargs)
