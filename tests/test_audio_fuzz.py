@@ -6,9 +6,7 @@ address space (issue 53)."""
 from __future__ import annotations
 
 import json
-import resource
 import struct
-import subprocess
 import sys
 from pathlib import Path
 
@@ -193,11 +191,9 @@ def test_random_headers_decode_right_or_are_refused_in_one_line_in_bounded_memor
             f"import test_audio_fuzz\ncounts = test_audio_fuzz.fuzz({str(tmp_path)!r})\n"
             "peak = int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])\n"
             "print(json.dumps({'counts': counts, 'peak_rss_kib': peak}))")
+    from test_audio_reader import run_limited
 
-    def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, preexec_fn=limit)
+    done = run_limited(code, MEMORY_LIMIT, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
     counts = result["counts"]

@@ -55,7 +55,11 @@ def load_in_subprocess(path: Path, memory_limit: int = 2 << 30, timeout: float =
             f"try:\n    print(len(audio_io.load_audio({str(path)!r}, **{options!r})))\n"
             "except audio_io.AudioError as error:\n    print(error)\n"
             "print(peak_rss_kib())")
+    return run_limited(code, memory_limit, timeout)
 
+
+def run_limited(code: str, memory_limit: int, timeout: float) -> subprocess.CompletedProcess:
+    """``python -c code`` in a fresh process held to ``memory_limit`` bytes of address space."""
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
 
