@@ -498,7 +498,7 @@ def _attend_memory_float32(query, keys, values, scale: float) -> torch.Tensor:
     products, then adding them, spreads that reduction over the GPU (``benchmarks/float32_gpu``)."""
     batch, heads, n, width = query.shape
     length = keys.shape[-2]
-    probs = torch.softmax(torch.matmul(query * scale, keys.transpose(-1, -2)), dim=-1)
+    probs = torch.softmax(torch.matmul(query if scale == 1.0 else query * scale, keys.transpose(-1, -2)), dim=-1)
     chunks = _memory_chunks(length) if n > 1 else 1
     if chunks == 1:
         return torch.matmul(probs, values)
