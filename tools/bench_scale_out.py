@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tools import runtime, scale_out_rows, transcribe
+from tools import cli_args, runtime, scale_out_rows, transcribe
 
 VOICES = ("slt", "rms", "awb", "kal16")
 CONCURRENCY = (1, 4, 16)
@@ -44,10 +44,17 @@ def make_clips(folder: Path, count: int) -> list[Path]:
     return paths
 
 
-def single_process_texts(clips: list[Path], folder: Path, model: str) -> dict[str, str]:
+def manifest_clips(manifest: Path) -> list[Path]:
+    """The audio files a manifest.jsonl names (paths relative to its folder)."""
+    rows = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
+    return [(manifest.parent / row["audio"]).resolve() for row in rows]
+
+
+def single_process_texts(clips: list[Path], folder: Path, model: str, device: str = "cpu",
+                         dtype: str = "auto") -> dict[str, str]:
     """Per clip, the text of ``python -m tools.transcribe CLIPS --format json`` (run in this process)."""
     code = transcribe.main([*map(str, clips), "--model", model, "--format", "json", "--output", str(folder),
-                            "--overwrite", "--quiet", "--device", "cpu"])
+                            "--overwrite", "--quiet", "--device", device, "--dtype", dtype])
     if code != 0:
         raise RuntimeError(f"the single-process command failed on the clips (exit {code})")
     return {str(p.resolve()): json.loads((folder / f"{p.stem}.json").read_text())["text"] for p in clips}
@@ -68,6 +75,37 @@ def ray_data_rows(clips, reference, work: Path, model: str, batch_size: int) -> 
                      "identical_to_single_process": all(written[p]["text"] == t for p, t in reference.items()),
                      "note": "wall from the call to the last row written: Ray Data's start, each actor's model load "
                              "and the writes included"})
+    return rows
+
+
+def actor_batch_rows(clips, reference, model: str, batch_sizes: list[int], device: str, dtype: str,
+                     total: int) -> list[dict]:
+    """Clips/s of one bulk actor's batch function (``SpeechBatcher``, what each Ray Data actor runs) at each batch
+    size, with and without Medusa, on ``total`` recordings (the clips repeated), after one untimed batch; timed
+    without Ray, which adds its scheduling around the same calls (e.g. on a GPU host where Ray is not installed)."""
+    from tools import audio_io, speech_batch
+
+    audios = [audio_io.load_audio(str(clips[i % len(clips)])) for i in range(total)]
+    expected = [reference[str(clips[i % len(clips)])] for i in range(total)]
+    options, rows = speech_batch.DecodeOptions(), []
+    for medusa in (True, False):
+        batcher = speech_batch.SpeechBatcher(speech_batch.ModelOptions(model=model, device=device, dtype=dtype,
+                                                                       medusa=medusa))
+        checked = batcher.check(options)
+        for batch_size in batch_sizes:
+            batcher.batch_size = batch_size
+            batcher.transcribe(audios[:batch_size], checked)  # (first calls: allocations, graphs, draft timing)
+            started = time.perf_counter()
+            results = batcher.transcribe(audios, checked)
+            wall = time.perf_counter() - started
+            rows.append({"engine": "ray_data", "workers": 1, "medusa": medusa, "clips": total,
+                         "clips_per_s": round(total / wall, 2), "wall_s": round(wall, 3), "batch_size": batch_size,
+                         "errors": sum(r.error is not None for r in results),
+                         "identical_to_single_process": [r.text for r in results] == expected,
+                         "draft": results[0].draft, "without_ray": True,
+                         "note": "one actor's batch function (tools.speech_batch.SpeechBatcher) timed without Ray; "
+                                 "model loading excluded"})
+        del batcher
     return rows
 
 
@@ -126,25 +164,39 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Ray Data's recordings per generate (default: 4)")
     parser.add_argument("--max-batch-size", type=runtime.positive_int, default=16,
                         help="Serve's requests per batched generate (default: 16)")
-    parser.add_argument("--sections", default="ray_data,ray_serve", help="ray_data, ray_serve or both")
+    parser.add_argument("--sections", default="ray_data,ray_serve",
+                        help="any of ray_data, ray_serve and actor_batches (one actor's batches timed without Ray)")
+    parser.add_argument("--audio", type=Path, default=None,
+                        help="a manifest.jsonl of recordings instead of --clips flite clips")
+    parser.add_argument("--actor-batches", type=cli_args.positive_ints, default=[1, 16, 64],
+                        help="actor_batches: batch sizes (default: 1,16,64)")
+    parser.add_argument("--actor-clips", type=runtime.positive_int, default=128,
+                        help="actor_batches: recordings per timed run, the clips repeated (default: 128)")
+    runtime.add_device_options(parser, device="cpu")
     parser.add_argument("--work", type=Path, default=Path("work_data/scale_out"), help="clips and outputs")
     parser.add_argument("--summary", type=Path, default=scale_out_rows.SUMMARY, help="rows merged into this file")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    import torch
+
     args = build_parser().parse_args(argv)
     command = "python -m tools.bench_scale_out " + shlex.join(sys.argv[1:] if argv is None else argv)
     model = args.model or transcribe.default_model_path()
     load_before = [round(x, 2) for x in os.getloadavg()]
     runtime.time_drafts_afresh()
-    clips = make_clips(args.work / "clips", args.clips)
-    reference = single_process_texts(clips, args.work / "single", model)
-    from tools import bulk
-
-    bulk.start_ray()
+    clips = manifest_clips(args.audio) if args.audio else make_clips(args.work / "clips", args.clips)
+    device = runtime.resolve_device(args.device)
+    reference = single_process_texts(clips, args.work / "single", model, device, args.dtype)
     sections = set(args.sections.split(","))
     rows = []
+    if "actor_batches" in sections:
+        rows += actor_batch_rows(clips, reference, model, args.actor_batches, device, args.dtype, args.actor_clips)
+    if sections & {"ray_data", "ray_serve"}:
+        from tools import bulk
+
+        bulk.start_ray()
     if "ray_data" in sections:
         rows += ray_data_rows(clips, reference, args.work, model, args.batch_size)
     if "ray_serve" in sections:
@@ -154,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
                          "load allowed, not the machine's best; rerun when quiet"}
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     model_name = Path(model).name
-    rows = [{"model": model_name, "device": "cpu", "workers": None, "concurrency": None, "clips": None,
+    device_name = "cpu" if device == "cpu" else torch.cuda.get_device_name(device)
+    rows = [{"model": model_name, "device": device_name, "dtype": args.dtype, "workers": None, "concurrency": None, "clips": None,
              "requests": None, "clips_per_s": None, "requests_per_s": None, "p50_ms": None, "p95_ms": None,
              "tokens_per_pass": None, **row, "command": command, "date": date, "machine": machine} for row in rows]
     scale_out_rows.merge_rows(rows, args.summary)

@@ -1,8 +1,9 @@
 """The rows of ``benchmarks/scale_out/summary.json``: one per measurement of the engines past one process
 (Ray Data bulk transcription, the Ray Serve endpoint, vLLM), each written by the script that measured it.
 
-A row is keyed by what it measured (engine, model, device, workers or concurrency, medusa); writing a row with the
-same key replaces the older one, so a rerun refreshes its rows and leaves the other scripts' rows alone.
+A row is keyed by what it measured (engine, model, device, dtype, workers or concurrency, batch size, medusa);
+writing a row with the same key replaces the older one, so a rerun refreshes its rows and leaves the other scripts'
+rows alone.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ SUMMARY = Path(__file__).resolve().parent.parent / "benchmarks" / "scale_out" / 
 FIELDS = ("engine", "model", "device", "workers", "concurrency", "medusa", "clips", "requests", "clips_per_s",
           "requests_per_s", "p50_ms", "p95_ms", "errors", "identical_to_single_process", "tokens_per_pass",
           "command", "date")
-KEY = ("engine", "model", "device", "workers", "concurrency", "medusa")
+KEY = ("engine", "model", "device", "dtype", "workers", "concurrency", "batch_size", "medusa")
 
 
 def row_key(row: dict) -> tuple:
