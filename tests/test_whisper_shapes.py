@@ -24,6 +24,7 @@ def test_whisper_shape_rows_are_exact_and_labelled(tmp_path):
                             "--repeats", "1", "--out", str(out)])
     result = json.loads((out / "results-whisper-large-v3-turbo.json").read_text())
     assert result["profile"] == PROFILE and result["speed_only"] is True and result["text_layers"] == 1
+    assert {m["nodes"] for m in result["replayed_profile"]["heads_measured_tokens_per_round"]} >= {4, 32}
     rows = result["lengths"] + result["batching"]
     assert not [r for r in rows if "error" in r]
     assert {(r["method"], r["batch"]) for r in rows} == {(m, b) for m in ("ours", "ours_greedy", "hf_static", "hf_dynamic")

@@ -578,8 +578,9 @@ def main(argv=None):
                    "dtype": str(model.dtype).removeprefix("torch."), "profile": shaped.profile, **shaped.labels})
     if "verify" in args.sections or "floor_ms" not in result:  # the floor the verify rows are divided by: their run's
         result.update(floor_facts(device, shaped.weight_bytes))
-    if shaped.labels:
-        result["replayed_profile"] = {"name": shaped.profile, "rank_probabilities": shaped.profiles[shaped.profile]}
+    if shaped.encoder_per_batch:  # (the Whisper shapes: what the replayed heads gave for real)
+        result["replayed_profile"] = {"name": shaped.profile, "rank_probabilities": shaped.profiles[shaped.profile],
+                                      "heads_measured_tokens_per_round": whisper_shaped.measured_rounds()}
     command = command_line("tools.benchmark_gpu", argv)
     print({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, flush=True)
 

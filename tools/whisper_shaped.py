@@ -113,3 +113,13 @@ def measured_profile(path: Path = MEASURED_HEADS, ranks: int = 4):
     whisper-base path heads' held-out top-k per head (each head's accuracy given the tokens before it)."""
     accuracy = json.loads(Path(path).read_text())["head_accuracy"]
     return PROFILE, rank_profile([a[0] for a in accuracy["topk"]], accuracy["topk"], ranks)
+
+
+def measured_rounds(path: Path = MEASURED_HEADS) -> list[dict]:
+    """What the real heads' drafts gave, for comparison with the replay's ``tokens_per_round`` (the replay draws each
+    head's rank on its own, so it accepts more than the real heads, whose misses come together): per draft size,
+    tokens per round on the held-out split and on real speech (``draft_candidates`` of the artifact's config)."""
+    candidates = json.loads(Path(path).read_text()).get("draft_candidates", [])
+    return [{"nodes": c["nodes"], "held_out": c["tokens_per_round"],
+             "real_speech": (c.get("eval_tokens_per_round") or {}).get("collect_real")} for c in candidates]
+
