@@ -73,19 +73,14 @@ SHOWN_METHODS = ("ours", "ours_greedy", "hf_static")  # (the library's dynamic-c
 
 
 def gpu_decode(summary: dict) -> str:
-    """A row per decode measurement; with a column for the call without its encoder where the rows have it (the
-    Whisper shapes)."""
-    rows = [r for r in summary["decode"] if r["method"] in SHOWN_METHODS]
-    decode = any("decode_tok_per_s" in r for r in rows)
-    header = ["shape", "batch", "method", "draft", "new tokens", "tok/s a call", *(["tok/s without the encoder"] * decode),
-              "tok/s in the rounds", "tokens per round", "exact"]
+    header = ["shape", "batch", "method", "draft", "new tokens", "tok/s a call", "tok/s in the rounds",
+              "tokens per round", "exact"]
     body = [[r["shape"], r.get("batch", 1), ", ".join(filter(None, (r["method"], r.get("rounds_mode")))),
              r.get("draft", ""),
-             r.get("new_tokens", ""), number_cell(r.get("call_tok_per_s"), 0),
-             *([number_cell(r.get("decode_tok_per_s"), 0)] * decode), number_cell(r.get("loop_tok_per_s"), 0),
+             r.get("new_tokens", ""), number_cell(r.get("call_tok_per_s"), 0), number_cell(r.get("loop_tok_per_s"), 0),
              number_cell(r.get("tokens_per_round")),
              {True: "yes", False: "no"}.get(r.get("exact", r.get("matches_our_greedy")), "")]
-            for r in rows]
+            for r in summary["decode"] if r["method"] in SHOWN_METHODS]
     return markdown_table(header, body)
 
 
@@ -156,11 +151,7 @@ def render() -> str:
     shown = {BENCHMARKS / "real_speech/summary.json", BENCHMARKS / "quantised/summary.json"}
     for relative, title in (("gpu/summary.json", "MERaLiON-2 shapes on an H200"),
                             ("gpu/h100/summary.json", "MERaLiON-2 shapes on an H100"),
-                            ("gpu/drafter_cost_heads/summary.json", "MERaLiON-2-3B, drafts at trained heads' cost"),
-                            ("gpu/whisper_large_v3/summary.json",
-                             "Whisper large-v3 and large-v3-turbo shapes, replaying the whisper-base heads' top-k")):
-        if not (BENCHMARKS / relative).exists():  # (a folder not measured yet)
-            continue
+                            ("gpu/drafter_cost_heads/summary.json", "MERaLiON-2-3B, drafts at trained heads' cost")):
         summary = _load(relative)
         shown.add(BENCHMARKS / relative)
         text = (f"## {title}\n\n`benchmarks/{relative}` ({summary['gpu']}, torch {summary['torch']}, "
