@@ -32,7 +32,7 @@ from kv_cache import CachePool
 from medusa_fast import CapturedCalls, CapturedRounds
 from medusa_heads import MedusaDrafter
 from tools import cli_args
-from tools.benchmark_gpu import DecodeBench, draft_trees
+from tools.benchmark_gpu import DecodeBench, draft_trees, meralion2_of
 from tools.benchmark_report import QUANTISED_SUMMARY_KEY, ratio, update_summary
 from tools import runtime
 from tools.files import command_line, write_atomic, write_json_atomic
@@ -241,7 +241,7 @@ def main(argv=None):
         write_json_atomic(path, results)  # a run cut short keeps every finished row
 
     model = target_model(args.target, args.precision, args.text_layers)
-    bench = DecodeBench(model, MERaLiON2Backbone(model), args.target, args.new_tokens, args.repeats)
+    bench = DecodeBench(meralion2_of(model), args.target, args.new_tokens, args.repeats)
     bench.start_section(report)
     profile = rank_profile(SEED_TOP1)
     for name, tree in draft_trees(profile, args.target_drafts.split(",")).items():

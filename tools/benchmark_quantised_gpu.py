@@ -30,7 +30,8 @@ import torch
 from backbone_meralion2 import MERaLiON2Backbone
 from draft_trees import expected_tokens_per_round
 from tools import cli_args
-from tools.benchmark_gpu import DecodeBench, draft_trees, graph_ms, measure_copy_bandwidth, verify_pass
+from tools.benchmark_gpu import (DecodeBench, draft_trees, graph_ms, measure_copy_bandwidth, meralion2_of,
+                                 verify_pass)
 from tools.benchmark_report import QUANTISED_SUMMARY_KEY, ratio, update_summary
 from tools import runtime
 from tools.files import command_line, write_atomic, write_json_atomic
@@ -73,7 +74,7 @@ def precision_rows(shape, precision, sizes, drafts, new_tokens, repeats, bandwid
         result["verify_ms"][str(n)] = graph_ms(verify_pass(backbone, inputs, n))
         print(precision, n, result["linears_ms"][str(n)], result["verify_ms"][str(n)], flush=True)
     profile = rank_profile(SEED_TOP1)
-    bench = DecodeBench(model, backbone, shape, new_tokens, repeats)
+    bench = DecodeBench(meralion2_of(model, backbone), shape, new_tokens, repeats)
     bench.start_section(lambda rows: print(rows[-1], flush=True))
     trees = draft_trees(profile, drafts)
     for name, tree in trees.items():

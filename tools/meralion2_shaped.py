@@ -15,6 +15,7 @@ from kv_cache import CachePool
 from medusa_decoding import MedusaStats, run_rounds
 from medusa_fast import CapturedCalls, CapturedRounds
 from medusa_heads import MedusaDrafter
+from tools.runtime import synchronize
 
 SEED_TOP1 = [0.76, 0.47, 0.35, 0.27]  # the seed model card's held-out per-head accuracy (MERaLiON-2-3B)
 SEED_PROFILE = "seed_76_47_35_27"
@@ -291,12 +292,13 @@ class ReplayedRunner:
         start = time.perf_counter()
         self.runner = CapturedRounds(backbone, drafter, self.process, state, tree, compile=compile,
                                      num_generated=self.drafter.num_generated)
-        torch.cuda.synchronize()
+        synchronize(continuation.device)
         self.setup_seconds = time.perf_counter() - start  # compile + capture, paid once per shape
 
     def _prefill(self, inputs, tree):
+        capture = self.calls if self.backbone.device.type == "cuda" else None  # (CUDA graphs: a GPU's only)
         return prefill(self.backbone, inputs, self.max_new, 2 * tree.num_nodes, min_new=self.max_new,
-                       cache_pool=self.pool, capture=self.calls, compile=self.compile)
+                       cache_pool=self.pool, capture=capture, compile=self.compile)
 
     @property
     def prefill_captured(self) -> bool:
@@ -305,7 +307,8 @@ class ReplayedRunner:
     def __call__(self, inputs, new_tokens=None):
         """One call: prefill, then the rounds; returns (outputs, stats with prefill_seconds (the time to the
         first token) and loop_seconds)."""
-        torch.cuda.synchronize()
+        device = self.backbone.device
+        synchronize(device)
         start = time.perf_counter()
         state, _ = self._prefill(inputs, self.runner.tree)
         self.runner.load(state)
@@ -314,7 +317,7 @@ class ReplayedRunner:
         stats.prefill_seconds = time.perf_counter() - start
         start = time.perf_counter()
         out = run_rounds(self.runner, first, new_tokens or self.max_new, self.backbone.eos_token_ids, stats)
-        torch.cuda.synchronize()
+        synchronize(device)
         stats.loop_seconds = time.perf_counter() - start
         return out, stats
 
@@ -328,4 +331,4 @@ def plain_continuation(backbone, inputs, max_new):
     state, process = prefill(backbone, inputs, max_new, 4, min_new=max_new)
     runner = CapturedRounds(backbone, None, process, state, DraftTree(()))
     out = run_rounds(runner, state.next_token.tolist(), max_new, backbone.eos_token_ids)
-    return torch.tensor(out, device=inputs["input_ids"].device)
+    return torch.tensor(out, device=backbone.device)
