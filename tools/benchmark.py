@@ -37,9 +37,10 @@ from tools.benchmark_inputs import (BenchmarkError, Clip, as_clip, base_precisio
                                     load_clips, load_model, read_manifest, resolve_artifact)
 from tools.benchmark_environment import (cpu_seconds, environment_info, load_average, memory_info,
                                          other_processes_cpus, peak_rss_bytes)
-from tools.benchmark_report import (add_notes, add_totals, batch_record, clip_record, clip_wer, median, merge_summaries,
-                                    PLOT_NAME, quantised_row, QUANTISED_SUMMARY_KEY, ratio, render_markdown, summarise,
-                                    SUMMARY_KEY, summary_row, update_summary, write_outputs)
+from tools.benchmark_report import (add_notes, add_totals, batch_record, clip_record, clip_wer, draft_comparison,
+                                    median, merge_summaries, PLOT_NAME, quantised_row, QUANTISED_SUMMARY_KEY, ratio,
+                                    render_markdown, render_comparison, summarise, SUMMARY_KEY, summary_row,
+                                    update_summary, write_outputs)
 
 DEFAULT_OUT = "work_data/benchmarks/latest"  # committed results are written only where asked (--out)
 PROMPT_OPTIONS = ("language", "task")  # generate inputs that are options, not tensors
@@ -114,29 +115,34 @@ class Timer:
     """Runs generate for every decoder on the same inputs: warm-up, then interleaved timed repeats.
 
     Decoders: ``baseline`` (the base's own generate), ``greedy`` (our decode loop without drafts: the
-    bar speculation must clear) and ``medusa`` (our loop with the requested draft). With ``draft="none"``
-    the last two are the same and only ``greedy`` runs."""
+    bar speculation must clear) and one per requested draft (``drafts``: label -> draft, e.g. ``{"auto": "auto"}``;
+    our loop with that draft). A draft ``none`` is the ``greedy`` decoder itself, not run twice."""
 
-    def __init__(self, model, max_new_tokens: int, draft, repeats: int, warmup: int, medusa_kwargs=None,
+    def __init__(self, model, max_new_tokens: int, drafts: dict, repeats: int, warmup: int, medusa_kwargs=None,
                  generate_kwargs=None):
         self.model = model
         self.medusa_kwargs = dict(medusa_kwargs or {})  # extra generate options for our loop (graph, compile)
         self.generate_kwargs = dict(generate_kwargs or {})  # options of every decoder's call (e.g. timestamps)
         self.max_new_tokens = max_new_tokens
-        self.draft = draft
+        self.drafts = dict(drafts)
         self.repeats = repeats
         self.warmup = warmup
         self.device = runtime.model_device(model)
         self.cuda = str(self.device).startswith("cuda")
         self.sync = partial(runtime.synchronize, self.device)
-        self.methods = ("baseline", "greedy") if draft in ("none", []) else ("baseline", "greedy", "medusa")
+        self.methods = ("baseline", "greedy", *dict.fromkeys(self.method(label) for label in self.drafts
+                                                              if self.method(label) != "greedy"))
         self.peak_bytes = {name: 0 for name in self.methods}  # cuda only
+
+    def method(self, label: str) -> str:
+        """The decoder that runs the draft ``label``: ``greedy`` for no draft, else the label itself."""
+        return "greedy" if _is_plain(self.drafts[label]) else label
 
     def _generate(self, inputs, name: str):
         if name == "baseline":
             return self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, use_medusa=False,
                                        return_stats=True, **self.generate_kwargs)
-        draft = "none" if name == "greedy" else self.draft
+        draft = "none" if name == "greedy" else self.drafts[name]
         return self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, draft=draft, return_stats=True,
                                    **self.medusa_kwargs, **self.generate_kwargs)
 
@@ -202,7 +208,7 @@ def _method_record(times_ms, cpu_ms, rows_counts, texts, wers, tokens_total, tok
     }
 
 
-def _stats_record(stats: dict, depth: int, rows: int) -> dict:
+def _stats_record(stats: dict) -> dict:
     out = {k: stats.get(k) for k in ("draft", "rounds", "row_rounds", "drafted_tokens", "accepted_tokens",
                                      "emitted_tokens", "new_tokens", "mean_accepted_per_round", "acceptance_rate")}
     out["draft_ran"] = draft_label(stats.get("draft", ""))
@@ -218,8 +224,9 @@ def draft_label(name: str) -> str:
     return f"{words[0]}-{words[2]}"
 
 
-def measure_group(timer: Timer, counter: TokenCounter, inputs: dict, references: list, depth: int) -> dict:
-    """Time one set of inputs (one clip or one batch) with every decoder; compare and score them."""
+def measure_groups(timer: Timer, counter: TokenCounter, inputs: dict, references: list) -> dict:
+    """Time one set of inputs (one clip or one batch) with every decoder; compare and score them: label -> that
+    draft's group (the baseline, our own greedy loop and ours with the draft, as ``medusa``)."""
     result = timer.run(inputs)
     per_method, rows_by_method = {}, {}
     for name in timer.methods:
@@ -234,7 +241,7 @@ def measure_group(timer: Timer, counter: TokenCounter, inputs: dict, references:
                                 sum(c[0] for c in counts), sum(c[1] for c in counts))
         record["repeats_identical"] = result["repeats_identical"][name]
         if name != "baseline":
-            record["stats"] = _stats_record(stats, depth, len(rows))
+            record["stats"] = _stats_record(stats)
             record["phases_ms_median"] = {phase.replace("_seconds", "_ms"): median([p[phase] for p in
                                                                                      result["phases_ms"][name]])
                                           for phase in PHASES if result["phases_ms"][name][0].get(phase) is not None}
@@ -243,7 +250,12 @@ def measure_group(timer: Timer, counter: TokenCounter, inputs: dict, references:
             record["stats_new_tokens_match"] = stats.get("new_tokens") == record["tokens"]
         per_method[name] = record
         rows_by_method[name] = rows
-    ours = "medusa" if "medusa" in per_method else "greedy"
+    return {label: _draft_group(timer, inputs, per_method, rows_by_method, timer.method(label))
+            for label in timer.drafts}
+
+
+def _draft_group(timer: Timer, inputs: dict, per_method: dict, rows_by_method: dict, ours: str) -> dict:
+    """One draft's group: the baseline, our own greedy loop and ``ours`` (the decoder of that draft) compared."""
     exact_rows = [a == b for a, b in zip(rows_by_method["baseline"], rows_by_method[ours])]
     exact_rows += [False] * abs(len(rows_by_method["baseline"]) - len(rows_by_method[ours]))
     greedy_exact = [a == b for a, b in zip(rows_by_method["baseline"], rows_by_method["greedy"])]
@@ -251,7 +263,8 @@ def measure_group(timer: Timer, counter: TokenCounter, inputs: dict, references:
     if not all(exact_rows) and _half_precision(timer.model):
         divergences = _bf16_divergences(timer, inputs, rows_by_method["baseline"], rows_by_method[ours])
     return {
-        **per_method,
+        "baseline": per_method["baseline"],
+        "greedy": per_method["greedy"],
         "medusa": per_method[ours],
         "speedup": ratio(per_method["baseline"]["latency_ms_median"], per_method[ours]["latency_ms_median"]),
         "exact_rows": exact_rows,
@@ -335,14 +348,21 @@ def _stack_inputs(clips: list[Clip], model) -> tuple[dict, float | None]:
     return inputs, None
 
 
-def run_benchmark(model, clips, *, repeats: int = 3, warmup: int = 1, max_new_tokens: int = 128,
-                  draft="auto", batch_size: int | None = None, progress: bool = True,
-                  medusa_kwargs: dict | None = None, generate_kwargs: dict | None = None) -> dict:
-    """Baseline greedy vs Medusa on ``clips`` (``Clip`` objects or ``(id, inputs, reference)``);
-    ``generate_kwargs`` reach every decoder's call (e.g. ``return_timestamps=True``).
+def run_benchmark(model, clips, *, draft="auto", **options) -> dict:
+    """Baseline greedy vs Medusa with ``draft`` on ``clips`` (``Clip`` objects or ``(id, inputs, reference)``); the
+    ``options`` of ``run_drafts``. Returns the results dict written to results.json, less the environment/settings
+    of the caller."""
+    [results] = run_drafts(model, clips, [draft], **options).values()
+    return results
 
-    Returns the results dict written to results.json, less the environment/settings of the caller.
-    """
+
+def run_drafts(model, clips, drafts: list, *, repeats: int = 3, warmup: int = 1, max_new_tokens: int = 128,
+               batch_size: int | None = None, progress: bool = True, medusa_kwargs: dict | None = None,
+               generate_kwargs: dict | None = None) -> dict:
+    """Every draft of ``drafts`` against the same baseline and own greedy loop on the same ``clips``, interleaved
+    per clip by one ``Timer`` (so a slow moment of the machine falls on every draft alike); ``generate_kwargs`` reach
+    every decoder's call (e.g. ``return_timestamps=True``). Returns label (``requested_label``) -> the results dict
+    ``run_benchmark`` returns for that draft, each summary with the ``draft_comparison`` of the drafts measured."""
     if repeats < 1:
         raise BenchmarkError("--repeats must be >= 1")
     if warmup < 0:
@@ -350,55 +370,96 @@ def run_benchmark(model, clips, *, repeats: int = 3, warmup: int = 1, max_new_to
     clips = [as_clip(c) for c in clips]
     if not clips:
         raise BenchmarkError("no clips to benchmark")
-    from tqdm import tqdm
-
-    tree = model.draft_tree(draft)
-    timer = Timer(model, max_new_tokens, draft, repeats, warmup, medusa_kwargs, generate_kwargs)
+    labelled = {requested_label(d): d for d in sorted(drafts, key=lambda d: d != "auto")}  # auto's first call first
+    if len(labelled) != len(drafts):
+        raise BenchmarkError("a draft is listed twice")
+    timer = Timer(model, max_new_tokens, labelled, repeats, warmup, medusa_kwargs, generate_kwargs)
     counter = TokenCounter(model, max_new_tokens)
     max_audio = getattr(model, "max_audio_seconds", None)
 
-    per_clip, groups = [], []
-    for clip in tqdm(clips, desc="clips", unit="clip", disable=not progress, file=sys.stderr):
-        inputs = runtime.to_model(clip.inputs, model)
+    items = [(runtime.to_model(clip.inputs, model), [clip.reference], partial(clip_record, clip, max_audio=max_audio))
+             for clip in clips]
+    for clip, (inputs, _, _) in zip(clips, items):
         if _batch_rows(inputs) != 1:
             raise BenchmarkError(f"clip {clip.id!r}: inputs must hold one row (batch size 1)")
-        group = measure_group(timer, counter, inputs, [clip.reference], tree.depth)
-        groups.append(group)
-        per_clip.append(clip_record(clip, group, max_audio))
-    summary = summarise(groups, [c.reference for c in clips], len(clips), len(clips))
-    add_totals(summary, clips, [c.feature_ms for c in clips])
-
-    cuda_peak = dict(timer.peak_bytes) if timer.cuda else None
+    sections = _measure_section(timer, counter, items, clips, [c.feature_ms for c in clips], ("clips", "clip"),
+                                progress)
+    cuda_peak = {label: _peaks(timer, label) for label in labelled}
     batched = None
     if batch_size and batch_size > 1:
         timer.peak_bytes = {name: 0 for name in timer.methods}
-        batched = _run_batched(model, clips, batch_size, timer, counter, tree.depth, progress)
-        batched["cuda_peak_bytes"] = dict(timer.peak_bytes) if timer.cuda else None
+        batched = _run_batched(model, clips, batch_size, timer, counter, progress)
+    out = {}
+    for label, draft in labelled.items():
+        records, summary = sections[label]
+        out[label] = {"clips": records, "summary": summary, "batched": batched[label] if batched else None,
+                      "draft_tree": _draft_info(model, label, draft), "cuda_peak_bytes": cuda_peak[label]}
+    return out
 
-    draft_info = {"requested": draft if isinstance(draft, str) else "paths", "chain": tree.is_chain,
-                  "depth": tree.depth, "nodes": tree.num_nodes, "paths": [list(p) for p in tree.paths],
-                  "auto_measurements": model.draft_policy.measurements()}
-    return {"clips": per_clip, "summary": summary, "batched": batched, "draft_tree": draft_info,
-            "cuda_peak_bytes": cuda_peak}
+
+def requested_label(draft) -> str:
+    """How a run names a requested draft: its name, ``none`` for no paths, ``paths`` for explicit paths."""
+    return draft if isinstance(draft, str) else ("paths" if draft else "none")
 
 
-def _run_batched(model, clips, batch_size, timer, counter, depth, progress) -> dict:
+def _is_plain(draft) -> bool:
+    return requested_label(draft) == "none"
+
+
+def _peaks(timer: Timer, label: str) -> dict | None:
+    """The peak GPU memory of the baseline, our own greedy loop and ours with ``label``'s draft (cuda only)."""
+    if not timer.cuda:
+        return None
+    return {"baseline": timer.peak_bytes["baseline"], "greedy": timer.peak_bytes["greedy"],
+            "medusa": timer.peak_bytes[timer.method(label)]}
+
+
+def _draft_info(model, label: str, draft) -> dict:
+    """What results.json records of the draft: the tree it resolves to and what ``auto`` timed (its run only)."""
+    tree = model.draft_tree(draft)
+    return {"requested": draft if isinstance(draft, str) else "paths", "chain": tree.is_chain,
+            "depth": tree.depth, "nodes": tree.num_nodes, "paths": [list(p) for p in tree.paths],
+            "auto_measurements": model.draft_policy.measurements() if label == "auto" else []}
+
+
+def _measure_section(timer, counter, items: list, clips: list, feature_ms: list, bar: tuple, progress: bool) -> dict:
+    """Each item (inputs, references, record maker) timed with every decoder: label -> (the records, the summary
+    with the ``draft_comparison`` of every draft measured); ``bar``: the progress bar's description and unit."""
     from tqdm import tqdm
 
+    groups = {label: [] for label in timer.drafts}
+    records = {label: [] for label in timer.drafts}
+    for inputs, references, make_record in tqdm(items, desc=bar[0], unit=bar[1], disable=not progress,
+                                                file=sys.stderr):
+        for label, group in measure_groups(timer, counter, inputs, references).items():
+            groups[label].append(group)
+            records[label].append(make_record(group))
+    summaries = {}
+    for label in timer.drafts:
+        summaries[label] = summarise(groups[label], [c.reference for c in clips], len(clips), len(clips))
+        add_totals(summaries[label], clips, feature_ms)
+    comparison = draft_comparison(summaries)
+    for summary in summaries.values():
+        summary["draft_comparison"] = comparison
+    return {label: (records[label], summaries[label]) for label in timer.drafts}
+
+
+def _run_batched(model, clips, batch_size, timer, counter, progress) -> dict:
+    """The batched section of every draft: label -> its batches and summary."""
     chunks = [clips[i:i + batch_size] for i in range(0, len(clips), batch_size)]
-    records, groups = [], []
-    for index, chunk in enumerate(tqdm(chunks, desc=f"batches of {batch_size}", unit="batch",
-                                       disable=not progress, file=sys.stderr)):
-        inputs, feature_ms = _stack_inputs(chunk, model)
-        inputs = runtime.to_model(inputs, model)
-        group = measure_group(timer, counter, inputs, [c.reference for c in chunk], depth)
-        groups.append(group)
-        records.append(batch_record(index, chunk, group, feature_ms))
-    summary = summarise(groups, [c.reference for c in clips], len(clips), len(clips))
-    add_totals(summary, clips, [r["feature_ms"] for r in records])
-    summary["batches"] = len(chunks)
-    summary["batch_size"] = batch_size
-    return {"batches": records, "summary": summary}
+    items, feature_ms = [], []
+    for index, chunk in enumerate(chunks):
+        inputs, features = _stack_inputs(chunk, model)
+        items.append((runtime.to_model(inputs, model), [c.reference for c in chunk],
+                      partial(batch_record, index, chunk, feature_ms=features)))
+        feature_ms.append(features)
+    sections = _measure_section(timer, counter, items, clips, feature_ms, (f"batches of {batch_size}", "batch"),
+                                progress)
+    out = {}
+    for label, (records, summary) in sections.items():
+        summary.update(batches=len(chunks), batch_size=batch_size)
+        out[label] = {"batches": records, "summary": summary, "cuda_peak_bytes": _peaks(timer, label)}
+    return out
 
 
 # --------------------------------------------------------------------------- command line
@@ -410,6 +471,14 @@ def draft_option(value: str) -> str:
     if value in DRAFT_NAMES or sized_tree_nodes(value) is not None:
         return value
     raise argparse.ArgumentTypeError(f"{value!r}: use auto, chain, tree, tree-N or none")
+
+
+def drafts_option(value: str) -> list[str]:
+    """``--draft``: one draft (``draft_option``) or a comma list of different ones, all measured in one run."""
+    drafts = [draft_option(part.strip()) for part in value.split(",")]
+    if len(set(drafts)) != len(drafts):
+        raise argparse.ArgumentTypeError(f"{value!r}: each draft once")
+    return drafts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -425,10 +494,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=cli_args.non_negative_int, default=1, help="untimed runs per decoder per clip")
     parser.add_argument("--max-new-tokens", type=cli_args.positive_int, default=None,
                         help="new tokens per clip (default: the family's, its backbone's default_max_new_tokens)")
-    parser.add_argument("--draft", default="auto", type=draft_option,
+    parser.add_argument("--draft", default="auto", type=drafts_option,
                         help="auto: the fastest of plain / chain / trees on this device (timed); chain; tree (the "
                              "artifact's); tree-N (its N-node tree); none: our decode loop without drafts (isolates "
-                             "the loop's own speed)")
+                             "the loop's own speed). A comma list (auto,none,chain,tree-16) measures each on the same "
+                             "clips in one run, interleaved per clip: OUT/DRAFT/ per draft, a summary row each, and "
+                             "auto's row says how much slower it ran than the fastest fixed draft listed")
     parser.add_argument("--language", default=None,
                         help="multilingual Whisper: language code of the clips (default: detected per clip)")
     parser.add_argument("--task", default=None, choices=["transcribe", "translate"],
@@ -498,25 +569,37 @@ def _main(args, argv=None) -> int:
     except ValueError as err:  # a language or task the model cannot take
         raise BenchmarkError(str(err)) from err
     cpu_before, decoding_started = cpu_seconds(), time.perf_counter()
-    results = _run_decoders(model, clips, args)
+    by_draft = _run_decoders(model, clips, args)
     environment["load_average_at_end"] = load_average()
     environment["other_processes_cpus"] = other_processes_cpus(cpu_before, cpu_seconds(),
                                                                time.perf_counter() - decoding_started)
-    settings = {"model": str(args.model), "model_folder": str(folder), "base_model": base,
-                "base_model_declared": declared_base, **_run_settings(args, model, len(clips), prompt_options),
-                "model_load_s": load_seconds, "timing": TIMING, "command": command_line("tools.benchmark", argv)}
-    results = {"schema_version": SCHEMA_VERSION, "environment": environment, "settings": settings, **results}
-    results["memory"] = memory_info(results.pop("cuda_peak_bytes"), model.device, rss_after_load)
-    add_notes(results, args.threads, getattr(model, "max_audio_seconds", None))
-    written = write_outputs(results, Path(args.out), plot=not args.no_plot)
-    _add_summary_rows(results, args, settings["command"], written["json"])
+    command = command_line("tools.benchmark", argv)
+    for label, results in by_draft.items():
+        settings = {"model": str(args.model), "model_folder": str(folder), "base_model": base,
+                    "base_model_declared": declared_base, **_run_settings(args, model, len(clips), prompt_options),
+                    "draft": label, **({"drafts": list(by_draft)} if len(by_draft) > 1 else {}),
+                    "model_load_s": load_seconds, "timing": TIMING, "command": command}
+        results = {"schema_version": SCHEMA_VERSION, "environment": environment, "settings": settings, **results}
+        results["memory"] = memory_info(results.pop("cuda_peak_bytes"), model.device, rss_after_load)
+        add_notes(results, args.threads, getattr(model, "max_audio_seconds", None))
+        out = Path(args.out) if len(by_draft) == 1 else Path(args.out) / label
+        _write_results(results, args, out)
+    if len(by_draft) > 1:
+        print(render_comparison(results["summary"]["draft_comparison"]), end="")
+    return EXIT_OK
+
+
+def _write_results(results: dict, args, out: Path) -> None:
+    """One draft's results.json, results.md and plot in ``out``, its summary rows, its tables on stdout."""
+    written = write_outputs(results, out, plot=not args.no_plot)
+    _add_summary_rows(results, args, results["settings"]["command"], written["json"])
     print(render_markdown(results), end="")
     print(f"\nWrote {written['json']} and {written['markdown']}; plot: {written.get('plot', 'disabled')}",
           file=sys.stderr)
     summary = results["summary"]
     if summary["exact_match_rate"] is not None and summary["exact_match_rate"] < 1.0:
-        print("warning: Medusa's token ids differ from the baseline's on some clips", file=sys.stderr)
-    return EXIT_OK
+        print(f"warning: {results['settings']['draft']}: Medusa's token ids differ from the baseline's on some clips",
+              file=sys.stderr)
 
 
 def _merge_summaries_only(args) -> int:
@@ -563,10 +646,10 @@ def _run_decoders(model, clips: list[Clip], args) -> dict:
     if args.compile:
         medusa_kwargs["compile"] = True
     try:
-        return run_benchmark(model, clips, repeats=args.repeats, warmup=args.warmup,
-                             max_new_tokens=args.max_new_tokens, draft=[] if args.draft == "none" else args.draft,
-                             batch_size=args.batch_size, progress=not args.quiet, medusa_kwargs=medusa_kwargs,
-                             generate_kwargs={"return_timestamps": True} if args.timestamps else None)
+        return run_drafts(model, clips, args.draft, repeats=args.repeats, warmup=args.warmup,
+                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, progress=not args.quiet,
+                          medusa_kwargs=medusa_kwargs,
+                          generate_kwargs={"return_timestamps": True} if args.timestamps else None)
     except ValueError as err:  # e.g. max_new_tokens beyond the model's limit
         raise BenchmarkError(" ".join(str(err).split())) from err
 
@@ -576,7 +659,7 @@ def _run_settings(args, model, clips: int, prompt_options: dict) -> dict:
     return {"base_family": model.family, "medusa_num_heads": model.config.medusa_num_heads,
             "medusa_num_layers": model.config.medusa_num_layers, "manifest": str(args.audio),
             "clips": clips, "repeats": args.repeats, "warmup": args.warmup,
-            "max_new_tokens": args.max_new_tokens, "draft": args.draft, "batch_size": args.batch_size,
+            "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
             **prompt_options,
             "threads": args.threads, "cuda_graph": args.cuda_graph, "compile": args.compile,
             "timestamps": args.timestamps,

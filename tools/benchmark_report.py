@@ -95,6 +95,25 @@ def summarise(groups: list[dict], references: list, clips_count: int, rows_count
     }
 
 
+def draft_comparison(summaries: dict) -> dict:
+    """The drafts measured side by side in one run (label -> that draft's summary of one section): each one's total
+    latency (ms, the sum of its per-clip medians) and, where ``auto`` ran beside fixed drafts (every other draft
+    listed, ``none`` included), the fastest of those and ``auto_gap_vs_best_fixed``."""
+    totals = {label: summary["medusa_latency_ms_total"] for label, summary in summaries.items()}
+    fixed = {label: ms for label, ms in totals.items() if label != "auto"}
+    comparison = {"latency_ms_total": totals}
+    if "auto" in totals and fixed:
+        best = min(fixed, key=fixed.get)
+        comparison.update(best_fixed_draft=best, auto_gap_vs_best_fixed=auto_gap(totals["auto"], fixed[best]))
+    return comparison
+
+
+def auto_gap(auto_ms: float, best_fixed_ms: float) -> float:
+    """How much slower ``auto`` ran than the fastest fixed draft: 0.0 where it was as fast, 0.05 for 5 % slower
+    (negative where it beat every fixed draft, e.g. by choosing per clip)."""
+    return auto_ms / best_fixed_ms - 1.0
+
+
 def _latency_total(groups: list[dict], name: str) -> float:
     return sum(g[name]["latency_ms_median"] for g in groups)
 
@@ -376,6 +395,12 @@ def _summary_table(s: dict, memory: dict | None) -> str:
          f"{s.get('divergent_rows', 0)} / {s.get('divergent_rows_at_base_near_ties', 0)}"),
         ("WER baseline / medusa (normalised)", f"{percent(s['baseline_wer'])} / {percent(s['medusa_wer'])}"),
     ]
+    comparison = s.get("draft_comparison") or {}
+    if len(comparison.get("latency_ms_total") or {}) > 1:
+        rows.append(("drafts measured in this run: latency total (ms)", ", ".join(
+            f"{label} {_fmt(ms)}" for label, ms in comparison["latency_ms_total"].items())))
+    if comparison.get("best_fixed_draft"):
+        rows.append(("auto vs the fastest fixed draft of this run", _gap_text(comparison)))
     if s.get("feature_ms_total") is not None:
         rows.append(("feature extraction total / median per item (ms, not in latencies)",
                      f"{_fmt(s['feature_ms_total'])} / {_fmt(s['feature_ms_median'])}"))
@@ -396,6 +421,22 @@ def _summary_table(s: dict, memory: dict | None) -> str:
                          f"{_mib(memory.get('peak_rss_bytes'))} ({_mib(memory.get('peak_rss_after_load_bytes'))})"))
         rows.append(("memory measured with", memory["method"]))
     return markdown_table(["metric", "value"], rows)
+
+
+def _gap_text(comparison: dict) -> str:
+    return f"{100 * comparison['auto_gap_vs_best_fixed']:+.1f} % ({comparison['best_fixed_draft']})"
+
+
+def render_comparison(comparison: dict) -> str:
+    """The drafts of one run side by side (``draft_comparison``), as Markdown."""
+    totals = comparison["latency_ms_total"]
+    fastest = min(totals.values())
+    rows = [[label, _fmt(ms), f"{100 * (ms / fastest - 1):+.1f} %"] for label, ms in totals.items()]
+    text = "\n## Drafts measured in this run (batch size 1)\n\n" + markdown_table(
+        ["draft", "latency total (ms)", "vs the fastest"], rows) + "\n"
+    if comparison.get("best_fixed_draft"):
+        text += f"\nauto vs the fastest fixed draft: {_gap_text(comparison)}\n"
+    return text
 
 
 def _mib(value) -> str:
@@ -459,6 +500,7 @@ def summary_row(results: dict, command: str) -> dict:
         "decode_speedup_vs_own_greedy": summary["decode_speedup_vs_own_greedy"],
         "e2e_speedup_vs_own_greedy": summary["e2e_speedup_vs_own_greedy"],
         "round_cost_vs_plain": summary["round_cost_vs_plain"],
+        **auto_gap_fields(settings["draft"], summary.get("draft_comparison")),
         "decode_share_of_call": ratio(summary["greedy_rounds_ms_total"], summary["greedy_latency_ms_total"]),
         "wer_hf": summary["baseline_wer"], "wer_ours": summary["medusa_wer"],
         "timing_spread_median": summary.get("timing_spread_median"),
@@ -466,6 +508,13 @@ def summary_row(results: dict, command: str) -> dict:
         "date": str(env["date"])[:10], "torch": env["torch_version"], "transformers": env["transformers_version"],
         "results": None, "command": command,
     }
+
+
+def auto_gap_fields(draft: str, comparison: dict | None) -> dict:
+    """An ``auto`` row's ``auto_gap_vs_best_fixed`` and ``best_fixed_draft``, where fixed drafts ran beside it."""
+    if draft != "auto" or not (comparison or {}).get("best_fixed_draft"):
+        return {}
+    return {key: comparison[key] for key in ("auto_gap_vs_best_fixed", "best_fixed_draft")}
 
 
 def merge_summaries(sources: list[Path], into: Path, make_row=None, key: tuple | None = None) -> int:
