@@ -222,6 +222,7 @@ class DraftPolicy:
         self.chosen: dict = {}  # key -> the draft last chosen for it
         self.rates: dict = {}  # key -> {candidate: the rate it was chosen by}, as last chosen
         self._measured = None
+        self._default = None
 
     # ------------------------------------------------------------------ candidates
     def measured(self) -> dict:
@@ -236,9 +237,11 @@ class DraftPolicy:
         return self._measured
 
     def default_tree(self) -> DraftTree:
-        if self.config.tree:
-            return DraftTree.from_paths(self.config.tree)
-        return DraftTree.chain(self.config.medusa_num_heads)
+        spec = (self.config.tree, self.config.medusa_num_heads)
+        if self._default is None or self._default[0] != spec:  # (kept: auto asks on every call)
+            tree = DraftTree.from_paths(spec[0]) if spec[0] else DraftTree.chain(spec[1])
+            self._default = (spec, tree)
+        return self._default[1]
 
     def resolve(self, draft) -> DraftTree:
         """``"chain"``, ``"tree"`` (the artifact's tree), ``"tree-N"`` (its N-node tree), ``"none"``,
@@ -361,12 +364,12 @@ class DraftPolicy:
             credit = STOPPING_CHAIN_CREDIT if tree in credited else 1.0
             return credit * self.expected_tokens(tree) / self.seconds(key, tree)
 
-        self.rates[key] = {tree: rate(tree) for tree in candidates}
-        top = max(self.rates[key].values())
+        rates = self.rates[key] = {tree: rate(tree) for tree in candidates}
+        top = max(rates.values())
         margin = SMALLER_DRAFT_MARGIN if key.device == "cpu" else 0.0
-        best = min((tree for tree in candidates if rate(tree) >= top / (1 + margin)), key=lambda tree: tree.num_nodes)
+        best = min((tree for tree in candidates if rates[tree] >= top / (1 + margin)), key=lambda tree: tree.num_nodes)
         last = self.chosen.get(key)
-        if last in candidates and rate(best) < (1 + SWITCH_MARGIN) * rate(last):
+        if last in candidates and rates[best] < (1 + SWITCH_MARGIN) * rates[last]:
             best = last
         self.chosen[key] = self.default_tree() if {key, stand_in} & self.untrusted else best
         return self.chosen[key]

@@ -23,6 +23,13 @@ class DraftTree:
 
     paths: tuple[tuple[int, ...], ...]
 
+    def __post_init__(self):
+        # (auto looks its candidates up by tree several times a call: a tree's hash is worked out once)
+        object.__setattr__(self, "_hash", hash(self.paths))
+
+    def __hash__(self) -> int:
+        return self._hash
+
     @classmethod
     def chain(cls, num_heads: int) -> "DraftTree":
         return cls(tuple((0,) * depth for depth in range(1, num_heads + 1)))
