@@ -191,7 +191,9 @@ def test_a_run_of_several_drafts_times_them_on_the_same_clips_and_rows_say_autos
     remade = tmp_path / "remade.json"
     assert merge_summaries([out / "auto/results.json"], remade) == 1
     assert json.loads(remade.read_text())[0]["auto_gap_vs_best_fixed"] == rows["auto"]["auto_gap_vs_best_fixed"]
-    assert "auto vs best fixed" in real_speech(list(rows.values())) and f"% ({best})" in real_speech([rows["auto"]])
+    table, side_by_side = real_speech(list(rows.values())).split("The fixed drafts timed beside `auto`")
+    assert f"% ({best}) vs best fixed" in table and "| chain (" not in table  # the fixed drafts: one line per run
+    assert "chain " in side_by_side and "none " in side_by_side
     assert "vs best fixed draft" in results_table([rows["auto"]])
     assert "vs best fixed" not in results_table([rows["chain"]]) + real_speech([rows["chain"]])
 
