@@ -122,13 +122,17 @@ def _device(row: dict) -> str:
 
 
 def results_table(rows: list[dict]) -> str:
-    """One line per benchmark row: model, device, dtype, draft, tokens per pass, speed-ups, exact match, date."""
+    """One line per benchmark row: model, device, dtype, draft, tokens per pass, speed-ups, exact match, date; and
+    where some row measured fixed drafts beside ``auto``, how much slower it ran than the fastest of them."""
+    from tools.benchmark_report import gap_cell
+
+    gap = any(r.get("auto_gap_vs_best_fixed") is not None for r in rows)
     header = ["model", "device", "dtype", "draft", "tokens per pass", "× `generate`", "× own greedy",
-              "× own greedy (rounds)", "exact", "date"]
+              "× own greedy (rounds)", *(["vs best fixed draft"] if gap else []), "exact", "date"]
     return markdown_table(header, [
         [r["model"], _device(r), r["dtype"], r["draft"], number_cell(r.get("mean_accepted_per_round")),
          number_cell(r.get("speedup_vs_hf_generate"), 2, "×"), number_cell(r.get("e2e_speedup_vs_own_greedy"), 2, "×"),
-         number_cell(r.get("decode_speedup_vs_own_greedy"), 2, "×"),
+         number_cell(r.get("decode_speedup_vs_own_greedy"), 2, "×"), *([gap_cell(r)] if gap else []),
          _exact(r), r["date"]] for r in rows])
 
 

@@ -151,6 +151,73 @@ def test_a_finished_run_exits_0_and_adds_its_summary_rows(tiny_medusa, tmp_path,
     assert json.loads(summary.read_text())[0]["results"] == "out/results.json"
 
 
+def test_a_run_of_several_drafts_times_them_on_the_same_clips_and_rows_say_autos_gap(tiny_medusa, tmp_path, capsys):
+    """--draft auto,none,chain: one run, one baseline timed beside every draft (interleaved per clip), a results
+    folder and a summary row per draft; auto's row says how much slower it ran than the fastest fixed draft, and the
+    row made again from its results.json (merging) and the tables say the same."""
+    import soundfile as sf
+
+    from pipeline.model_card import results_table
+    from tools.benchmark_report import merge_summaries
+    from tools.results_tables import real_speech
+
+    _, root = tiny_medusa
+    for i in range(2):
+        sf.write(tmp_path / f"a{i}.wav", 0.1 * np.random.default_rng(i).standard_normal(16000).astype(np.float32),
+                 16000)
+    manifest = tmp_path / "manifest.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"a{i}", "audio": f"a{i}.wav", "text": "hi"}) + "\n"
+                                for i in range(2)))
+    out, summary = tmp_path / "out", tmp_path / "summary.json"
+    assert benchmark.main(["--audio", str(manifest), "--model", str(root / "heads"), "--out", str(out), "--repeats", "2",
+                           "--warmup", "0", "--max-new-tokens", "8", "--threads", "1", "--no-plot", "--quiet",
+                           "--draft", "chain,none,auto", "--summary", str(summary)]) == 0
+    assert "## Drafts measured in this run" in capsys.readouterr().out
+    assert not (out / "results.json").exists()
+    results = {d: json.loads((out / d / "results.json").read_text()) for d in ("auto", "none", "chain")}
+    baseline_ms = [[c["baseline"]["latency_ms_all"] for c in r["clips"]] for r in results.values()]
+    assert baseline_ms[0] == baseline_ms[1] == baseline_ms[2]  # one baseline, measured once beside every draft
+    assert results["chain"]["settings"]["drafts"] == ["auto", "chain", "none"]  # auto's first call comes first
+    assert [r["settings"]["draft"] for r in results.values()] == ["auto", "none", "chain"]
+    assert results["none"]["summary"]["medusa_latency_ms_total"] == results["none"]["summary"]["greedy_latency_ms_total"]
+    totals = {d: r["summary"]["medusa_latency_ms_total"] for d, r in results.items()}
+    best = min(("none", "chain"), key=totals.get)
+
+    rows = {r["requested_draft"]: r for r in json.loads(summary.read_text())}
+    assert rows["auto"]["best_fixed_draft"] == best
+    assert rows["auto"]["auto_gap_vs_best_fixed"] == pytest.approx(totals["auto"] / totals[best] - 1)
+    assert "auto_gap_vs_best_fixed" not in rows["chain"] and "best_fixed_draft" not in rows["none"]
+    assert rows["auto"]["results"] == "out/auto/results.json"
+    remade = tmp_path / "remade.json"
+    assert merge_summaries([out / "auto/results.json"], remade) == 1
+    assert json.loads(remade.read_text())[0]["auto_gap_vs_best_fixed"] == rows["auto"]["auto_gap_vs_best_fixed"]
+    table, side_by_side = real_speech(list(rows.values())).split("The fixed drafts timed beside `auto`")
+    assert f"% ({best}) vs best fixed" in table and "| chain (" not in table  # the fixed drafts: one line per run
+    assert "chain " in side_by_side and "none " in side_by_side
+    assert "vs best fixed draft" in results_table([rows["auto"]])
+    assert "vs best fixed" not in results_table([rows["chain"]]) + real_speech([rows["chain"]])
+
+
+def test_autos_gap_is_its_total_over_the_fastest_fixed_drafts_less_one():
+    from tools.benchmark_report import auto_gap_fields, draft_comparison, gap_cell
+
+    def compared(**totals):
+        return draft_comparison({draft.replace("_", "-"): {"medusa_latency_ms_total": ms}
+                                 for draft, ms in totals.items()})
+
+    comparison = compared(auto=1100.0, none=2000.0, chain=1000.0, tree_16=1050.0)
+    assert comparison["best_fixed_draft"] == "chain" and comparison["auto_gap_vs_best_fixed"] == pytest.approx(0.1)
+    assert comparison["latency_ms_total"]["tree-16"] == 1050.0
+    assert gap_cell(comparison) == "+10.0 % (chain)" and gap_cell({}) == ""
+    assert auto_gap_fields("auto", comparison) == {"auto_gap_vs_best_fixed": pytest.approx(0.1),
+                                                   "best_fixed_draft": "chain"}
+    assert auto_gap_fields("chain", comparison) == {} and auto_gap_fields("auto", None) == {}
+    assert compared(auto=1000.0, chain=1000.0)["auto_gap_vs_best_fixed"] == 0.0  # it picked the best
+    assert compared(auto=900.0, none=1000.0)["auto_gap_vs_best_fixed"] == pytest.approx(-0.1)  # (none is fixed too)
+    for alone in (compared(auto=1000.0), compared(chain=1.0, none=2.0)):  # nothing to compare auto with
+        assert "best_fixed_draft" not in alone and auto_gap_fields("auto", alone) == {}
+
+
 def test_timestamped_benchmark_compares_timestamped_decoders(tmp_path):
     """--timestamps: every decoder returns timestamps; Medusa decodes them (no fallback) and equals the base."""
     from modeling_medusa import MedusaForASR
@@ -300,6 +367,21 @@ def test_draft_option_takes_the_named_drafts_and_sized_trees():
     for value in ("tree-", "tree-x", "chain-4", "trees"):
         with pytest.raises(argparse.ArgumentTypeError, match="tree-N"):
             benchmark.draft_option(value)
+
+
+def test_draft_option_takes_a_comma_list_of_different_drafts(capsys):
+    import argparse
+
+    parser = benchmark.build_parser()
+    assert parser.parse_args([]).draft == ["auto"]
+    assert parser.parse_args(["--draft", "auto, none,chain,tree-16"]).draft == ["auto", "none", "chain", "tree-16"]
+    for value, problem in (("auto,auto", "each draft once"), ("auto,", "use auto"), ("auto,chain-4", "tree-N"),
+                           (",", "use auto")):
+        with pytest.raises(argparse.ArgumentTypeError, match=problem):
+            benchmark.drafts_option(value)
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["--draft", "chain,tree,chain"])
+    assert exited.value.code == 2 and "--draft" in capsys.readouterr().err
 
 
 def test_segment_comparison_measures_boundaries_against_the_known_sentences():

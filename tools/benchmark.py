@@ -12,7 +12,9 @@ repeat so drift and cache effects fall on both alike), with a device synchronisa
 timed call. The baseline is the base model's own ``generate`` (``use_medusa=False``); Medusa is the
 same call with the heads. Reported latencies are medians of the timed repeats; every raw timing is
 kept in results.json. ``--batch-size N`` (N > 1) adds a section that decodes the same clips N at a
-time, batched baseline against batched Medusa.
+time, batched baseline against batched Medusa. ``--draft auto,none,chain,tree-16`` (a comma list) times every
+listed draft beside the same baseline in one run, interleaved per clip: a results folder per draft (``OUT/DRAFT/``),
+and ``auto``'s summary says how much slower it ran than the fastest fixed draft listed (``draft_comparison``).
 
 Outputs: Markdown tables on stdout, ``OUT/results.json`` (everything), ``OUT/results.md`` (the
 tables) and ``OUT/speedup_vs_length.png`` (when matplotlib is installed), all written atomically.

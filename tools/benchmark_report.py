@@ -400,7 +400,7 @@ def _summary_table(s: dict, memory: dict | None) -> str:
         rows.append(("drafts measured in this run: latency total (ms)", ", ".join(
             f"{label} {_fmt(ms)}" for label, ms in comparison["latency_ms_total"].items())))
     if comparison.get("best_fixed_draft"):
-        rows.append(("auto vs the fastest fixed draft of this run", _gap_text(comparison)))
+        rows.append(("auto vs the fastest fixed draft of this run", gap_cell(comparison)))
     if s.get("feature_ms_total") is not None:
         rows.append(("feature extraction total / median per item (ms, not in latencies)",
                      f"{_fmt(s['feature_ms_total'])} / {_fmt(s['feature_ms_median'])}"))
@@ -423,8 +423,12 @@ def _summary_table(s: dict, memory: dict | None) -> str:
     return markdown_table(["metric", "value"], rows)
 
 
-def _gap_text(comparison: dict) -> str:
-    return f"{100 * comparison['auto_gap_vs_best_fixed']:+.1f} % ({comparison['best_fixed_draft']})"
+def gap_cell(record: dict) -> str:
+    """``auto_gap_vs_best_fixed`` and ``best_fixed_draft`` of a summary row or a ``draft_comparison`` as text
+    ("+2.1 % (chain)"), or "" where it has none."""
+    if record.get("auto_gap_vs_best_fixed") is None:
+        return ""
+    return f"{100 * record['auto_gap_vs_best_fixed']:+.1f} % ({record['best_fixed_draft']})"
 
 
 def render_comparison(comparison: dict) -> str:
@@ -435,7 +439,7 @@ def render_comparison(comparison: dict) -> str:
     text = "\n## Drafts measured in this run (batch size 1)\n\n" + markdown_table(
         ["draft", "latency total (ms)", "vs the fastest"], rows) + "\n"
     if comparison.get("best_fixed_draft"):
-        text += f"\nauto vs the fastest fixed draft: {_gap_text(comparison)}\n"
+        text += f"\nauto vs the fastest fixed draft: {gap_cell(comparison)}\n"
     return text
 
 

@@ -14,6 +14,7 @@ import json
 import sys
 from pathlib import Path
 
+from tools.benchmark_report import gap_cell
 from tools.files import write_atomic
 from tools.markdown import markdown_table, number_cell
 
@@ -42,15 +43,35 @@ def _device(row: dict) -> str:
 
 
 def real_speech(rows: list[dict]) -> str:
+    """The real-speech rows; an ``auto`` row run beside fixed drafts says how much slower it ran than the fastest
+    of them, and those drafts' rows follow in one line per run (``side_by_side``)."""
+    beside = [r for r in rows if _beside_auto(r, rows)]
     header = ["model", "device", "dtype", "draft (ran)", "rounds", "batch", "tokens per round",
               "× `generate`", "× own greedy", "× own greedy (rounds)", "exact", "WER", "date"]
     body = [[r["model"], _device(r), r["dtype"],
-             f"{r['requested_draft']} ({r['draft']})" + (", timestamps" if r.get("timestamps") else ""),
+             f"{r['requested_draft']} ({r['draft']})" + (", timestamps" if r.get("timestamps") else "")
+             + (f", {gap_cell(r)} vs best fixed" if gap_cell(r) else ""),
              r["rounds_mode"], r.get("batch") or 1, number_cell(r["mean_accepted_per_round"]),
              _ratio(r.get("speedup_vs_hf_generate")), _ratio(r.get("e2e_speedup_vs_own_greedy")),
              _ratio(r.get("decode_speedup_vs_own_greedy")), _rate(r["exact_match_rate"]), _rate(r.get("wer_ours")),
-             r["date"]] for r in rows]
-    return markdown_table(header, body)
+             r["date"]] for r in rows if r not in beside]
+    return markdown_table(header, body) + (side_by_side(rows, beside) if beside else "")
+
+
+def _beside_auto(row: dict, rows: list[dict]) -> bool:
+    """Whether ``row`` is a fixed draft measured in the same run as an ``auto`` row that compares itself with it."""
+    return row["requested_draft"] != "auto" and any(
+        r.get("best_fixed_draft") and r["command"] == row["command"] and r["requested_draft"] == "auto" for r in rows)
+
+
+def side_by_side(rows: list[dict], beside: list[dict]) -> str:
+    """One line per run of several drafts: each fixed draft's × ``generate`` (its own row is in summary.json)."""
+    runs = [a for a in rows if a["requested_draft"] == "auto" and any(r["command"] == a["command"] for r in beside)]
+    body = [[a["model"], _device(a), a["dtype"], a["rounds_mode"], ", ".join(
+        f"{r['requested_draft']} {_ratio(r.get('speedup_vs_hf_generate'))}" for r in beside
+        if r["command"] == a["command"]), a["date"]] for a in runs]
+    return ("\n\nThe fixed drafts timed beside `auto` in the same run (× `generate`):\n\n"
+            + markdown_table(["model", "device", "dtype", "rounds", "fixed drafts", "date"], body))
 
 
 def quantised(rows: list[dict]) -> str:
@@ -123,7 +144,7 @@ def other_files(shown: set[Path]) -> str:
     (the full command is in the file)."""
     rows = []
     for path in sorted(BENCHMARKS.rglob("*.json")):
-        if path in shown or path.parent.parent == BENCHMARKS / "real_speech" or "quantised" in path.parts[-2:-1]:
+        if path in shown or BENCHMARKS / "real_speech" in path.parents[1:] or "quantised" in path.parts[-2:-1]:
             continue
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
