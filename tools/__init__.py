@@ -2,8 +2,8 @@
 
 Run from the repository root, as modules: ``python -m tools.transcribe`` (files -> text, subtitles, JSON),
 ``python -m tools.benchmark`` (HF generate vs our loop vs Medusa on real speech), ``python -m
-tools.benchmark_gpu`` (MERaLiON-2 shapes on a GPU), ``python -m tools.benchmark_ctranslate2``,
-``python -m tools.profile_rounds`` / ``tools.profile_prefill`` / ``tools.round_kernels`` /
+tools.benchmark_gpu`` (MERaLiON-2 shapes on a GPU), ``python -m tools.benchmark_cpu_peers`` (the same against
+faster-whisper on a CPU), ``python -m tools.profile_rounds`` / ``tools.profile_prefill`` / ``tools.round_kernels`` /
 ``tools.verify_pass_kernels`` (round, prefill and verify-pass cost), ``python -m tools.chain_confidence`` (a CPU
 chain's stopping rule), ``python -m tools.results_tables`` (docs/RESULTS.md from the results). What they share:
 ``tools.audio_io`` (audio and transcript I/O), ``tools.files`` (atomic writes), ``tools.markdown`` (Markdown

@@ -28,7 +28,7 @@ import numpy as np
 
 from tools import cli_args
 from tools import runtime
-from tools.benchmark_ctranslate2 import faster_whisper_segments
+from tools.benchmark_cpu_peers import faster_whisper_segments
 from tools.benchmark_inputs import load_model, resolve_artifact
 from tools.benchmark_report import corpus_wer
 from tools.files import command_line, write_atomic, write_json_atomic

@@ -116,6 +116,26 @@ def gpu_verify(summary: dict) -> str:
                             *(number_cell(cells.get((shape, tokens, m))) for m in methods)] for shape, tokens in keys])
 
 
+def cpu_peers(rows: list[dict]) -> str:
+    """A row per system, for each model its speed-up over ``generate``, WER and share of ``generate``'s texts."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    cells = {(r["model"], r["system"]): r for r in rows}
+
+    def of(model, system) -> list:
+        row = cells.get((model, system))
+        return ["", "", ""] if row is None else [_ratio(row["speedup_vs_hf_generate"]), _rate(row["wer"]),
+                                                 _rate(row["exact_vs_float32_base"])]
+
+    header = ["system"] + [f"{m.rsplit('/', 1)[-1].removeprefix('whisper-')} {column}" for m in models
+                           for column in ("× `generate`", "WER", "same text")]
+    systems = dict.fromkeys(r["system"] for r in rows)
+    return markdown_table(header, [[system] + [c for m in models for c in of(m, system)] for system in systems])
+
+
+def _dates_and_cpus(rows: list[dict]) -> str:
+    return ", ".join([*dict.fromkeys(r["cpu"] for r in rows), *sorted({r["date"] for r in rows})])
+
+
 def _commands(commands) -> str:
     unique = list(dict.fromkeys(c for c in commands if c))
     return "```bash\n" + "\n".join(unique) + "\n```" if unique else ""
@@ -133,43 +153,46 @@ def _command_of(data) -> str | None:
     return None
 
 
-def _program(command: str) -> str:
-    """The program a command runs (``python -m tools.x --a b`` -> ``tools.x``)."""
-    words = command.split()
-    return words[2] if words[1:2] == ["-m"] and len(words) > 2 else words[1] if len(words) > 1 else command
-
-
 def other_files(shown: set[Path]) -> str:
-    """Every other committed result file that records its command: path, date where it says, and the program
-    (the full command is in the file)."""
-    rows = []
+    """Every other committed result file that records its command, counted by folder (under ``benchmarks/``),
+    with the dates they say; the program and full command are in each file."""
+    folders = {}
     for path in sorted(BENCHMARKS.rglob("*.json")):
-        if path in shown or BENCHMARKS / "real_speech" in path.parents[1:] or "quantised" in path.parts[-2:-1]:
+        if (path in shown or BENCHMARKS / "real_speech" in path.parents[1:]
+                or path.parent.parent == BENCHMARKS / "cpu_peers" or "quantised" in path.parts[-2:-1]):
             continue
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except ValueError:
             continue
-        command = _command_of(data)
-        if command:
+        if _command_of(data):
             date = str(data.get("date") or (data.get("environment") or {}).get("date") or "")[:10]
-            rows.append(f"`{path.relative_to(BENCHMARKS)}`" + (f" ({date}, {_program(command)})" if date else
-                                                               f" ({_program(command)})"))
-    return ", ".join(rows) + "."
+            folder = folders.setdefault(path.relative_to(BENCHMARKS).parts[0], [0, set()])
+            folder[0] += 1
+            folder[1].update([date] if date else [])
+    return ", ".join(f"`{name}/` {count}" + (f" ({min(dates)} to {max(dates)})" if len(dates) > 1 else
+                                              f" ({min(dates)})" if dates else "")
+                     for name, (count, dates) in folders.items()) + "."
 
 
 def render() -> str:
     sections = [INTRO]
     speech = _load("real_speech/summary.json")
     sections.append("## Whisper tiny.en and base on 28 real recordings\n\n"
-                    "`benchmarks/real_speech/summary.json`; each row's folder holds its per-clip `results.json`.\n\n"
-                    + real_speech(speech) + "\n\n" + _commands(r["command"] for r in speech))
+                    "`benchmarks/real_speech/summary.json`; each row's folder holds its per-clip `results.json`, and "
+                    "each row its command (the `command` field).\n\n" + real_speech(speech))
     quant = _load("quantised/summary.json")
     sections.append("## By weight precision (4-bit, 8-bit, 16-bit verifiers)\n\n"
                     "`benchmarks/quantised/summary.json`. The MERaLiON-2 rows run its shapes on random weights with "
                     "replayed acceptance: speed only, never quality.\n\n"
                     + quantised(quant) + "\n\n" + _commands(r["command"] for r in quant))
-    shown = {BENCHMARKS / "real_speech/summary.json", BENCHMARKS / "quantised/summary.json"}
+    peers = _load("cpu_peers/summary.json")
+    sections.append("## Whisper on a CPU against faster-whisper\n\n"
+                    f"`benchmarks/cpu_peers/summary.json` ({_dates_and_cpus(peers)}): 28 recordings, audio to text; "
+                    "*same text*: as the float32 `generate`'s.\n\n"
+                    + cpu_peers(peers) + "\n\n" + _commands(r["command"] for r in peers))
+    shown = {BENCHMARKS / "real_speech/summary.json", BENCHMARKS / "quantised/summary.json",
+             BENCHMARKS / "cpu_peers/summary.json"}
     for relative, title in (("gpu/summary.json", "MERaLiON-2 shapes on an H200"),
                             ("gpu/h100/summary.json", "MERaLiON-2 shapes on an H100"),
                             ("gpu/drafter_cost_heads/summary.json", "MERaLiON-2-3B, drafts at trained heads' cost")):
@@ -182,8 +205,7 @@ def render() -> str:
             text += ("\n\nMilliseconds of one verify pass by tokens verified (floor: the weights' bytes at the "
                      "measured copy bandwidth):\n\n" + gpu_verify(summary))
         sections.append(text + "\n\n" + _commands([summary["command"]] + [r["command"] for r in summary["runs"]]))
-    sections.append("## Other result files\n\nUnder `benchmarks/`, with date and program; each file holds its full "
-                    "command.\n\n" + other_files(shown))
+    sections.append("## Other result files\n\nBy folder under `benchmarks/`; each file holds its command.\n\n" + other_files(shown))
     return "\n\n".join(sections) + "\n"
 
 

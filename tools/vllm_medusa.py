@@ -21,11 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 from tools import cli_args
+from tools.files import command_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,7 +135,7 @@ def serve(args) -> int:
         same_hf &= spec == clip["hf_greedy"]
         if spec != plain or spec != clip["hf_greedy"]:
             print(f"[vllm] {clip['id']}: medusa {spec[:12]}... greedy {plain[:12]}... HF {clip['hf_greedy'][:12]}...")
-    row = vllm_row(ref, same_greedy, same_hf, counters, seconds, " ".join(["python", *sys.argv]))
+    row = vllm_row(ref, same_greedy, same_hf, counters, seconds, command_line("tools.vllm_medusa"))
     print(json.dumps(row, indent=1))
     if args.summary:
         from tools.scale_out_rows import merge_rows
