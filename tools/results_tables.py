@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -136,6 +137,9 @@ def _dates_and_cpus(rows: list[dict]) -> str:
     return ", ".join([*dict.fromkeys(r["cpu"] for r in rows), *sorted({r["date"] for r in rows})])
 
 
+LENT_HOST_PATH = re.compile(r"(^| )/(tmp|root)/")  # a command run on a lent GPU host, its files in its /tmp
+
+
 def _commands(commands) -> str:
     unique = list(dict.fromkeys(c for c in commands if c))
     return "```bash\n" + "\n".join(unique) + "\n```" if unique else ""
@@ -180,7 +184,9 @@ def render() -> str:
     speech = _load("real_speech/summary.json")
     sections.append("## Whisper tiny.en and base on 28 real recordings\n\n"
                     "`benchmarks/real_speech/summary.json`; each row's folder holds its per-clip `results.json`, and "
-                    "each row its command (the `command` field).\n\n" + real_speech(speech))
+                    "each row its command (the `command` field); under the table, the commands that ran in this repository (the "
+                    "GPU rows ran on lent hosts, from copies in their `/tmp`).\n\n" + real_speech(speech)
+                    + "\n\n" + _commands(r["command"] for r in speech if not LENT_HOST_PATH.search(r["command"])))
     quant = _load("quantised/summary.json")
     sections.append("## By weight precision (4-bit, 8-bit, 16-bit verifiers)\n\n"
                     "`benchmarks/quantised/summary.json`. The MERaLiON-2 rows run its shapes on random weights with "
