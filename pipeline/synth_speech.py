@@ -19,11 +19,14 @@ work_data/, or ``--exclude-references``) are dropped. ``--text-file`` reads any 
 
 Voices: ``--voices auto`` (default) takes flite's built-in voices and the festival voices that are
 installed (festival is optional); an explicit ``--voices slt:3,festival-ked:1`` insists on each voice.
+Other languages: espeak-ng's voices ``espeak-de``, ``espeak-fr``, ... (ESPEAK_LANGUAGES; never under auto)
+read a ``--text-file`` in their language, e.g. one of ``pipeline.multilingual_texts``; each row records the
+voice's ``language``.
 
 flite elsewhere: ``--make-flite-bundle DIR`` copies the flite binary and its shared libraries into DIR;
 on the other machine pass ``--flite-bin DIR/bin/flite`` (DIR/lib is added to LD_LIBRARY_PATH, which is
 passed through). Debian packages used here: flite (required); festival, festvox-kallpc16k,
-festvox-kdlpc16k, festvox-us-slt-hts (optional).
+festvox-kdlpc16k, festvox-us-slt-hts, espeak-ng (optional).
 """
 
 from __future__ import annotations
@@ -69,11 +72,18 @@ class Voice:
     package: str
     apt: str  # the Debian package that installs it
     licence: str
-    auto_weight: float  # its weight under --voices auto
+    auto_weight: float  # its weight under --voices auto (0: only when named)
+    language: str = "en"  # Whisper's code of the language it reads
 
 
 FLITE_LICENCE = "BSD-style (Carnegie Mellon University); generated audio carries no extra terms"
 FESTIVAL_LICENCE = "BSD-style (University of Edinburgh / Carnegie Mellon University); generated audio carries no extra terms"
+ESPEAK_LICENCE = "GPL-3.0-or-later (espeak-ng program and data); generated audio carries no extra terms"
+ESPEAK_DEFAULT_WPM = 175  # espeak-ng's default speaking rate; a job's rate stretches it
+# language code -> (espeak-ng voice, its description): read the text in that language, named espeak-<code>
+ESPEAK_LANGUAGES = {"de": ("de", "German"), "fr": ("fr-fr", "French"), "es": ("es", "Spanish"),
+                    "it": ("it", "Italian"), "pt": ("pt", "Portuguese"), "nl": ("nl", "Dutch"),
+                    "pl": ("pl", "Polish"), "ru": ("ru", "Russian"), "en": ("en-us", "US English")}
 VOICES = {v.name: v for v in (
     Voice("slt", "flite", "slt", "flite 2.2 (cmu_us_slt, US female)", "flite", FLITE_LICENCE, 3),
     Voice("rms", "flite", "rms", "flite 2.2 (cmu_us_rms, US male)", "flite", FLITE_LICENCE, 2),
@@ -87,7 +97,8 @@ VOICES = {v.name: v for v in (
           "festvox-kdlpc16k", FESTIVAL_LICENCE, 1),
     Voice("festival-slt-hts", "festival", "voice_cmu_us_slt_arctic_hts",
           "festival 2.5 + festvox-us-slt-hts (HTS, US female)", "festvox-us-slt-hts", FESTIVAL_LICENCE, 1),
-)}
+) + tuple(Voice(f"espeak-{code}", "espeak-ng", select, f"espeak-ng 1.51 ({description})", "espeak-ng",
+                ESPEAK_LICENCE, 0, code) for code, (select, description) in ESPEAK_LANGUAGES.items())}
 FESTIVAL_VOICE = "festival-slt-hts"  # the voice of --festival-fraction
 
 
@@ -158,6 +169,7 @@ class Synthesizer:
         if lib.is_dir():  # a bundle made by --make-flite-bundle
             self.env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib), self.env.get("LD_LIBRARY_PATH")]))
         self.text2wave = text2wave_bin or shutil.which("text2wave")
+        self.espeak = shutil.which("espeak-ng")
         self.licences: dict[str, str] = {}  # source name -> text licence
 
     def flite_voices(self) -> set[str]:
@@ -175,10 +187,19 @@ class Synthesizer:
                               env=self.env, timeout=120)
         return proc.returncode == 0
 
+    def espeak_voices(self) -> set[str]:
+        """espeak-ng's voice names (``espeak-ng --voices``: language, age/gender, name, file, ...)."""
+        if not self.espeak:
+            return set()
+        proc = subprocess.run([self.espeak, "--voices"], capture_output=True, text=True, env=self.env)
+        return {line.split()[1] for line in proc.stdout.splitlines()[1:] if len(line.split()) > 1}
+
     def available(self, names: list[str]) -> set[str]:
         flite = self.flite_voices()
+        espeak = self.espeak_voices() if any(VOICES[n].engine == "espeak-ng" for n in names) else set()
         return {n for n in names if (VOICES[n].engine == "flite" and VOICES[n].select in flite)
-                or (VOICES[n].engine == "festival" and self.festival_has(VOICES[n]))}
+                or (VOICES[n].engine == "festival" and self.festival_has(VOICES[n]))
+                or (VOICES[n].engine == "espeak-ng" and VOICES[n].select in espeak)}
 
     def check(self, voices: list[str]) -> None:
         missing = sorted(set(voices) - self.available(list(dict.fromkeys(voices))))
@@ -189,10 +210,16 @@ class Synthesizer:
             packages = " ".join(["festival"] + [VOICES[v].apt for v in festival])
             raise SynthError(f"festival voice(s) {festival} not available; fix: `apt-get install {packages}`, "
                              f"or leave them out of --voices (and --festival-fraction 0)")
+        espeak = [v for v in missing if VOICES[v].engine == "espeak-ng"]
+        if espeak:
+            raise SynthError(f"espeak-ng voice(s) {espeak} not available; fix: `apt-get install espeak-ng`")
         raise SynthError(f"flite lacks voices {missing} (has {sorted(self.flite_voices())})")
 
     def command(self, job: Job, wav_path: Path, text_path: Path) -> list[str]:
         voice = VOICES[job.voice]
+        if voice.engine == "espeak-ng":
+            return [self.espeak, "-v", voice.select, "-s", str(round(ESPEAK_DEFAULT_WPM / job.rate)),
+                    "-f", str(text_path), "-w", str(wav_path)]
         if voice.engine == "flite":
             return [self.flite, "-voice", voice.select, "--setf", f"duration_stretch={job.rate}",
                     "-f", str(text_path), "-o", str(wav_path)]
@@ -220,8 +247,8 @@ def resolve_voices(spec: str, synth: Synthesizer) -> list[tuple[str, float]]:
         voices = parse_voices(spec)
         synth.check([v for v, _ in voices])
         return voices
-    have = synth.available(list(VOICES))
-    voices = [(v.name, v.auto_weight) for v in VOICES.values() if v.name in have]
+    have = synth.available([v.name for v in VOICES.values() if v.auto_weight > 0])
+    voices = [(v.name, v.auto_weight) for v in VOICES.values() if v.name in have and v.auto_weight > 0]
     if not any(VOICES[n].engine == "flite" for n, _ in voices):
         raise SynthError(f"flite has none of the voices {[v.select for v in VOICES.values() if v.engine == 'flite']}")
     return voices
@@ -250,7 +277,8 @@ def run_job(job: Job, out: Path, synth: Synthesizer) -> dict:
     voice = VOICES[job.voice]
     row = {"id": job.id, "text": job.text, "source": job.source,
            "licence": f"text: {synth.licences.get(job.source, 'unknown')}; audio: synthetic ({voice.licence})",
-           "voice": job.voice, "engine": voice.engine, "rate": job.rate, "augment": job.augment}
+           "voice": job.voice, "engine": voice.engine, "language": voice.language, "rate": job.rate,
+           "augment": job.augment}
     try:
         try:
             synth.synthesize(job, raw, shard_dir)
@@ -515,7 +543,8 @@ def make_plan(args: argparse.Namespace, sources: list[tx.LoadedSource], texts: s
             "max_seconds": MAX_SECONDS, "num_sentences": sum(len(s.sentences) for s in sources),
             "text_sources": [s.info for s in sources], "evaluation_exclusion": exclusion,
             "voice_info": [{"name": n, "engine": VOICES[n].engine, "package": VOICES[n].package,
-                            "licence": VOICES[n].licence} for n in VOICES if n in used]}
+                            "language": VOICES[n].language, "licence": VOICES[n].licence}
+                           for n in VOICES if n in used]}
 
 
 def synthesize_corpus(args: argparse.Namespace) -> dict:
