@@ -1,5 +1,10 @@
-"""Sentences in several languages for synthetic speech: Django's own translation catalogues (the admin's and
-the framework's messages, translated by its community; BSD-3-Clause), read from the pinned PyPI wheel at run time.
+"""Sentences in several languages for synthetic speech, fetched at run time from packages:
+
+  * ``--source django`` (default; the evaluation clips): Django's own translation catalogues (the admin's and
+    the framework's messages, translated by its community; BSD-3-Clause), from the pinned PyPI wheel;
+  * ``--source gnome-help`` (training): the GNOME desktop help (Mallard pages) in each language, Debian
+    ``gnome-user-docs`` (CC-BY-SA-3.0); 2 500-2 900 sentences a language, less those left untranslated
+    (equal to the English page's) and any equal to a Django sentence.
 
     python -m pipeline.multilingual_texts --out work_data/multilingual_texts --languages de,fr,es,it,pt,nl
 
@@ -8,7 +13,7 @@ Writes OUT/<language>.txt (one sentence a line) and OUT/<language>.txt.source.js
 ``python -m pipeline.synth_speech --text-file OUT/de.txt --voices espeak-de ...`` reads them in German.
 Kept: whole messages of MIN_WORDS-MAX_WORDS words made of letters and ordinary punctuation only (no
 placeholders, markup, URLs or symbols a voice would spell out). Interface text, not conversation: enough for
-a few dozen evaluation clips per language, far too little to train on.
+a few dozen evaluation clips per language, far too little to train on (gnome-help is the training text).
 """
 
 from __future__ import annotations
@@ -17,14 +22,18 @@ import argparse
 import json
 import re
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from pipeline import texts as tx
 
 DJANGO = "django==5.2.8"
 DJANGO_LICENCE = "BSD-3-Clause (Django Software Foundation and contributors; translations via Transifex)"
+GNOME_HELP = "gnome-user-docs"
+GNOME_HELP_LICENCE = "CC-BY-SA-3.0 (GNOME Documentation Project)"
+MALLARD_P = "{http://projectmallard.org/1.0/}p"
 MIN_WORDS, MAX_WORDS = 7, 42
-# language code (Whisper's) -> Django's locale folder
+# language code (Whisper's) -> the locale folder of Django's catalogues and of the GNOME help
 LOCALES = {"de": "de", "fr": "fr", "es": "es", "it": "it", "pt": "pt", "nl": "nl", "pl": "pl", "ru": "ru"}
 _STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _LETTER = r"[^\W\d_]"  # a letter of any script: word characters less digits and the underscore
@@ -79,21 +88,56 @@ def django_sentences(files: dict[str, bytes], locale: str) -> list[str]:
     return list(seen)
 
 
-def source_info(language: str, sentences: list[str]) -> dict:
+def mallard_sentences(page: bytes) -> list[str]:
+    """The speakable sentences of one Mallard help page's paragraphs (inline markup's text kept)."""
+    try:
+        root = ET.fromstring(page)
+    except ET.ParseError:
+        return []
+    out = []
+    for paragraph in root.iter(MALLARD_P):
+        for sentence in re.split(r"(?<=[.!?])\s+", " ".join("".join(paragraph.itertext()).split())):
+            if (kept := speakable(sentence)) is not None:
+                out.append(kept)
+    return out
+
+
+def gnome_help_sentences(files: dict[str, bytes], locale: str, exclude: set[str] = frozenset()) -> list[str]:
+    """The speakable sentences of the GNOME help in ``locale`` (package path -> bytes), each once, less the
+    untranslated ones (also on the C locale's page) and ``exclude``."""
+    def pages(code):
+        pattern = re.compile(rf"/help/{re.escape(code)}/gnome-help/[^/]+\.page$")
+        return [files[n] for n in sorted(files) if pattern.search(n)]
+
+    english = {s for page in pages("C") for s in mallard_sentences(page)}
+    seen: dict[str, None] = {}
+    for page in pages(locale):
+        for sentence in mallard_sentences(page):
+            if sentence not in english and sentence not in exclude:
+                seen.setdefault(sentence, None)
+    return list(seen)
+
+
+def source_info(language: str, sentences: list[str], source: str = "django", version: str | None = None) -> dict:
     """The --text-file sidecar (pipeline.synth_speech.file_sources) for one language's sentences."""
-    name, _, version = DJANGO.partition("==")
-    source = {"name": f"django-{language}", "title": f"Django {version} translation catalogues ({language})",
-              "registry": "pypi", "package": DJANGO, "version": version, "licence": DJANGO_LICENCE,
-              "language": language, "sentences": len(sentences)}
-    return {"texts": f"{source['name']}:1", "sources": [source], "language": language}
+    if source == "django":
+        package, _, version = DJANGO.partition("==")
+        info = {"title": f"Django {version} translation catalogues ({language})", "registry": "pypi",
+                "package": DJANGO, "version": version, "licence": DJANGO_LICENCE}
+    else:
+        info = {"title": f"GNOME help, {GNOME_HELP} {version} ({language})", "registry": "debian",
+                "package": GNOME_HELP, "version": version, "licence": GNOME_HELP_LICENCE}
+    entry = {"name": f"{source}-{language}", **info, "language": language, "sentences": len(sentences)}
+    return {"texts": f"{entry['name']}:1", "sources": [entry], "language": language}
 
 
-def write_language(out: Path, language: str, sentences: list[str]) -> Path:
+def write_language(out: Path, language: str, sentences: list[str], source: str = "django",
+                   version: str | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{language}.txt"
     path.write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
-    Path(f"{path}.source.json").write_text(json.dumps(source_info(language, sentences), indent=2, ensure_ascii=False)
-                                           + "\n", encoding="utf-8")
+    info = source_info(language, sentences, source, version)
+    Path(f"{path}.source.json").write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return path
 
 
@@ -110,16 +154,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("work_data/multilingual_texts"), help="output folder")
     parser.add_argument("--languages", type=parse_languages, default=list(LOCALES),
                         help=f"comma-separated language codes (default all: {','.join(LOCALES)})")
+    parser.add_argument("--source", choices=("django", "gnome-help"), default="django",
+                        help="django: evaluation sentences; gnome-help: training sentences (less any Django one)")
     args = parser.parse_args(argv)
     try:
-        wheel = tx.fetch_wheel(DJANGO, tx.cache_root() / "texts")
+        django = tx.wheel_files(tx.fetch_wheel(DJANGO, tx.cache_root() / "texts"), (".po",))
+        if args.source == "gnome-help":
+            installed = tx.installed_deb_files(GNOME_HELP, (".page",))
+            if installed is None:
+                deb = tx.fetch_deb(GNOME_HELP, tx.cache_root() / "debs")
+                installed = tx.deb_files(deb, (".page",)), tx.deb_version(deb)
+            pages, version = installed
     except tx.TextError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    files = tx.wheel_files(wheel, (".po",))
     for language in args.languages:
-        sentences = django_sentences(files, LOCALES[language])
-        print(f"{language}: {len(sentences)} sentences -> {write_language(args.out, language, sentences)}")
+        sentences = django_sentences(django, LOCALES[language])
+        if args.source == "gnome-help":
+            sentences = gnome_help_sentences(pages, LOCALES[language], exclude=set(sentences))
+        path = write_language(args.out, language, sentences, args.source,
+                              version if args.source == "gnome-help" else None)
+        print(f"{language}: {len(sentences)} sentences -> {path}")
     return 0
 
 

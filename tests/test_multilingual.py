@@ -156,3 +156,39 @@ def test_summary_file_replaces_rows_of_the_same_key(tmp_path):
     rows = json.loads(summary.read_text())["rows"]
     assert [(r["language_forced"], r["timestamps"], r["tokens_per_pass"], r["results"]) for r in rows] == [
         (False, False, 1.5, str(second)), (True, True, 1.2346, str(forced))]
+
+
+def _page(*paragraphs: str) -> bytes:
+    body = "".join(f"<p>{p}</p>" for p in paragraphs)
+    return f'<page xmlns="http://projectmallard.org/1.0/" id="x"><title>T</title>{body}</page>'.encode()
+
+
+def test_gnome_help_sentences_drop_untranslated_and_excluded_ones():
+    files = {
+        "./usr/share/help/C/gnome-help/a.page": _page("Press the key twice to turn the screen reader on and off."),
+        "./usr/share/help/de/gnome-help/a.page": _page(
+            "Drücken Sie die Taste <gui>zweimal</gui>, um den Bildschirmleser einzuschalten. Zu kurz hier.",
+            "Press the key twice to turn the screen reader on and off."),  # left untranslated
+        "./usr/share/help/de/gnome-help/b.page": _page("Dieses Passwort ist zu üblich, um hier verwendet zu werden.",
+                                                       "Öffnen Sie die Einstellungen und wählen Sie den Reiter Maus aus."),
+        "./usr/share/help/de/gnome-help/broken.page": b"<page><p>unclosed",
+    }
+    assert mt.gnome_help_sentences(files, "de", exclude={"Dieses Passwort ist zu üblich, um hier verwendet zu werden."}) == [
+        "Drücken Sie die Taste zweimal, um den Bildschirmleser einzuschalten.",
+        "Öffnen Sie die Einstellungen und wählen Sie den Reiter Maus aus."]
+
+
+def test_gnome_help_file_records_its_debian_source(tmp_path):
+    path = mt.write_language(tmp_path, "fr", ["Ouvrez les paramètres et choisissez l'onglet Souris."], "gnome-help", "43.0-2")
+    [(name, _, info)], spec = ss.file_sources(path, "unknown")
+    assert (name, spec, info["registry"], info["package"], info["version"]) == (
+        "gnome-help-fr", "gnome-help-fr:1", "debian", "gnome-user-docs", "43.0-2")
+    assert info["licence"].startswith("CC-BY-SA-3.0")
+
+
+def test_results_page_shows_heads_rows():
+    from tools import results_tables
+
+    row = hs.summary_row(_results("m.jsonl", None), "r.json", "fr", None, {"head_kind": "path"})
+    table = results_tables.heads_by_language([row])
+    assert "| fr " in table and "detected" in table and "0.91×" in table
