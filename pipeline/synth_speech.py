@@ -21,7 +21,8 @@ Voices: ``--voices auto`` (default) takes flite's built-in voices and the festiv
 installed (festival is optional); an explicit ``--voices slt:3,festival-ked:1`` insists on each voice.
 Other languages: espeak-ng's voices ``espeak-de``, ``espeak-fr``, ... (ESPEAK_LANGUAGES; never under auto)
 read a ``--text-file`` in their language, e.g. one of ``pipeline.multilingual_texts``; each row records the
-voice's ``language``.
+voice's ``language``. ``--make-espeak-bundle DIR`` copies espeak-ng, its libraries and the chosen languages'
+data into DIR; elsewhere pass ``--espeak-bin DIR/bin/espeak-ng``.
 
 flite elsewhere: ``--make-flite-bundle DIR`` copies the flite binary and its shared libraries into DIR;
 on the other machine pass ``--flite-bin DIR/bin/flite`` (DIR/lib is added to LD_LIBRARY_PATH, which is
@@ -159,17 +160,21 @@ def plan_job(index: int, schedule: tx.TextSchedule, seed: int, voices: list[tupl
 
 
 class Synthesizer:
-    def __init__(self, flite_bin: str | None, text2wave_bin: str | None = None):
+    def __init__(self, flite_bin: str | None, text2wave_bin: str | None = None, espeak_bin: str | None = None):
         self.flite = flite_bin or shutil.which("flite")
         if not self.flite or not (os.path.isfile(self.flite) and os.access(self.flite, os.X_OK)):
             raise SynthError(f"flite not found ({flite_bin or 'PATH'}); fix: `apt-get install flite` or "
                              f"pass --flite-bin DIR/bin/flite from --make-flite-bundle")
         self.env = dict(os.environ)
-        lib = Path(self.flite).resolve().parent.parent / "lib"
-        if lib.is_dir():  # a bundle made by --make-flite-bundle
-            self.env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib), self.env.get("LD_LIBRARY_PATH")]))
         self.text2wave = text2wave_bin or shutil.which("text2wave")
-        self.espeak = shutil.which("espeak-ng")
+        self.espeak = espeak_bin or shutil.which("espeak-ng")
+        for binary in filter(None, (self.flite, espeak_bin)):
+            bundle = Path(binary).resolve().parent.parent
+            if (bundle / "lib").is_dir():  # a bundle made by --make-flite-bundle / --make-espeak-bundle
+                self.env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(bundle / "lib"),
+                                                                            self.env.get("LD_LIBRARY_PATH")]))
+            if (bundle / "share" / "espeak-ng-data").is_dir():
+                self.env["ESPEAK_DATA_PATH"] = str(bundle / "share")
         self.licences: dict[str, str] = {}  # source name -> text licence
 
     def flite_voices(self) -> set[str]:
@@ -433,16 +438,44 @@ def make_flite_bundle(dest: Path, flite_bin: str | None = None) -> Path:
     flite = flite_bin or shutil.which("flite")
     if not flite:
         raise SynthError("flite not found; fix: apt-get install flite")
-    ldd = subprocess.run(["ldd", flite], capture_output=True, text=True, check=True).stdout
+    return _bundle_binary(flite, "flite", dest)
+
+
+ESPEAK_DATA_COMMON = ("phontab", "phonindex", "phondata", "intonations", "phondata-manifest", "lang", "voices")
+
+
+def make_espeak_bundle(dest: Path, languages: list[str], espeak_bin: str | None = None) -> Path:
+    """Copy espeak-ng, its shared libraries and the data of ``languages`` (phonemes, voices, their dictionaries)
+    into DEST/bin, DEST/lib and DEST/share/espeak-ng-data; pass ``--espeak-bin DEST/bin/espeak-ng`` elsewhere."""
+    espeak = espeak_bin or shutil.which("espeak-ng")
+    if not espeak:
+        raise SynthError("espeak-ng not found; fix: apt-get install espeak-ng")
+    data = Path(subprocess.run([espeak, "--version"], capture_output=True, text=True, check=True).stdout
+                .split("Data at:")[-1].strip())
+    target = dest / "share" / "espeak-ng-data"
+    target.mkdir(parents=True, exist_ok=True)
+    dictionaries = {f"{ESPEAK_LANGUAGES[code][0].split('-')[0]}_dict" for code in languages}
+    for name in (*ESPEAK_DATA_COMMON, *sorted(dictionaries)):
+        source = data / name
+        if source.is_dir():
+            shutil.copytree(source, target / name, dirs_exist_ok=True)
+        elif source.is_file():
+            shutil.copy2(source, target / name)
+    return _bundle_binary(espeak, "espeak-ng", dest)
+
+
+def _bundle_binary(binary: str, name: str, dest: Path) -> Path:
+    """Copy ``binary`` into DEST/bin/NAME and the non-libc shared libraries it links into DEST/lib."""
+    ldd = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
     system = ("libc.so", "libm.so", "ld-linux", "linux-vdso", "libpthread", "libdl.so", "librt.so")
     (dest / "bin").mkdir(parents=True, exist_ok=True)
     (dest / "lib").mkdir(parents=True, exist_ok=True)
-    shutil.copy2(flite, dest / "bin" / "flite")
+    shutil.copy2(binary, dest / "bin" / name)
     for match in re.finditer(r"^\s*(\S+) => (\S+)", ldd, re.MULTILINE):
-        name, path = match.groups()
-        if not name.startswith(system):
-            shutil.copy2(path, dest / "lib" / name)  # follows symlinks: the real library under its soname
-    return dest / "bin" / "flite"
+        library, path = match.groups()
+        if not library.startswith(system):
+            shutil.copy2(path, dest / "lib" / library)  # follows symlinks: the real library under its soname
+    return dest / "bin" / name
 
 
 # ============================================================================= text selection
@@ -552,7 +585,7 @@ def synthesize_corpus(args: argparse.Namespace) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(out)
     sources, texts, exclusion = text_sources(args, out)
-    synth = Synthesizer(args.flite_bin, args.text2wave_bin)
+    synth = Synthesizer(args.flite_bin, args.text2wave_bin, args.espeak_bin)
     synth.licences = {s.name: s.info.get("licence") or "unknown" for s in sources}
     voices = resolve_voices(args.voices, synth)
     if args.festival_fraction > 0:
@@ -643,6 +676,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"share of clips with {name} augmentation (overrides the preset)")
     p.add_argument("--flite-bin", default=None, help="flite binary (default: flite on PATH)")
     p.add_argument("--text2wave-bin", default=None, help="festival text2wave (default: on PATH)")
+    p.add_argument("--espeak-bin", default=None,
+                   help="espeak-ng binary (default: on PATH), e.g. DIR/bin/espeak-ng from --make-espeak-bundle")
+    p.add_argument("--make-espeak-bundle", type=Path, default=None, metavar="DIR",
+                   help="copy espeak-ng, its libraries and the data of --bundle-languages into DIR and exit")
+    p.add_argument("--bundle-languages", default=",".join(ESPEAK_LANGUAGES),
+                   help="languages whose espeak-ng data --make-espeak-bundle copies (comma-separated)")
     p.add_argument("--text-file", type=Path, default=None,
                    help="UTF-8 text to read instead of the packaged sources (e.g. from --export-sentences)")
     p.add_argument("--text-licence", default="unknown (user-supplied text)",
@@ -661,6 +700,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.make_flite_bundle:
             print(make_flite_bundle(args.make_flite_bundle, args.flite_bin))
+            return 0
+        if args.make_espeak_bundle:
+            languages = [x.strip() for x in args.bundle_languages.split(",") if x.strip()]
+            unknown = [x for x in languages if x not in ESPEAK_LANGUAGES]
+            if unknown or not languages:
+                raise SynthError(f"--bundle-languages {args.bundle_languages!r}: choose from {', '.join(ESPEAK_LANGUAGES)}")
+            print(make_espeak_bundle(args.make_espeak_bundle, languages, args.espeak_bin))
             return 0
         if args.export_sentences:
             print(export_sentences(args))

@@ -267,3 +267,19 @@ def test_espeak_voice_synthesizes_a_row_with_its_language(tmp_path):
     row = ss.run_job(job, tmp_path, synth)
     assert "rejected" not in row and row["language"] == "de" and row["engine"] == "espeak-ng"
     assert (tmp_path / row["audio"]).is_file()
+
+
+@pytest.mark.skipif(not (HAS_FLITE and shutil.which("espeak-ng") and shutil.which("ldd")), reason="espeak-ng not installed")
+def test_espeak_bundle_carries_its_data_and_libraries(tmp_path):
+    espeak = ss.make_espeak_bundle(tmp_path / "bundle", ["de"])
+    data = tmp_path / "bundle" / "share" / "espeak-ng-data"
+    assert (data / "de_dict").is_file() and not (data / "fr_dict").exists() and (data / "phondata").is_file()
+    synth = ss.Synthesizer(None, espeak_bin=str(espeak))
+    assert synth.env["ESPEAK_DATA_PATH"] == str(tmp_path / "bundle" / "share")
+    assert str(tmp_path / "bundle" / "lib") in synth.env["LD_LIBRARY_PATH"]
+    version = subprocess.run([synth.espeak, "--version"], capture_output=True, text=True, env=synth.env).stdout
+    assert str(data) in version  # the bundle's data, not the system's
+    job = ss.Job(0, "x0", "Bitte geben Sie Ihr neues Passwort zweimal ein, damit wir es prüfen können.",
+                 "espeak-de", 1.0, "shard_0000", "file")
+    row = ss.run_job(job, tmp_path / "out", synth)
+    assert "rejected" not in row and (tmp_path / "out" / row["audio"]).is_file()
