@@ -129,14 +129,33 @@ def test_summary_rows_name_language_and_device(tmp_path):
     assert hs.summary_row(_results("m.jsonl", None), "r.json", None, "en", config)["language"] == "en"
 
 
-def test_manifest_language_is_one_or_none(tmp_path):
-    _manifest(tmp_path / "a.jsonl", [{"id": "1", "language": "de"}, {"id": "2", "language": "de"}])
-    _manifest(tmp_path / "b.jsonl", [{"id": "1"}])
-    _manifest(tmp_path / "c.jsonl", [{"id": "1", "language": "de"}, {"id": "2", "language": "fr"}])
-    assert hs.manifest_language(tmp_path / "a.jsonl") == "de"
-    assert hs.manifest_language(tmp_path / "b.jsonl") is None
-    with pytest.raises(hs.SummaryError, match="mixes languages"):
-        hs.manifest_language(tmp_path / "c.jsonl")
+def _clip(clip_id: str, emitted: int, passes: int, greedy_ms: float, medusa_ms: float, exact: bool = True) -> dict:
+    return {"id": clip_id, "reference": "ein zwei drei", "exact_match": exact, "draft_ran": "tree-32",
+            "baseline": {"text": "ein zwei drei"}, "greedy": {"latency_ms_median": greedy_ms},
+            "medusa": {"latency_ms_median": medusa_ms, "stats": {"emitted_tokens": emitted, "row_rounds": passes}}}
+
+
+def test_a_run_over_several_languages_gives_a_row_per_language(tmp_path):
+    results = _results("all.jsonl", None)
+    results["clips"] = [_clip("de-1", 10, 8, 1000, 900), _clip("fr-1", 12, 6, 1000, 700, exact=False),
+                        _clip("de-2", 6, 4, 500, 600)]
+    languages = {"de-1": "de", "de-2": "de", "fr-1": "fr"}
+    de, fr = hs.rows_of_run(results, "r.json", languages, None, {"head_kind": "path"})
+    assert (de["language"], de["clips"], de["tokens_per_pass"], de["exact_match_rate"]) == ("de", 2, 1.3333, 1.0)
+    assert de["cpu_speedup_vs_own_greedy"] == round(1500 / 1500, 4) and de["wer"] == 0.0
+    assert (fr["language"], fr["tokens_per_pass"], fr["exact_match_rate"], fr["cpu_speedup_vs_own_greedy"]) == (
+        "fr", 2.0, 0.0, round(1000 / 700, 4))
+    assert not de["language_forced"]
+    with pytest.raises(hs.SummaryError, match="forced"):
+        hs.rows_of_run(_results("all.jsonl", "de") | {"clips": results["clips"]}, "r.json", languages, None)
+    [one] = hs.rows_of_run(_results("de.jsonl", None), "r.json", {"de-1": "de"}, None)
+    assert one["language"] == "de" and one["tokens_per_pass"] == 1.2346  # the run's own summary
+
+
+def test_manifest_languages_by_clip(tmp_path):
+    _manifest(tmp_path / "a.jsonl", [{"id": "1", "language": "de"}, {"id": 2}])
+    assert hs.manifest_languages(tmp_path / "a.jsonl") == {"1": "de", "2": None}
+    assert hs.manifest_languages(tmp_path / "missing.jsonl") == {}
 
 
 def test_summary_file_replaces_rows_of_the_same_key(tmp_path):

@@ -7,7 +7,8 @@
 Each row: ``{variant, base, language, language_forced, timestamps, draft, eval_set, clips, tokens_per_pass,
 exact_match_rate, gpu_speedup_vs_own_greedy, cpu_speedup_vs_own_greedy, training_gpu_minutes, wer, command,
 results}``. ``language`` is the clips' language: the run's ``--language`` where it forced one, else the manifest
-rows' ``language`` field (one language per manifest), else ``--default-language``. The speed-up is end to end
+rows' ``language`` field, else ``--default-language``; a run over a manifest of several languages (language
+detected per clip) gives one row per language, aggregated from its clips. The speed-up is end to end
 (prefill included) against our own loop without drafts, on the run's device (the other device's field is null);
 ``command`` is the benchmark's command. A row replaces an earlier one with the same key (variant, base,
 language, language_forced, timestamps, draft, eval_set).
@@ -30,15 +31,45 @@ class SummaryError(ValueError):
     pass
 
 
-def manifest_language(path: Path) -> str | None:
-    """The one ``language`` the manifest's rows name, None if none does; two languages are an error."""
+def manifest_languages(path: Path) -> dict[str, str | None]:
+    """Clip id -> the ``language`` its manifest row names (None where it names none); {} without the file."""
     if not path.is_file():
-        return None
-    found = {json.loads(line).get("language") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
-    found.discard(None)
-    if len(found) > 1:
-        raise SummaryError(f"{path} mixes languages {sorted(found)}; benchmark one language per manifest")
-    return next(iter(found), None)
+        return {}
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return {str(row["id"]): row.get("language") for row in rows}
+
+
+def clip_group_summary(clips: list[dict]) -> dict:
+    """The summary fields a row reads, over some clips of a run: tokens per pass = emitted tokens / verify
+    passes, the speed-up = our greedy's summed latency / Medusa's (as tools.benchmark sums them)."""
+    from tools.benchmark_report import corpus_wer
+
+    stats = [c["medusa"]["stats"] for c in clips]
+    passes = sum(st["row_rounds"] or 0 for st in stats)
+    medusa = sum(c["medusa"]["latency_ms_median"] for c in clips)
+    greedy = sum(c["greedy"]["latency_ms_median"] for c in clips)
+    return {"clips": len(clips), "mean_accepted_per_round": sum(st["emitted_tokens"] for st in stats) / passes if passes else None,
+            "exact_match_rate": sum(bool(c["exact_match"]) for c in clips) / len(clips),
+            "e2e_speedup_vs_own_greedy": greedy / medusa if medusa else None, "draft_ran": clips[0].get("draft_ran"),
+            "baseline_wer": corpus_wer([c.get("reference") for c in clips], [c["baseline"]["text"] for c in clips])}
+
+
+def rows_of_run(results: dict, results_path: str, languages: dict[str, str | None], default_language: str | None,
+                config: dict | None = None, training_gpu_minutes: float | None = None) -> list[dict]:
+    """One row for a run over one language; one per language for a run over several (never forced)."""
+    found = sorted({lang for lang in languages.values() if lang})
+    if len(found) <= 1:
+        return [summary_row(results, results_path, found[0] if found else None, default_language, config,
+                            training_gpu_minutes)]
+    if results["settings"].get("language"):
+        raise SummaryError(f"{results_path}: one --language forced on clips of {found}")
+    rows = []
+    for language in found:
+        clips = [c for c in results["clips"] if languages.get(str(c["id"])) == language]
+        if clips:
+            part = {**results, "summary": clip_group_summary(clips)}
+            rows.append(summary_row(part, results_path, language, None, config, training_gpu_minutes))
+    return rows
 
 
 def variant_name(settings: dict, config: dict | None) -> str:
@@ -106,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             settings = results["settings"]
             config_path = Path(settings.get("model_folder", settings["model"])) / "config.json"
             config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else None
-            new.append(summary_row(results, str(path), manifest_language(Path(settings["manifest"])),
-                                   args.default_language, config, args.training_gpu_minutes))
+            new += rows_of_run(results, str(path), manifest_languages(Path(settings["manifest"])),
+                               args.default_language, config, args.training_gpu_minutes)
     except (SummaryError, KeyError, json.JSONDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
