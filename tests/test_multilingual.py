@@ -203,11 +203,3 @@ def test_gnome_help_file_records_its_debian_source(tmp_path):
     assert (name, spec, info["registry"], info["package"], info["version"]) == (
         "gnome-help-fr", "gnome-help-fr:1", "debian", "gnome-user-docs", "43.0-2")
     assert info["licence"].startswith("CC-BY-SA-3.0")
-
-
-def test_results_page_shows_heads_rows():
-    from tools import results_tables
-
-    row = hs.summary_row(_results("m.jsonl", None), "r.json", "fr", None, {"head_kind": "path"})
-    table = results_tables.heads_by_language([row])
-    assert "| fr " in table and "detected" in table and "0.91×" in table

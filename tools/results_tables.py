@@ -64,17 +64,6 @@ def quantised(rows: list[dict]) -> str:
     return markdown_table(header, body)
 
 
-def heads_by_language(rows: list[dict]) -> str:
-    header = ["heads", "language", "language given", "timestamps", "draft", "clips", "tokens per pass", "exact",
-              "× own greedy (CPU)", "× own greedy (GPU)", "WER (base)", "training GPU min", "eval set"]
-    body = [[r["variant"], r["language"], "yes" if r["language_forced"] else "detected",
-             "yes" if r["timestamps"] else "no", r["draft"], r["clips"], number_cell(r["tokens_per_pass"]),
-             _rate(r["exact_match_rate"]), _ratio(r["cpu_speedup_vs_own_greedy"]),
-             _ratio(r["gpu_speedup_vs_own_greedy"]), _rate(r.get("wer")),
-             number_cell(r.get("training_gpu_minutes"), 0), f"`{r['eval_set']}`"] for r in rows]
-    return markdown_table(header, body)
-
-
 def _short(kernel: str) -> str:
     """A kernel's name without its notes ("aten._weight_int4pack_mm (tinygemm), group 128" -> its first part)."""
     return kernel.split(" (")[0].split(",")[0].split(" on ")[0]
@@ -162,11 +151,7 @@ def render() -> str:
     shown = {BENCHMARKS / "real_speech/summary.json", BENCHMARKS / "quantised/summary.json"}
     heads = _load("heads_comparison/summary.json") if (BENCHMARKS / "heads_comparison/summary.json").is_file() else None
     if heads:
-        sections.append("## Heads by language\n\n`benchmarks/heads_comparison/summary.json` (`python -m "
-                        "tools.heads_summary`): what each set of heads accepts per language, exact against the "
-                        "base's own greedy `generate`; each row's `results` names its `tools.benchmark` run.\n\n"
-                        + heads_by_language(heads["rows"]) + "\n\n"
-                        + _commands([r["command"] for r in heads["rows"]] + [heads["command"]]))
+        sections.append("Heads by language: `benchmarks/heads_comparison/summary.json` (`tools.heads_summary`).")
         shown |= {BENCHMARKS / "heads_comparison/summary.json"} | {ROOT / r["results"] for r in heads["rows"]}
     for relative, title in (("gpu/summary.json", "MERaLiON-2 shapes on an H200"),
                             ("gpu/h100/summary.json", "MERaLiON-2 shapes on an H100"),
