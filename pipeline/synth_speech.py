@@ -19,11 +19,15 @@ work_data/, or ``--exclude-references``) are dropped. ``--text-file`` reads any 
 
 Voices: ``--voices auto`` (default) takes flite's built-in voices and the festival voices that are
 installed (festival is optional); an explicit ``--voices slt:3,festival-ked:1`` insists on each voice.
+Other languages: espeak-ng's voices ``espeak-de``, ``espeak-fr``, ... (ESPEAK_LANGUAGES; never under auto)
+read a ``--text-file`` in their language, e.g. one of ``pipeline.multilingual_texts``; each row records the
+voice's ``language``. ``--make-espeak-bundle DIR`` copies espeak-ng, its libraries and the chosen languages'
+data into DIR; elsewhere pass ``--espeak-bin DIR/bin/espeak-ng``.
 
 flite elsewhere: ``--make-flite-bundle DIR`` copies the flite binary and its shared libraries into DIR;
 on the other machine pass ``--flite-bin DIR/bin/flite`` (DIR/lib is added to LD_LIBRARY_PATH, which is
 passed through). Debian packages used here: flite (required); festival, festvox-kallpc16k,
-festvox-kdlpc16k, festvox-us-slt-hts (optional).
+festvox-kdlpc16k, festvox-us-slt-hts, espeak-ng (optional).
 """
 
 from __future__ import annotations
@@ -69,11 +73,18 @@ class Voice:
     package: str
     apt: str  # the Debian package that installs it
     licence: str
-    auto_weight: float  # its weight under --voices auto
+    auto_weight: float  # its weight under --voices auto (0: only when named)
+    language: str = "en"  # Whisper's code of the language it reads
 
 
 FLITE_LICENCE = "BSD-style (Carnegie Mellon University); generated audio carries no extra terms"
 FESTIVAL_LICENCE = "BSD-style (University of Edinburgh / Carnegie Mellon University); generated audio carries no extra terms"
+ESPEAK_LICENCE = "GPL-3.0-or-later (espeak-ng program and data); generated audio carries no extra terms"
+ESPEAK_DEFAULT_WPM = 175  # espeak-ng's default speaking rate; a job's rate stretches it
+# language code -> (espeak-ng voice, its description): read the text in that language, named espeak-<code>
+ESPEAK_LANGUAGES = {"de": ("de", "German"), "fr": ("fr-fr", "French"), "es": ("es", "Spanish"),
+                    "it": ("it", "Italian"), "pt": ("pt", "Portuguese"), "nl": ("nl", "Dutch"),
+                    "pl": ("pl", "Polish"), "ru": ("ru", "Russian"), "en": ("en-us", "US English")}
 VOICES = {v.name: v for v in (
     Voice("slt", "flite", "slt", "flite 2.2 (cmu_us_slt, US female)", "flite", FLITE_LICENCE, 3),
     Voice("rms", "flite", "rms", "flite 2.2 (cmu_us_rms, US male)", "flite", FLITE_LICENCE, 2),
@@ -87,7 +98,8 @@ VOICES = {v.name: v for v in (
           "festvox-kdlpc16k", FESTIVAL_LICENCE, 1),
     Voice("festival-slt-hts", "festival", "voice_cmu_us_slt_arctic_hts",
           "festival 2.5 + festvox-us-slt-hts (HTS, US female)", "festvox-us-slt-hts", FESTIVAL_LICENCE, 1),
-)}
+) + tuple(Voice(f"espeak-{code}", "espeak-ng", select, f"espeak-ng 1.51 ({description})", "espeak-ng",
+                ESPEAK_LICENCE, 0, code) for code, (select, description) in ESPEAK_LANGUAGES.items())}
 FESTIVAL_VOICE = "festival-slt-hts"  # the voice of --festival-fraction
 
 
@@ -148,16 +160,21 @@ def plan_job(index: int, schedule: tx.TextSchedule, seed: int, voices: list[tupl
 
 
 class Synthesizer:
-    def __init__(self, flite_bin: str | None, text2wave_bin: str | None = None):
+    def __init__(self, flite_bin: str | None, text2wave_bin: str | None = None, espeak_bin: str | None = None):
         self.flite = flite_bin or shutil.which("flite")
         if not self.flite or not (os.path.isfile(self.flite) and os.access(self.flite, os.X_OK)):
             raise SynthError(f"flite not found ({flite_bin or 'PATH'}); fix: `apt-get install flite` or "
                              f"pass --flite-bin DIR/bin/flite from --make-flite-bundle")
         self.env = dict(os.environ)
-        lib = Path(self.flite).resolve().parent.parent / "lib"
-        if lib.is_dir():  # a bundle made by --make-flite-bundle
-            self.env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(lib), self.env.get("LD_LIBRARY_PATH")]))
         self.text2wave = text2wave_bin or shutil.which("text2wave")
+        self.espeak = espeak_bin or shutil.which("espeak-ng")
+        for binary in filter(None, (self.flite, espeak_bin)):
+            bundle = Path(binary).resolve().parent.parent
+            if (bundle / "lib").is_dir():  # a bundle made by --make-flite-bundle / --make-espeak-bundle
+                self.env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(bundle / "lib"),
+                                                                            self.env.get("LD_LIBRARY_PATH")]))
+            if (bundle / "share" / "espeak-ng-data").is_dir():
+                self.env["ESPEAK_DATA_PATH"] = str(bundle / "share")
         self.licences: dict[str, str] = {}  # source name -> text licence
 
     def flite_voices(self) -> set[str]:
@@ -175,10 +192,19 @@ class Synthesizer:
                               env=self.env, timeout=120)
         return proc.returncode == 0
 
+    def espeak_voices(self) -> set[str]:
+        """espeak-ng's voice names (``espeak-ng --voices``: language, age/gender, name, file, ...)."""
+        if not self.espeak:
+            return set()
+        proc = subprocess.run([self.espeak, "--voices"], capture_output=True, text=True, env=self.env)
+        return {line.split()[1] for line in proc.stdout.splitlines()[1:] if len(line.split()) > 1}
+
     def available(self, names: list[str]) -> set[str]:
         flite = self.flite_voices()
+        espeak = self.espeak_voices() if any(VOICES[n].engine == "espeak-ng" for n in names) else set()
         return {n for n in names if (VOICES[n].engine == "flite" and VOICES[n].select in flite)
-                or (VOICES[n].engine == "festival" and self.festival_has(VOICES[n]))}
+                or (VOICES[n].engine == "festival" and self.festival_has(VOICES[n]))
+                or (VOICES[n].engine == "espeak-ng" and VOICES[n].select in espeak)}
 
     def check(self, voices: list[str]) -> None:
         missing = sorted(set(voices) - self.available(list(dict.fromkeys(voices))))
@@ -189,10 +215,16 @@ class Synthesizer:
             packages = " ".join(["festival"] + [VOICES[v].apt for v in festival])
             raise SynthError(f"festival voice(s) {festival} not available; fix: `apt-get install {packages}`, "
                              f"or leave them out of --voices (and --festival-fraction 0)")
+        espeak = [v for v in missing if VOICES[v].engine == "espeak-ng"]
+        if espeak:
+            raise SynthError(f"espeak-ng voice(s) {espeak} not available; fix: `apt-get install espeak-ng`")
         raise SynthError(f"flite lacks voices {missing} (has {sorted(self.flite_voices())})")
 
     def command(self, job: Job, wav_path: Path, text_path: Path) -> list[str]:
         voice = VOICES[job.voice]
+        if voice.engine == "espeak-ng":
+            return [self.espeak, "-v", voice.select, "-s", str(round(ESPEAK_DEFAULT_WPM / job.rate)),
+                    "-f", str(text_path), "-w", str(wav_path)]
         if voice.engine == "flite":
             return [self.flite, "-voice", voice.select, "--setf", f"duration_stretch={job.rate}",
                     "-f", str(text_path), "-o", str(wav_path)]
@@ -220,8 +252,8 @@ def resolve_voices(spec: str, synth: Synthesizer) -> list[tuple[str, float]]:
         voices = parse_voices(spec)
         synth.check([v for v, _ in voices])
         return voices
-    have = synth.available(list(VOICES))
-    voices = [(v.name, v.auto_weight) for v in VOICES.values() if v.name in have]
+    have = synth.available([v.name for v in VOICES.values() if v.auto_weight > 0])
+    voices = [(v.name, v.auto_weight) for v in VOICES.values() if v.name in have and v.auto_weight > 0]
     if not any(VOICES[n].engine == "flite" for n, _ in voices):
         raise SynthError(f"flite has none of the voices {[v.select for v in VOICES.values() if v.engine == 'flite']}")
     return voices
@@ -250,7 +282,8 @@ def run_job(job: Job, out: Path, synth: Synthesizer) -> dict:
     voice = VOICES[job.voice]
     row = {"id": job.id, "text": job.text, "source": job.source,
            "licence": f"text: {synth.licences.get(job.source, 'unknown')}; audio: synthetic ({voice.licence})",
-           "voice": job.voice, "engine": voice.engine, "rate": job.rate, "augment": job.augment}
+           "voice": job.voice, "engine": voice.engine, "language": voice.language, "rate": job.rate,
+           "augment": job.augment}
     try:
         try:
             synth.synthesize(job, raw, shard_dir)
@@ -405,16 +438,44 @@ def make_flite_bundle(dest: Path, flite_bin: str | None = None) -> Path:
     flite = flite_bin or shutil.which("flite")
     if not flite:
         raise SynthError("flite not found; fix: apt-get install flite")
-    ldd = subprocess.run(["ldd", flite], capture_output=True, text=True, check=True).stdout
+    return _bundle_binary(flite, "flite", dest)
+
+
+ESPEAK_DATA_COMMON = ("phontab", "phonindex", "phondata", "intonations", "phondata-manifest", "lang", "voices")
+
+
+def make_espeak_bundle(dest: Path, languages: list[str], espeak_bin: str | None = None) -> Path:
+    """Copy espeak-ng, its shared libraries and the data of ``languages`` (phonemes, voices, their dictionaries)
+    into DEST/bin, DEST/lib and DEST/share/espeak-ng-data; pass ``--espeak-bin DEST/bin/espeak-ng`` elsewhere."""
+    espeak = espeak_bin or shutil.which("espeak-ng")
+    if not espeak:
+        raise SynthError("espeak-ng not found; fix: apt-get install espeak-ng")
+    data = Path(subprocess.run([espeak, "--version"], capture_output=True, text=True, check=True).stdout
+                .split("Data at:")[-1].strip())
+    target = dest / "share" / "espeak-ng-data"
+    target.mkdir(parents=True, exist_ok=True)
+    dictionaries = {f"{ESPEAK_LANGUAGES[code][0].split('-')[0]}_dict" for code in languages}
+    for name in (*ESPEAK_DATA_COMMON, *sorted(dictionaries)):
+        source = data / name
+        if source.is_dir():
+            shutil.copytree(source, target / name, dirs_exist_ok=True)
+        elif source.is_file():
+            shutil.copy2(source, target / name)
+    return _bundle_binary(espeak, "espeak-ng", dest)
+
+
+def _bundle_binary(binary: str, name: str, dest: Path) -> Path:
+    """Copy ``binary`` into DEST/bin/NAME and the non-libc shared libraries it links into DEST/lib."""
+    ldd = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
     system = ("libc.so", "libm.so", "ld-linux", "linux-vdso", "libpthread", "libdl.so", "librt.so")
     (dest / "bin").mkdir(parents=True, exist_ok=True)
     (dest / "lib").mkdir(parents=True, exist_ok=True)
-    shutil.copy2(flite, dest / "bin" / "flite")
+    shutil.copy2(binary, dest / "bin" / name)
     for match in re.finditer(r"^\s*(\S+) => (\S+)", ldd, re.MULTILINE):
-        name, path = match.groups()
-        if not name.startswith(system):
-            shutil.copy2(path, dest / "lib" / name)  # follows symlinks: the real library under its soname
-    return dest / "bin" / "flite"
+        library, path = match.groups()
+        if not library.startswith(system):
+            shutil.copy2(path, dest / "lib" / library)  # follows symlinks: the real library under its soname
+    return dest / "bin" / name
 
 
 # ============================================================================= text selection
@@ -515,7 +576,8 @@ def make_plan(args: argparse.Namespace, sources: list[tx.LoadedSource], texts: s
             "max_seconds": MAX_SECONDS, "num_sentences": sum(len(s.sentences) for s in sources),
             "text_sources": [s.info for s in sources], "evaluation_exclusion": exclusion,
             "voice_info": [{"name": n, "engine": VOICES[n].engine, "package": VOICES[n].package,
-                            "licence": VOICES[n].licence} for n in VOICES if n in used]}
+                            "language": VOICES[n].language, "licence": VOICES[n].licence}
+                           for n in VOICES if n in used]}
 
 
 def synthesize_corpus(args: argparse.Namespace) -> dict:
@@ -523,7 +585,7 @@ def synthesize_corpus(args: argparse.Namespace) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(out)
     sources, texts, exclusion = text_sources(args, out)
-    synth = Synthesizer(args.flite_bin, args.text2wave_bin)
+    synth = Synthesizer(args.flite_bin, args.text2wave_bin, args.espeak_bin)
     synth.licences = {s.name: s.info.get("licence") or "unknown" for s in sources}
     voices = resolve_voices(args.voices, synth)
     if args.festival_fraction > 0:
@@ -614,6 +676,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"share of clips with {name} augmentation (overrides the preset)")
     p.add_argument("--flite-bin", default=None, help="flite binary (default: flite on PATH)")
     p.add_argument("--text2wave-bin", default=None, help="festival text2wave (default: on PATH)")
+    p.add_argument("--espeak-bin", default=None,
+                   help="espeak-ng binary (default: on PATH), e.g. DIR/bin/espeak-ng from --make-espeak-bundle")
+    p.add_argument("--make-espeak-bundle", type=Path, default=None, metavar="DIR",
+                   help="copy espeak-ng, its libraries and the data of --bundle-languages into DIR and exit")
+    p.add_argument("--bundle-languages", default=",".join(ESPEAK_LANGUAGES),
+                   help="languages whose espeak-ng data --make-espeak-bundle copies (comma-separated)")
     p.add_argument("--text-file", type=Path, default=None,
                    help="UTF-8 text to read instead of the packaged sources (e.g. from --export-sentences)")
     p.add_argument("--text-licence", default="unknown (user-supplied text)",
@@ -632,6 +700,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.make_flite_bundle:
             print(make_flite_bundle(args.make_flite_bundle, args.flite_bin))
+            return 0
+        if args.make_espeak_bundle:
+            languages = [x.strip() for x in args.bundle_languages.split(",") if x.strip()]
+            unknown = [x for x in languages if x not in ESPEAK_LANGUAGES]
+            if unknown or not languages:
+                raise SynthError(f"--bundle-languages {args.bundle_languages!r}: choose from {', '.join(ESPEAK_LANGUAGES)}")
+            print(make_espeak_bundle(args.make_espeak_bundle, languages, args.espeak_bin))
             return 0
         if args.export_sentences:
             print(export_sentences(args))

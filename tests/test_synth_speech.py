@@ -241,3 +241,45 @@ def test_failing_synthesizer_stops_with_a_clear_error(tmp_path, capsys):
     code = _run(tmp_path, tmp_path / "out", 2, "--flite-bin", _fake_flite(tmp_path))
     assert code == 1 and "rejected" in capsys.readouterr().err
     assert not (tmp_path / "out" / "manifest.jsonl").read_text()  # nothing kept, manifest still written
+
+
+def test_espeak_voices_read_their_language_and_stay_out_of_auto(tmp_path, monkeypatch):
+    synth = ss.Synthesizer(_fake_flite(tmp_path))
+    synth.espeak = "/usr/bin/espeak-ng"
+    monkeypatch.setattr(ss.Synthesizer, "espeak_voices", lambda self: {"de", "fr-fr"})
+    monkeypatch.setattr(ss.Synthesizer, "festival_has", lambda self, voice: False)
+    assert [v for v, _ in ss.resolve_voices("auto", synth)] == ["slt", "rms", "awb", "kal16", "kal"]
+    assert ss.resolve_voices("espeak-de,espeak-fr:2", synth) == [("espeak-de", 1.0), ("espeak-fr", 2.0)]
+    with pytest.raises(ss.SynthError, match="apt-get install espeak-ng"):
+        ss.resolve_voices("espeak-nl", synth)
+    cmd = synth.command(ss.Job(0, "x", "Guten Tag.", "espeak-fr", 1.25, "s"), tmp_path / "o.wav", tmp_path / "t")
+    assert cmd == ["/usr/bin/espeak-ng", "-v", "fr-fr", "-s", "140", "-f", str(tmp_path / "t"),
+                   "-w", str(tmp_path / "o.wav")]
+    assert ss.VOICES["espeak-fr"].language == "fr" and ss.VOICES["slt"].language == "en"
+
+
+@pytest.mark.skipif(not (HAS_FLITE and shutil.which("espeak-ng")), reason="espeak-ng not installed")
+def test_espeak_voice_synthesizes_a_row_with_its_language(tmp_path):
+    synth = ss.Synthesizer(None)
+    synth.check(["espeak-de"])
+    job = ss.Job(0, "x0", "Das Passwort darf nicht allgemein üblich sein, bitte wählen Sie ein anderes.",
+                 "espeak-de", 1.0, "shard_0000", "file")
+    row = ss.run_job(job, tmp_path, synth)
+    assert "rejected" not in row and row["language"] == "de" and row["engine"] == "espeak-ng"
+    assert (tmp_path / row["audio"]).is_file()
+
+
+@pytest.mark.skipif(not (HAS_FLITE and shutil.which("espeak-ng") and shutil.which("ldd")), reason="espeak-ng not installed")
+def test_espeak_bundle_carries_its_data_and_libraries(tmp_path):
+    espeak = ss.make_espeak_bundle(tmp_path / "bundle", ["de"])
+    data = tmp_path / "bundle" / "share" / "espeak-ng-data"
+    assert (data / "de_dict").is_file() and not (data / "fr_dict").exists() and (data / "phondata").is_file()
+    synth = ss.Synthesizer(None, espeak_bin=str(espeak))
+    assert synth.env["ESPEAK_DATA_PATH"] == str(tmp_path / "bundle" / "share")
+    assert str(tmp_path / "bundle" / "lib") in synth.env["LD_LIBRARY_PATH"]
+    version = subprocess.run([synth.espeak, "--version"], capture_output=True, text=True, env=synth.env).stdout
+    assert str(data) in version  # the bundle's data, not the system's
+    job = ss.Job(0, "x0", "Bitte geben Sie Ihr neues Passwort zweimal ein, damit wir es prüfen können.",
+                 "espeak-de", 1.0, "shard_0000", "file")
+    row = ss.run_job(job, tmp_path / "out", synth)
+    assert "rejected" not in row and (tmp_path / "out" / row["audio"]).is_file()

@@ -133,6 +133,15 @@ def cpu_peers(rows: list[dict]) -> str:
     return markdown_table(header, [[system] + [c for m in models for c in of(m, system)] for system in systems])
 
 
+def heads_by_language(rows: list[dict]) -> str:
+    """A row per heads, language and timestamp setting: tokens per verify pass, exact match, CPU speed-up."""
+    header = ["heads", "language", "timestamps", "clips", "draft", "tokens per pass", "exact", "× own greedy (CPU)"]
+    return markdown_table(header, [[r["variant"].split(" (")[0], r["language"], "yes" if r["timestamps"] else "", r["clips"], r["draft"],
+                                    f"{r['tokens_per_pass']:.2f}", _rate(r["exact_match_rate"]),
+                                    _ratio(r["cpu_speedup_vs_own_greedy"]) if r["cpu_speedup_vs_own_greedy"] else ""]
+                                   for r in rows])
+
+
 def _dates_and_cpus(rows: list[dict]) -> str:
     return ", ".join([*dict.fromkeys(r["cpu"] for r in rows), *sorted({r["date"] for r in rows})])
 
@@ -199,6 +208,13 @@ def render() -> str:
                     + cpu_peers(peers) + "\n\n" + _commands(r["command"] for r in peers))
     shown = {BENCHMARKS / "real_speech/summary.json", BENCHMARKS / "quantised/summary.json",
              BENCHMARKS / "cpu_peers/summary.json"}
+    heads = _load("heads_comparison/summary.json") if (BENCHMARKS / "heads_comparison/summary.json").is_file() else None
+    if heads:
+        sections.append("## Heads by language\n\n`benchmarks/heads_comparison/summary.json` (`tools.heads_summary`): "
+                        "English on the 28 real recordings, other languages on espeak-ng speech of Django's "
+                        "translations (no real non-English speech ships in packages here); one timed repeat.\n\n"
+                        + heads_by_language(heads["rows"]))
+        shown |= {BENCHMARKS / "heads_comparison/summary.json"} | {ROOT / r["results"] for r in heads["rows"]}
     for relative, title in (("gpu/summary.json", "MERaLiON-2 shapes on an H200"),
                             ("gpu/h100/summary.json", "MERaLiON-2 shapes on an H100"),
                             ("gpu/drafter_cost_heads/summary.json", "MERaLiON-2-3B, drafts at trained heads' cost")):
