@@ -37,3 +37,10 @@ def test_options_always_time_the_reference():
         peers.PeerOptions(systems=("ours_magic",))
     with pytest.raises(SystemExit):
         peers.parse_options(["--systems", "ours_magic"])
+
+
+def test_a_run_told_the_language_keeps_the_detecting_runs_rows():
+    detected = [{"model": "heads/x", "system": "hf_generate", "e2e_seconds": 9.0}]
+    told = [{"model": "heads/x", "language": "en", "system": "hf_generate", "e2e_seconds": 6.0}]
+    assert peers.merge_summary(detected, told) == detected + told
+    assert peers.parse_options(["--language", "en"]).language == "en"

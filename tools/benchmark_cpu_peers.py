@@ -16,6 +16,8 @@ each row has its WER and ``exact_vs_float32_base``, the share of clips whose tex
 ``--phase-clips N`` then times where each call goes on the N shortest clips (features, the 30 s encoder window,
 the rest of the prefill, choosing the draft, the rounds, the text), ours and faster-whisper's alike, into
 OUT/results.json's ``phases``. ``--summary`` replaces this model's rows in a summary file (one row per system).
+``--language en`` tells every system a multilingual base's language; without it each detects the language itself
+(faster-whisper and the base's generate run the 30 s encoder once more for that, ours does not).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ REFERENCE = "hf_generate"  # the float32 base: speed-ups and exactness are again
 OURS = {"hf_generate": {"use_medusa": False}, "ours_greedy": {"draft": "none"}, "ours_auto": {"draft": "auto"}}
 FASTER_WHISPER = {"faster_whisper_float32": "float32", "faster_whisper_int8": "int8"}
 SYSTEMS = (*OURS, *FASTER_WHISPER)
-ROW_FIELDS = ("model", "system", "clips", "e2e_seconds", "speedup_vs_hf_generate", "wer", "exact_vs_float32_base",
+ROW_FIELDS = ("model", "language", "system", "clips", "e2e_seconds", "speedup_vs_hf_generate", "wer", "exact_vs_float32_base",
               "cpu", "load_before", "load_after", "command", "date")
 
 
@@ -58,6 +60,7 @@ class PeerOptions:
     phase_repeats: int = 5
     out: str = "work_data/cpu_peers"
     summary: str | None = None
+    language: str | None = None  # a multilingual base's language, told to every system (None: each detects it)
 
     def __post_init__(self):
         unknown = [name for name in self.systems if name not in SYSTEMS]
@@ -80,21 +83,23 @@ def faster_whisper_model(hub_id: str, compute_type: str, threads: int):
     return WhisperModel(str(ensure_ct2_folder(hub_id)), device="cpu", compute_type=compute_type, cpu_threads=threads)
 
 
-def faster_whisper_segments(hub_id: str, compute_type: str, threads: int, timestamps: bool, model=None):
+def faster_whisper_segments(hub_id: str, compute_type: str, threads: int, timestamps: bool, model=None,
+                            language: str | None = None):
     """``samples -> [faster-whisper segment]``: greedy (beam 1, temperature 0 only), no previous-text
     conditioning, no VAD."""
     model = model or faster_whisper_model(hub_id, compute_type, threads)
 
     def transcribe(samples) -> list:
         segments, _ = model.transcribe(samples, beam_size=1, best_of=1, temperature=0.0, without_timestamps=not timestamps,
-                                       condition_on_previous_text=False, vad_filter=False)
+                                       condition_on_previous_text=False, vad_filter=False, language=language)
         return list(segments)
 
     return transcribe
 
 
-def faster_whisper_decoder(hub_id: str, compute_type: str, threads: int, model=None):
-    segments_of = faster_whisper_segments(hub_id, compute_type, threads, timestamps=False, model=model)
+def faster_whisper_decoder(hub_id: str, compute_type: str, threads: int, model=None, language: str | None = None):
+    segments_of = faster_whisper_segments(hub_id, compute_type, threads, timestamps=False, model=model,
+                                          language=language)
 
     def transcribe(samples) -> str:
         return " ".join(segment.text.strip() for segment in segments_of(samples)).strip()
@@ -113,8 +118,10 @@ def transformers_decoder(model, **generate_options):
 
 
 def make_decoders(model, hub_id: str, options: PeerOptions, fw_models: dict) -> dict:
-    return {name: transformers_decoder(model, **OURS[name]) if name in OURS
-            else faster_whisper_decoder(hub_id, FASTER_WHISPER[name], options.threads, fw_models[name])
+    told = {"language": options.language} if options.language else {}
+    return {name: transformers_decoder(model, **OURS[name], **told) if name in OURS
+            else faster_whisper_decoder(hub_id, FASTER_WHISPER[name], options.threads, fw_models[name],
+                                        options.language)
             for name in options.systems}
 
 
@@ -147,7 +154,7 @@ def summary_rows(measured: dict, references: list, meta: dict) -> list[dict]:
     for name, m in measured.items():
         seconds = sum(m["seconds"])
         same = sum(text == base for text, base in zip(m["texts"], reference["texts"]))
-        rows.append({"model": meta["model"], "system": name, "clips": len(m["texts"]), "e2e_seconds": round(seconds, 3),
+        rows.append({"model": meta["model"], "language": meta.get("language"), "system": name, "clips": len(m["texts"]), "e2e_seconds": round(seconds, 3),
                      "speedup_vs_hf_generate": round(reference_seconds / seconds, 3),
                      "wer": corpus_wer(references, m["texts"]),
                      "exact_vs_float32_base": round(same / len(m["texts"]), 4),
@@ -156,9 +163,9 @@ def summary_rows(measured: dict, references: list, meta: dict) -> list[dict]:
 
 
 def merge_summary(existing: list[dict], rows: list[dict]) -> list[dict]:
-    """``existing`` without the rows of ``rows``' model, then ``rows``."""
-    models = {row["model"] for row in rows}
-    return [row for row in existing if row["model"] not in models] + rows
+    """``existing`` without the rows of ``rows``' model and language setting, then ``rows``."""
+    runs = {(row["model"], row.get("language")) for row in rows}
+    return [row for row in existing if (row["model"], row.get("language")) not in runs] + rows
 
 
 # --------------------------------------------------------------------------- where a call's time goes
@@ -228,7 +235,7 @@ def ours_phases(model, samples, generate_options: dict) -> dict:
     return {"seconds": phases, **({k: stats.get(k) for k in ("new_tokens", "rounds", "draft")} if ours else {})}
 
 
-def faster_whisper_phases(fw_model, samples) -> dict:
+def faster_whisper_phases(fw_model, samples, language: str | None = None) -> dict:
     """Seconds of one faster-whisper call by phase: features, the encoder (each ``encode``; a multilingual model
     whose language is not given encodes twice, once to detect it), and the rest (prompt, decoding, text)."""
     watch = Stopwatch()
@@ -237,7 +244,7 @@ def faster_whisper_phases(fw_model, samples) -> dict:
     try:
         start = time.perf_counter()
         segments, _ = fw_model.transcribe(samples, beam_size=1, best_of=1, temperature=0.0, without_timestamps=True,
-                                          condition_on_previous_text=False, vad_filter=False)
+                                          condition_on_previous_text=False, vad_filter=False, language=language)
         segments = list(segments)
         total = time.perf_counter() - start
     finally:
@@ -249,13 +256,14 @@ def faster_whisper_phases(fw_model, samples) -> dict:
     return {"seconds": phases, "new_tokens": sum(len(s.tokens) for s in segments)}
 
 
-def measure_phases(model, fw_models: dict, clips: list, systems: tuple, repeats: int) -> dict:
+def measure_phases(model, fw_models: dict, clips: list, systems: tuple, repeats: int,
+                   language: str | None = None) -> dict:
     """Per system, per clip: the median milliseconds of each phase over ``repeats`` interleaved calls (after one
     warm-up call each); and per system the phases' medians summed over the clips."""
     def one(name, samples):
         if name in OURS:
-            return ours_phases(model, samples, OURS[name])
-        return faster_whisper_phases(fw_models[name], samples)
+            return ours_phases(model, samples, {**OURS[name], **({"language": language} if language else {})})
+        return faster_whisper_phases(fw_models[name], samples, language)
 
     per_clip = []
     for clip in clips:
@@ -295,12 +303,14 @@ def parse_options(argv=None) -> PeerOptions:
     p.add_argument("--phase-repeats", type=cli_args.positive_int, default=5, help="calls per clip and system there")
     p.add_argument("--out", default=PeerOptions.out, help="folder for results.json")
     p.add_argument("--summary", help="summary JSON to put this model's rows in (one per system)")
+    p.add_argument("--language", help="a multilingual base's language, told to every system (default: each detects "
+                                      "it; an English-only base takes none)")
     args = p.parse_args(argv)
     try:
         return PeerOptions(model=args.model, audio=args.audio, repeats=args.repeats, threads=args.threads,
                            systems=tuple(s.strip() for s in args.systems.split(",") if s.strip()),
                            phase_clips=args.phase_clips, phase_repeats=args.phase_repeats, out=args.out,
-                           summary=args.summary)
+                           summary=args.summary, language=args.language)
     except ValueError as err:
         p.error(str(err))
 
@@ -326,7 +336,7 @@ def run(options: PeerOptions, command: str) -> dict:
     load_before = load_average()
     measured = measure(decoders, clips, options.repeats)
     load_after = load_average()
-    meta = {"model": options.model, "cpu": cpu_name(), "load_before": load_before, "load_after": load_after,
+    meta = {"model": options.model, "language": options.language, "cpu": cpu_name(), "load_before": load_before, "load_after": load_after,
             "command": command, "date": time.strftime("%Y-%m-%d")}
     rows = summary_rows(measured, [clip["text"] for clip in clips], meta)
     result = {"command": command, "date": meta["date"], "options": asdict(options), "base": declared,
@@ -343,7 +353,7 @@ def run(options: PeerOptions, command: str) -> dict:
         shortest = sorted(clips, key=lambda clip: clip["duration"] or len(clip["samples"]) / 16000)
         phase_load = load_average()
         result["phases"] = measure_phases(model, fw_models, shortest[:options.phase_clips], options.systems,
-                                          options.phase_repeats)
+                                          options.phase_repeats, options.language)
         result["phases"]["load_before"], result["phases"]["load_after"] = phase_load, load_average()
     return result
 

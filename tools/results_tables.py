@@ -119,16 +119,19 @@ def gpu_verify(summary: dict) -> str:
 
 def cpu_peers(rows: list[dict]) -> str:
     """A row per system, for each model its speed-up over ``generate``, WER and share of ``generate``'s texts."""
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    cells = {(r["model"], r["system"]): r for r in rows}
+    models = list(dict.fromkeys((r["model"], r.get("language")) for r in rows))  # (a run told the language)
+    cells = {(r["model"], r.get("language"), r["system"]): r for r in rows}
 
     def of(model, system) -> list:
-        row = cells.get((model, system))
+        row = cells.get((*model, system))
         return ["", "", ""] if row is None else [_ratio(row["speedup_vs_hf_generate"]), _rate(row["wer"]),
                                                  _rate(row["exact_vs_float32_base"])]
 
-    header = ["system"] + [f"{m.rsplit('/', 1)[-1].removeprefix('whisper-')} {column}" for m in models
-                           for column in ("× `generate`", "WER", "same text")]
+    def name(model) -> str:
+        short = model[0].rsplit('/', 1)[-1].removeprefix('whisper-')
+        return f"{short} ({model[1]})" if model[1] else short
+
+    header = ["system"] + [f"{name(m)} {column}" for m in models for column in ("× `generate`", "WER", "same text")]
     systems = dict.fromkeys(r["system"] for r in rows)
     return markdown_table(header, [[system] + [c for m in models for c in of(m, system)] for system in systems])
 
