@@ -21,7 +21,8 @@ KEY = ("engine", "model", "device", "dtype", "workers", "concurrency", "batch_si
 
 
 def row_key(row: dict) -> tuple:
-    return tuple(row.get(name) for name in KEY)
+    """(rows written before they recorded a dtype ran at the commands' default, auto)"""
+    return tuple(row.get(name, "auto" if name == "dtype" else None) for name in KEY)
 
 
 def merge_rows(rows: list[dict], path: str | Path = SUMMARY) -> list[dict]:
