@@ -39,79 +39,9 @@ def compile_fixed_shape(fn):
 
 def encoder_output(encoder: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
     """``encoder(features).last_hidden_state`` of a Whisper speech encoder, its residual stream contiguous
-    (``contiguous_stream``), on a CPU its attention projections fused (``fused_attention_projections``)."""
-    with contiguous_stream(encoder), fused_attention_projections(encoder):
+    (``contiguous_stream``)."""
+    with contiguous_stream(encoder):
         return encoder(features).last_hidden_state
-
-
-@contextlib.contextmanager
-def fused_attention_projections(encoder: torch.nn.Module):
-    """While it lasts, each layer of a float32 speech encoder on a CPU computes its self-attention's queries,
-    keys and values as one product where the library runs three: their weights are fused once (``fuse_linears``:
-    the layers' own become views of the fused tensor, no memory added), the query projection runs the product
-    and the key and value projections hand back their columns of it (over a window's 1500 frames, two CPU cores
-    run one wide product faster than three narrow ones). The same values bit for bit: an output's reduction
-    over the input width does not depend on the product's width (``tests/test_encoder_layout.py``)."""
-    groups = [_fused_qkv(layer) for layer in getattr(encoder, "layers", None) or ()]
-    if not groups or any(group is None for group in groups):
-        yield
-        return
-    patched = []
-    try:
-        for linears, (weight, bias) in groups:
-            patched += linears
-            _share_one_product(linears, weight, bias)
-        yield
-    finally:
-        for linear in patched:
-            linear.__dict__.pop("forward", None)
-
-
-def fuse_attention_projections(encoder: torch.nn.Module) -> bool:
-    """Fuse each layer's self-attention projections now (``fused_attention_projections`` would on its first
-    run), so that a model's weight check sees them as they stay; whether every layer's were."""
-    groups = [_fused_qkv(layer) for layer in getattr(encoder, "layers", None) or ()]
-    return bool(groups) and all(group is not None for group in groups)
-
-
-def _fused_qkv(layer) -> tuple | None:
-    """(q, k, v projections, (fused weight, fused bias)) of an encoder layer that can share one product, fused
-    now unless they already are; None where they cannot (not float32 on a CPU, quantised, already patched)."""
-    attn = getattr(layer, "self_attn", None)
-    linears = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-    if (None in linears or not fusable(linears, biases=True) or linears[0].weight.device.type != "cpu"
-            or linears[0].weight.dtype != torch.float32 or any("forward" in linear.__dict__ for linear in linears)):
-        return None
-    fused = getattr(attn, "_medusa_fused_qkv", None)
-    if fused is None or not backs(fused[0], linears[0]):
-        fused = fuse_linears(linears)
-        attn._medusa_fused_qkv = fused
-    return linears, fused
-
-
-def _share_one_product(linears, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """The first layer's call runs the fused product on its input; the others' calls on that same input return
-    their columns of it (on any other input, their own product); the last one lets the product go."""
-    held = {}
-    ends = torch.tensor([linear.out_features for linear in linears]).cumsum(0).tolist()
-
-    def first(x):
-        held["input"], held["output"] = x, torch.nn.functional.linear(x, weight, bias)
-        return held["output"][..., :ends[0]]
-
-    def columns(linear, start, end, last):
-        def forward(x):
-            if held.get("input") is not x:
-                return torch.nn.functional.linear(x, linear.weight, linear.bias)
-            out = held["output"][..., start:end]
-            if last:
-                held.clear()
-            return out
-        return forward
-
-    linears[0].forward = first
-    for index, (linear, start, end) in enumerate(zip(linears[1:], ends, ends[1:]), 2):
-        linear.forward = columns(linear, start, end, last=index == len(linears))
 
 
 @contextlib.contextmanager

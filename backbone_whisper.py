@@ -14,15 +14,13 @@ import torch
 import torch.nn.functional as F
 
 try:
-    from .backbone import Backbone, backs, contiguous_stream, encoder_output, fusable, fuse_linears, \
-        fuse_attention_projections, fused_attention_projections
+    from .backbone import Backbone, backs, contiguous_stream, encoder_output, fusable, fuse_linears
     from .cpu_kernels import Projection, attend_memory, linear, speech_scores, weight_product
     from .kv_cache import DecodeState, StaticKVCache, attention_mask
     from .logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules, device_ids
     from .medusa_decoding import WindowPlan
 except ImportError:
-    from backbone import Backbone, backs, contiguous_stream, encoder_output, fusable, fuse_linears, \
-        fuse_attention_projections, fused_attention_projections
+    from backbone import Backbone, backs, contiguous_stream, encoder_output, fusable, fuse_linears
     from cpu_kernels import Projection, attend_memory, linear, speech_scores, weight_product
     from kv_cache import DecodeState, StaticKVCache, attention_mask
     from logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules, device_ids
@@ -107,12 +105,10 @@ class WhisperBackbone(Backbone):
         """Give every decoder layer's self-attention one q/k/v weight and bias, so a round runs one product where
         it ran three (a GPU round of a small Whisper is a chain of kernels that cost the same whatever their size). The base's
         own layers keep working: their weights and biases become views of the fused tensors (k has no bias: its
-        block of the fused bias is zeros). A float32 speech encoder's on a CPU are fused too (``fused_attention_
-        projections``). False (and nothing changed) when the layers cannot share a tensor."""
-        encoder = fuse_attention_projections(self.base.model.encoder)  # (a CPU encoder's, for its 1500 frames)
+        block of the fused bias is zeros). False (and nothing changed) when the layers cannot share a tensor."""
         groups = [[layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj] for layer in self.decoder.layers]
         if not all(fusable(linears, biases=True) for linears in groups):
-            return encoder
+            return False
         self.fused = [fuse_linears(linears) for linears in groups]
         return True
 
@@ -176,7 +172,7 @@ class WhisperBackbone(Backbone):
         own = encoder.forward  # the base's, bound before ours replaces it
 
         def encode(features):
-            with contiguous_stream(encoder), fused_attention_projections(encoder):
+            with contiguous_stream(encoder):
                 return own(features).last_hidden_state
 
         def forward(input_features=None, attention_mask=None, **kwargs):  # (Whisper's encoder ignores the mask)
