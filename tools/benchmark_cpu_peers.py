@@ -326,6 +326,7 @@ def run(options: PeerOptions, command: str) -> dict:
     import torch
 
     torch.set_num_threads(options.threads)
+    runtime.quiet_generate_notices(False)  # (the base's generate repeats its deprecation notices on every call)
     model, _, declared = load_model(resolve_artifact(options.model), "cpu", torch.float32)
     if model.family != "whisper":
         raise SystemExit(f"{PROGRAM} compares Whisper artifacts only")
