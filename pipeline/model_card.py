@@ -14,6 +14,7 @@ from string import Template
 
 from huggingface_hub import ModelCardData
 
+from tools.benchmark_report import device_label
 from tools.markdown import markdown_table, number_cell
 
 CARD_TAGS = ["medusa", "speculative-decoding", "automatic-speech-recognition", "asr"]
@@ -117,8 +118,7 @@ def _front_matter(base: str, family: str, data: dict, licence: dict) -> str:
 
 
 def _device(row: dict) -> str:
-    name = row.get("gpu") or f"CPU ({row.get('cpu') or 'unnamed'})"
-    return name + (f", batch {row['batch']}" if (row.get("batch") or 1) > 1 else "")
+    return device_label(row) + (f", batch {row['batch']}" if (row.get("batch") or 1) > 1 else "")
 
 
 def results_table(rows: list[dict]) -> str:

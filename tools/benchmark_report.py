@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 from pathlib import Path
 
@@ -423,6 +424,14 @@ def _summary_table(s: dict, memory: dict | None) -> str:
     return markdown_table(["metric", "value"], rows)
 
 
+def device_label(row: dict) -> str:
+    """A summary row's device for a table: the GPU's name, else ``CPU (name)`` without trademark marks."""
+    if row.get("gpu"):
+        return row["gpu"]
+    name = re.sub(r"\((R|TM)\)|\bProcessor\b|\bCPU\b", " ", row.get("cpu") or "unnamed")
+    return f"CPU ({' '.join(name.split())})"
+
+
 def gap_cell(record: dict) -> str:
     """``auto_gap_vs_best_fixed`` and ``best_fixed_draft`` of a summary row or a ``draft_comparison`` as text
     ("+2.1 % (chain)"), or "" where it has none."""
@@ -476,7 +485,7 @@ def write_outputs(results: dict, out_dir: Path, plot: bool = True) -> dict:
 
 # --------------------------------------------------------------------------- the summary across runs
 
-SUMMARY_KEY = ("model", "device", "gpu", "dtype", "requested_draft", "rounds_mode", "timestamps", "batch")
+SUMMARY_KEY = ("model", "device", "gpu", "cpu", "dtype", "requested_draft", "rounds_mode", "timestamps", "batch")
 SUMMARY_DEFAULTS = {"batch": 1}  # rows written before the field existed
 
 

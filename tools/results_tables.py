@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from tools.benchmark_report import gap_cell
+from tools.benchmark_report import device_label as _device, gap_cell
 from tools.files import write_atomic
 from tools.markdown import markdown_table, number_cell
 
@@ -37,10 +37,6 @@ def _ratio(value) -> str:
 
 def _rate(value) -> str:
     return "" if value is None else f"{100 * value:.0f} %"
-
-
-def _device(row: dict) -> str:
-    return row.get("gpu") or f"CPU ({row.get('cpu') or 'unnamed'})"
 
 
 def real_speech(rows: list[dict]) -> str:
@@ -153,7 +149,8 @@ LENT_HOST_PATH = re.compile(r"(^| )/(tmp|root)/")  # a command run on a lent GPU
 
 
 def _commands(commands) -> str:
-    unique = list(dict.fromkeys(c for c in commands if c))
+    """The commands that ran in this repository; a lent GPU host's (its files in its /tmp) stay in their rows."""
+    unique = list(dict.fromkeys(c for c in commands if c and not LENT_HOST_PATH.search(c)))
     return "```bash\n" + "\n".join(unique) + "\n```" if unique else ""
 
 
@@ -198,7 +195,7 @@ def render() -> str:
                     "`benchmarks/real_speech/summary.json`; each row's folder holds its per-clip `results.json`, and "
                     "each row its command (the `command` field); under the table, the commands that ran in this repository (the "
                     "GPU rows ran on lent hosts, from copies in their `/tmp`).\n\n" + real_speech(speech)
-                    + "\n\n" + _commands(r["command"] for r in speech if not LENT_HOST_PATH.search(r["command"])))
+                    + "\n\n" + _commands(r["command"] for r in speech))
     quant = _load("quantised/summary.json")
     sections.append("## By weight precision (4-bit, 8-bit, 16-bit verifiers)\n\n"
                     "`benchmarks/quantised/summary.json`. The MERaLiON-2 rows run its shapes on random weights with "
