@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pipeline.collect import run_cli
 from pipeline.model_card import render_model_card
-from tools.files import write_atomic, write_json_atomic
+from tools.files import replace_rows, write_atomic, write_json_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE, PLOT_FILE = "results.json", "speedup.png"
@@ -47,14 +47,10 @@ def summary_rows(summary: Path, heads: str) -> list[dict]:
 
 def merge_rows(rows: list[dict], new: list[dict]) -> list[dict]:
     """``rows`` with each of ``new`` added, replacing the row that measured the same thing."""
-    from tools.benchmark_report import SUMMARY_DEFAULTS, SUMMARY_KEY
+    from tools.benchmark_report import summary_key
 
-    def key(row):
-        return tuple(row.get(k, SUMMARY_DEFAULTS.get(k)) for k in SUMMARY_KEY)
-
-    merged = {key(r): r for r in rows}
-    merged.update({key(r): r for r in new})
-    return sorted(merged.values(), key=lambda r: (r["device"], str(r.get("gpu")), r.get("batch") or 1, r["date"]))
+    return sorted(replace_rows(rows, new, summary_key),
+                  key=lambda r: (r["device"], str(r.get("gpu")), r.get("batch") or 1, r["date"]))
 
 
 def result_row(path) -> dict:

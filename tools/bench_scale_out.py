@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from tools import cli_args, runtime, scale_out_rows, transcribe
+from tools.benchmark_inputs import read_manifest
 
 VOICES = ("slt", "rms", "awb", "kal16")
 CONCURRENCY = (1, 4, 16)
@@ -42,12 +43,6 @@ def make_clips(folder: Path, count: int) -> list[Path]:
             flite(LONG_TEXT[i % len(LONG_TEXT)], path, VOICES[i % len(VOICES)])
         paths.append(path)
     return paths
-
-
-def manifest_clips(manifest: Path) -> list[Path]:
-    """The audio files a manifest.jsonl names (paths relative to its folder)."""
-    rows = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
-    return [(manifest.parent / row["audio"]).resolve() for row in rows]
 
 
 def single_process_texts(clips: list[Path], folder: Path, model: str, device: str = "cpu",
@@ -186,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or transcribe.default_model_path()
     load_before = [round(x, 2) for x in os.getloadavg()]
     runtime.time_drafts_afresh()
-    clips = manifest_clips(args.audio) if args.audio else make_clips(args.work / "clips", args.clips)
+    clips = ([row["audio"].resolve() for row in read_manifest(str(args.audio))] if args.audio
+             else make_clips(args.work / "clips", args.clips))
     device = runtime.resolve_device(args.device)
     reference = single_process_texts(clips, args.work / "single", model, device, args.dtype)
     sections = set(args.sections.split(","))

@@ -33,7 +33,7 @@ from tools import runtime
 from tools.benchmark_environment import cpu_name, environment_info, load_average
 from tools.benchmark_inputs import DEFAULT_MANIFEST, DEFAULT_MODEL, load_model, read_manifest, resolve_artifact
 from tools.benchmark_report import corpus_wer
-from tools.files import command_line, write_json_atomic
+from tools.files import command_line, replace_rows, write_json_atomic
 
 PROGRAM = "tools.benchmark_cpu_peers"
 REFERENCE = "hf_generate"  # the float32 base: speed-ups and exactness are against its rows
@@ -164,8 +164,7 @@ def summary_rows(measured: dict, references: list, meta: dict) -> list[dict]:
 
 def merge_summary(existing: list[dict], rows: list[dict]) -> list[dict]:
     """``existing`` without the rows of ``rows``' model and language setting, then ``rows``."""
-    runs = {(row["model"], row.get("language")) for row in rows}
-    return [row for row in existing if (row["model"], row.get("language")) not in runs] + rows
+    return replace_rows(existing, rows, lambda row: (row["model"], row.get("language")))
 
 
 # --------------------------------------------------------------------------- where a call's time goes

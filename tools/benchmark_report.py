@@ -12,7 +12,7 @@ import re
 import statistics
 from pathlib import Path
 
-from tools.files import write_atomic, write_json_atomic
+from tools.files import replace_rows, write_atomic, write_json_atomic
 from tools.markdown import markdown_table
 
 PLOT_NAME = "speedup_vs_length.png"
@@ -574,14 +574,19 @@ def quantised_row(results: dict, command: str) -> dict:
             "transformers": row["transformers"], "command": command}
 
 
+def summary_key(row: dict, key: tuple = SUMMARY_KEY) -> tuple:
+    """What ``row`` measured: its ``key`` fields (model, device, dtype, draft, rounds mode... by default), a CPU row's
+    CPU among them (a GPU row's machine is its GPU, whichever host CPU drove it)."""
+    return tuple(None if k == "cpu" and row.get("gpu") else row.get(k, SUMMARY_DEFAULTS.get(k)) for k in key)
+
+
 def update_summary(path: Path, row: dict, key: tuple = SUMMARY_KEY) -> None:
-    """Add ``row`` to the summary list, replacing an earlier row with the same ``key`` fields (model, device,
-    dtype, draft and rounds mode by default); written atomically."""
+    """Add ``row`` to the summary list, replacing an earlier row that measured the same (``summary_key``);
+    written atomically."""
     def fields(r):
-        return tuple(r.get(k, SUMMARY_DEFAULTS.get(k)) for k in key)
+        return summary_key(r, key)
 
     rows = json.loads(path.read_text()) if path.exists() else []
-    rows = [r for r in rows if fields(r) != fields(row)]
-    rows.append(row)
+    rows = replace_rows(rows, [row], fields)
     rows.sort(key=lambda r: tuple(str(v) for v in fields(r)))
     write_json_atomic(path, rows, indent=1)

@@ -142,3 +142,10 @@ def staged_folder(out: Path, suffix: str = "partial"):
     apply_umask(staged)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(staged, out)
+
+
+def replace_rows(rows: list[dict], new: list[dict], key) -> list[dict]:
+    """``rows`` without those whose ``key(row)`` a ``new`` row has, then ``new``: a rerun's rows in a summary file
+    replace its old ones and leave other runs' alone."""
+    fresh = {key(row) for row in new}
+    return [row for row in rows if key(row) not in fresh] + list(new)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tools.files import write_json_atomic
+from tools.files import replace_rows, write_json_atomic
 
 SUMMARY = Path(__file__).resolve().parent.parent / "benchmarks" / "scale_out" / "summary.json"
 FIELDS = ("engine", "model", "device", "workers", "concurrency", "medusa", "clips", "requests", "clips_per_s",
@@ -29,8 +29,7 @@ def merge_rows(rows: list[dict], path: str | Path = SUMMARY) -> list[dict]:
     """Write ``rows`` into the summary at ``path`` (replacing rows with the same key) and return all its rows."""
     path = Path(path)
     kept = json.loads(path.read_text())["rows"] if path.exists() else []
-    fresh = {row_key(row) for row in rows}
-    merged = [row for row in kept if row_key(row) not in fresh] + [dict(row) for row in rows]
+    merged = replace_rows(kept, [dict(row) for row in rows], row_key)
     merged.sort(key=lambda row: tuple(str(value) for value in row_key(row)))
     write_json_atomic(path, {"fields": list(FIELDS), "rows": merged})
     return merged
