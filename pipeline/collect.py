@@ -33,7 +33,8 @@ import numpy as np
 
 from tools import cli_args
 from tools.files import remove_stale_temporaries, save_safetensors_atomic, write_json_atomic
-from tools.runtime import add_device_options, model_device, resolve_device, resolve_dtype, to_model
+from tools.runtime import (add_device_options, model_device, quiet_generate_notices, resolve_device, resolve_dtype,
+                           to_model)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_RATE = 16000
@@ -338,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="multilingual Whisper: language code of the audio (default: detected per clip)")
     p.add_argument("--task", default=None, choices=("transcribe", "translate"),
                    help="multilingual Whisper: task (default: the model's own, transcribe)")
+    p.add_argument("--timestamps", action="store_true",
+                   help="Whisper: record the base's timestamped decoding (return_timestamps=True), for heads "
+                        "that also draft timestamp tokens")
     p.add_argument("--shard-size", type=cli_args.positive_int, default=256, help="utterances per shard")
     p.add_argument("--speech", action="store_true",
                    help="also store each utterance's encoder output (Whisper), for heads that attend to the "
@@ -373,6 +377,9 @@ def _check_shard_settings(path: str, meta: dict, args) -> None:
         if meta.get(option) != getattr(args, option):
             raise SystemExit(f"{path} was collected with --{option} {meta.get(option)!r}, not "
                              f"{getattr(args, option)!r}; use the same or another --out.")
+    if (meta.get("timestamps") == "true") != args.timestamps:
+        raise SystemExit(f"{path} was collected {'with' if meta.get('timestamps') == 'true' else 'without'} "
+                         "--timestamps; use the same or another --out.")
 
 
 def _collected_ids(args, shards: list[str]) -> set[str]:
@@ -428,7 +435,8 @@ def _collect_rows(model, arrays: list, utterances: list[Utterance], args, prompt
     """(id, tokens, hidden states, speech states or None) per utterance, from the base's own greedy decoding."""
     inputs = to_model(model.prepare_audio_inputs(arrays, **prompt_options), model)
     outputs = model.collect_hidden_states(**inputs, max_new_tokens=args.max_new_tokens,
-                                          **({"with_speech": True} if args.speech else {}))
+                                          **({"with_speech": True} if args.speech else {}),
+                                          **({"return_timestamps": True} if args.timestamps else {}))
     if len(outputs) != len(utterances):
         raise RuntimeError(f"collect_hidden_states returned {len(outputs)} rows for {len(utterances)} clips")
     rows = []
@@ -515,6 +523,7 @@ def main(argv=None, model=None) -> dict:
     args = build_parser().parse_args(argv)
     import torch
 
+    quiet_generate_notices(verbose=False)  # (timestamps take the base's generate, which logs notices every call)
     if args.threads:
         torch.set_num_threads(args.threads)
     utterances, source_info = _utterances(args)
@@ -538,10 +547,11 @@ def main(argv=None, model=None) -> dict:
         info.update({"base": args.base, "family": cfg.base_family, "hidden_size": cfg.hidden_size,
                      "vocab_size": cfg.vocab_size})
     prompt_options = {k: v for k, v in (("language", args.language), ("task", args.task)) if v}
-    info.update({"audio_source": source_info, "max_new_tokens": args.max_new_tokens, **prompt_options})
+    info.update({"audio_source": source_info, "max_new_tokens": args.max_new_tokens, **prompt_options,
+                 "timestamps": args.timestamps})
     shard_meta = {"base": args.base, "family": info.get("family", ""), "dtype": str(dtype).replace("torch.", ""),
                   "max_new_tokens": args.max_new_tokens, **prompt_options,
-                  **({"speech": "true"} if args.speech else {})}
+                  **({"speech": "true"} if args.speech else {}), **({"timestamps": "true"} if args.timestamps else {})}
 
     t_start = time.perf_counter()
     counts = _collect(model, todo, args, prompt_options, ShardWriter(args.out, args.shard_size, shard_meta, shards))

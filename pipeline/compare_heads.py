@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", required=True)
     cli_args.add_trust_base_code(p)
-    p.add_argument("--data", required=True, help="collect folder to train on (with --speech for speech variants)")
+    p.add_argument("--data", required=True, action="append",
+                   help="collect folder to train on (with --speech for speech variants); repeatable")
     p.add_argument("--eval-data", action="append", default=[], help="collect folder(s) to replay on; repeatable")
     p.add_argument("--out", default="work_data/compare")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def train_args(args, name: str) -> list[str]:
-    common = ["--base", args.base, "--data", args.data, "--out", os.path.join(args.out, name),
+    common = ["--base", args.base, *[x for d in args.data for x in ("--data", d)], "--out", os.path.join(args.out, name),
               "--epochs", args.epochs, "--batch-size", args.batch_size, "--lr", args.lr]
     common += [x for d in args.eval_data for x in ("--eval-data", d)]
     common += ["--trust-base-code"] if args.trust_base_code else []

@@ -94,7 +94,8 @@ def _source_name(src: dict) -> str | None:
 
 
 def build_training_data(metrics: dict, infos: list[dict]) -> dict:
-    collect = next((i["collect"] for i in reversed(infos) if "collect" in i), {})
+    collects = [i["collect"] for i in infos if "collect" in i]
+    collect = collects[-1] if collects else {}
     src = collect.get("audio_source", {})
     data = metrics.get("data", {})
     td = {
@@ -110,6 +111,8 @@ def build_training_data(metrics: dict, infos: list[dict]) -> dict:
     for key in ("voices", "licence", "sources", "languages", "hours"):
         if key in src:
             td[key] = src[key]
+    if len(collects) > 1:  # trained on several collect folders (languages, timestamps): what each held, and the sums
+        td.update(_combined_collects(collects))
     for info in infos:
         for key, value in info.get("manifest", {}).items():
             td.setdefault(key, value)
@@ -130,6 +133,28 @@ def build_training_data(metrics: dict, infos: list[dict]) -> dict:
     for info in infos:
         td.update(info.get("overrides", {}))
     return {k: v for k, v in td.items() if v is not None}
+
+
+def _combined_collects(collects: list[dict]) -> dict:
+    parts = [{k: v for k, v in {"source": _source_name(c.get("audio_source", {})), "language": c.get("language"),
+                                "timestamps": c.get("timestamps") or None, "n_utterances": c.get("n_utterances"),
+                                "n_tokens": c.get("n_tokens"), "hours": c.get("audio_source", {}).get("hours")}.items()
+              if v is not None} for c in collects]
+
+    def union(key):
+        return sorted({x for c in collects for x in c.get("audio_source", {}).get(key, [])})
+
+    combined = {"parts": parts, "source": ", ".join(p["source"] for p in parts if p.get("source")),
+                "n_utterances": sum(p.get("n_utterances", 0) for p in parts),
+                "n_tokens": sum(p.get("n_tokens", 0) for p in parts),
+                "languages": sorted({p["language"] for p in parts if p.get("language")}),
+                "timestamps": any(p.get("timestamps") for p in parts)}
+    for key in ("voices", "licence", "sources"):
+        combined[key] = union(key)
+    hours = [p["hours"] for p in parts if p.get("hours")]
+    if hours:
+        combined["hours"] = round(sum(hours), 4)
+    return {k: v for k, v in combined.items() if v not in ([], "")}
 
 
 def build_head_accuracy(metrics: dict) -> dict:
@@ -282,9 +307,10 @@ def main(argv=None, model=None) -> str:
         print("[export] WARNING: training did not finish (metrics.json says finished=false)")
 
     infos = []
-    data_dir = (metrics.get("data") or {}).get("dir")
-    if data_dir and os.path.exists(os.path.join(data_dir, "collect_info.json")):
-        infos.append(_load_data_info(data_dir))
+    data_dirs = (metrics.get("data") or {}).get("dir") or []
+    for data_dir in [data_dirs] if isinstance(data_dirs, str) else data_dirs:  # several: a list
+        if os.path.exists(os.path.join(data_dir, "collect_info.json")):
+            infos.append(_load_data_info(data_dir))
     infos += [_load_data_info(spec) for spec in args.data_info]
     training_data = build_training_data(metrics, infos)
     head_accuracy = build_head_accuracy(metrics)

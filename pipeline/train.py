@@ -48,19 +48,30 @@ CANDIDATE_TREE_SIZES = (8, 16, 32, 64)  # draft nodes of the trees whose tokens 
 
 
 # --------------------------------------------------------------------------- data
-class Collected:
-    """All shards of a collect folder: utterance u is tokens[starts[u]:starts[u]+lengths[u]] (and
-    ``speech[u]``, its encoder output, when the shards hold it and ``with_speech``)."""
+def _folder_shards(data_dir: str) -> list[str]:
+    shards = list_shards(data_dir)
+    if not shards:
+        raise SystemExit(f"no shard_*.safetensors in {data_dir}; run `python -m pipeline.collect` first")
+    return shards
 
-    def __init__(self, data_dir: str, with_speech: bool = False):
+
+def _folder_name(data_dir: str) -> str:
+    return os.path.basename(os.path.normpath(data_dir))
+
+
+class Collected:
+    """All shards of one or several collect folders (e.g. one a language, one with timestamps): utterance u is
+    tokens[starts[u]:starts[u]+lengths[u]] (and ``speech[u]``, its encoder output, when the shards hold it and
+    ``with_speech``). With several folders an utterance id is prefixed by its folder's name."""
+
+    def __init__(self, data_dirs, with_speech: bool = False):
         import torch
 
-        shards = list_shards(data_dir)
-        if not shards:
-            raise SystemExit(f"no shard_*.safetensors in {data_dir}; run `python -m pipeline.collect` first")
+        data_dirs = [data_dirs] if isinstance(data_dirs, str) else list(data_dirs)
+        shards = [(d, path) for d in data_dirs for path in _folder_shards(d)]
         hiddens, tokens, starts, lengths, speech, self.ids, self.meta = [], [], [], [], [], [], {}
         offset = 0
-        for path in shards:
+        for folder, path in shards:
             h, t, off, meta = load_shard(path)
             if self.meta and meta.get("base") != self.meta.get("base"):
                 raise SystemExit(f"{path}: base {meta.get('base')!r} differs from the other shards'")
@@ -73,16 +84,18 @@ class Collected:
             starts.append(off[:-1] + offset)
             lengths.append(off[1:] - off[:-1])
             speech.append(shard_speech)
-            self.ids.extend(meta["utterance_ids"])
+            prefix = f"{_folder_name(folder)}/" if len(data_dirs) > 1 else ""
+            self.ids.extend(prefix + i for i in meta["utterance_ids"])
             offset += int(t.numel())
         self.hiddens = torch.cat(hiddens)
         self.tokens = torch.cat(tokens)
         self.starts = torch.cat(starts)
         self.lengths = torch.cat(lengths)
         self.speech = torch.cat(speech) if with_speech else None
-        self.shard_names = [os.path.basename(p) for p in shards]
+        self.shard_names = [(f"{_folder_name(d)}/" if len(data_dirs) > 1 else "") + os.path.basename(p)
+                            for d, p in shards]
         if len(set(self.ids)) != len(self.ids):
-            raise SystemExit(f"{data_dir}: duplicate utterance ids across shards")
+            raise SystemExit(f"{', '.join(data_dirs)}: duplicate utterance ids across shards")
 
     @property
     def hidden_size(self) -> int:
@@ -362,7 +375,9 @@ def epoch_order(n: int, seed: int, epoch: int):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", required=True, help="collect output folder (shard_*.safetensors)")
+    p.add_argument("--data", required=True, action="append",
+                   help="collect output folder (shard_*.safetensors); repeat to train on several (languages, "
+                        "timestamps)")
     p.add_argument("--base", required=True, help="base model (its output projection is used)")
     cli_args.add_trust_base_code(p)
     p.add_argument("--out", default="work_data/ckpt", help="checkpoint folder")
@@ -566,7 +581,8 @@ def _run_summary(args, model, data: Collected, trainer: Trainer) -> dict:
         "heads": args.heads, "layers": args.layers, "head_kind": args.head_kind,
         "speech_attention": args.speech_attention, "draft_vocab_size": getattr(cfg, "draft_vocab_size", None),
         "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
-        "data": {"dir": os.path.abspath(args.data), **data.fingerprint(),
+        "data": {"dir": [os.path.abspath(d) for d in args.data] if len(args.data) > 1 else os.path.abspath(args.data[0]),
+                 **data.fingerprint(),
                  "n_train_utterances": len(trainer.train_utts),
                  "n_val_utterances": len(trainer.val_utts) if trainer.held_out else 0,
                  "n_train_tokens": int(data.lengths[trainer.train_utts].sum()),
@@ -615,7 +631,7 @@ def main(argv=None, model=None) -> dict:
         trainer.write_metrics(summary, finished=False)
         print(f"[train] stopped at step {trainer.step}/{trainer.total_steps} (--max-steps); rerun to resume")
         return {**summary, **(trainer.best or {}), "finished": False, "history": trainer.history}
-    eval_sets = {os.path.basename(os.path.normpath(d)): Collected(d, with_speech=args.speech_attention).to(data.hiddens.device)
+    eval_sets = {_folder_name(d): Collected(d, with_speech=args.speech_attention).to(data.hiddens.device)
                  for d in args.eval_data}
     drafts = trainer.measure_drafts(eval_sets)
     trainer.write_metrics(summary, finished=True, extra=drafts)

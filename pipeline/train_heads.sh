@@ -17,6 +17,10 @@
 # recorded in the artifact when BASE is a local folder), FLITE_BIN, TEXT_FILE + TEXT_LICENCE, PYTHON,
 # LANGUAGE / TASK (multilingual Whisper; default: detect the language, transcribe), FORCE (export over anything),
 # TRUST_BASE_CODE=1 (run a MERaLiON-2 base's own code: --trust-base-code).
+# Multilingual, timestamp-aware heads (multilingual Whisper): LANGUAGES=de,fr,... also synthesises
+# LANGUAGE_UTTERANCES (1000) clips a language with espeak-ng (ESPEAK_BIN) from TEXT_DIR/<language>.txt (default: GNOME
+# help, `python -m pipeline.multilingual_texts --source gnome-help`), collected with that language forced;
+# TIMESTAMP_UTTERANCES=N collects the last N of the NUM_UTTERANCES clips with the base's timestamps on.
 set -euo pipefail
 BASE=${1:?usage: pipeline/train_heads.sh BASE [WORK_DIR] [ARTIFACT_DIR]}
 TRUST=${TRUST_BASE_CODE:+--trust-base-code}
@@ -30,15 +34,37 @@ case "${HEADS:-path-speech}" in
   *) echo "HEADS=${HEADS}: use path-speech, path or medusa" >&2; exit 2 ;;
 esac
 
-$PY -m pipeline.synth_speech --out "$WORK/train_speech" --num-utterances "${NUM_UTTERANCES:-10000}" \
+N=${NUM_UTTERANCES:-10000}
+TS=${TIMESTAMP_UTTERANCES:-0}
+TEXTS=${TEXT_DIR:-$WORK/texts}
+LANGS=${LANGUAGES:-}
+$PY -m pipeline.synth_speech --out "$WORK/train_speech" --num-utterances "$N" \
     --workers "${WORKERS:-2}" ${FLITE_BIN:+--flite-bin "$FLITE_BIN"} \
     ${TEXT_FILE:+--text-file "$TEXT_FILE" --text-licence "$TEXT_LICENCE"}
-$PY -m pipeline.collect --base "$BASE" $TRUST --audio "$WORK/train_speech" --out "$WORK/collect" \
-    --batch-size "${BATCH:-16}" --device "${DEVICE:-cpu}" ${LANGUAGE:+--language "$LANGUAGE"} ${TASK:+--task "$TASK"} $SPEECH
+for L in ${LANGS//,/ }; do
+  [ -f "$TEXTS/$L.txt" ] || $PY -m pipeline.multilingual_texts --source gnome-help --languages "$L" --out "$TEXTS"
+  $PY -m pipeline.synth_speech --out "$WORK/speech_$L" --num-utterances "${LANGUAGE_UTTERANCES:-1000}" \
+      --workers "${WORKERS:-2}" --voices "espeak-$L" ${ESPEAK_BIN:+--espeak-bin "$ESPEAK_BIN"} --text-file "$TEXTS/$L.txt"
+done
+
+COLLECT=(--base "$BASE" $TRUST --batch-size "${BATCH:-16}" --device "${DEVICE:-cpu}" ${TASK:+--task "$TASK"} $SPEECH)
+$PY -m pipeline.collect "${COLLECT[@]}" --audio "$WORK/train_speech" --out "$WORK/collect" --limit $((N - TS)) \
+    ${LANGUAGE:+--language "$LANGUAGE"}
+DATA=(--data "$WORK/collect")
+INFO=(--data-info "$WORK/train_speech/manifest.jsonl")
+if [ "$TS" -gt 0 ]; then
+  $PY -m pipeline.collect "${COLLECT[@]}" --audio "$WORK/train_speech" --out "$WORK/collect_timestamps" \
+      --skip $((N - TS)) --timestamps ${LANGUAGE:+--language "$LANGUAGE"}
+  DATA+=(--data "$WORK/collect_timestamps")
+fi
+for L in ${LANGS//,/ }; do
+  $PY -m pipeline.collect "${COLLECT[@]}" --audio "$WORK/speech_$L" --out "$WORK/collect_$L" --language "$L"
+  DATA+=(--data "$WORK/collect_$L")
+  INFO+=(--data-info "$WORK/speech_$L/manifest.jsonl")
+done
 # shellcheck disable=SC2086  # RECIPE is a list of options
-$PY -m pipeline.train --data "$WORK/collect" --base "$BASE" $TRUST --out "$WORK/ckpt" $RECIPE \
+$PY -m pipeline.train "${DATA[@]}" --base "$BASE" $TRUST --out "$WORK/ckpt" $RECIPE \
     --epochs "${EPOCHS:-15}" --batch-size "${TRAIN_BATCH:-64}" --lr "${LR:-2e-3}" --device "${DEVICE:-cpu}" \
     ${EVAL_DATA:+--eval-data "$EVAL_DATA"}
 $PY -m pipeline.export --base "$BASE" $TRUST ${BASE_ID:+--base-id "$BASE_ID"} \
-    --heads "$WORK/ckpt/best.safetensors" --out "$OUT" --data-info "$WORK/train_speech/manifest.jsonl" \
-    ${FORCE:+--force}
+    --heads "$WORK/ckpt/best.safetensors" --out "$OUT" "${INFO[@]}" ${FORCE:+--force}

@@ -242,6 +242,43 @@ def test_collect_language_and_task_reach_the_model_and_resume_must_match(clips, 
         collect.main([*common, "--language", "en"], model=FakeMedusa())
 
 
+class TimestampedMedusa(FakeMedusa):
+    """FakeMedusa that records whether a collect call asked for the base's timestamps."""
+
+    def collect_hidden_states(self, audio_seed, max_new_tokens=128, return_timestamps=False):
+        self.timestamps = return_timestamps
+        return super().collect_hidden_states(audio_seed, max_new_tokens)
+
+
+def test_collect_timestamps_reach_the_model_and_resume_must_match(clips, tmp_path):
+    out = str(tmp_path / "collect")
+    model = TimestampedMedusa()
+    common = ["--base", "fake/base", "--audio", clips, "--out", out, "--batch-size", "8", "--limit", "8"]
+    info = collect.main([*common, "--timestamps"], model=model)
+    assert model.timestamps is True and info["timestamps"] is True
+    assert collect.read_shard_metadata(collect.list_shards(out)[0])["timestamps"] == "true"
+    with pytest.raises(SystemExit, match="collected with --timestamps"):
+        collect.main([*common, "--limit", "16"], model=TimestampedMedusa())
+
+
+def test_train_on_several_collect_folders_records_each_in_the_artifact(clips, tmp_path):
+    english, french = str(tmp_path / "collect_en"), str(tmp_path / "collect_fr")
+    common = ["--base", "fake/base", "--audio", clips, "--batch-size", "8"]
+    collect.main([*common, "--out", english, "--limit", "24", "--timestamps"], model=TimestampedMedusa())
+    collect.main([*common, "--out", french, "--skip", "24", "--language", "fr"], model=FakeMedusa())
+    ckpt = str(tmp_path / "ckpt")
+    metrics = train.main(["--data", english, "--data", french, "--out", ckpt] + TRAIN_ARGS, model=FakeMedusa())
+    assert metrics["data"]["n_utterances"] == 48 and len(metrics["data"]["dir"]) == 2
+    assert sum(name.startswith("collect_fr/") for name in metrics["data"]["shards"]) == 1
+    art = str(tmp_path / "artifact")
+    export.main(["--base", "fake/base", "--heads", os.path.join(ckpt, "best.safetensors"), "--out", art],
+                model=FakeMedusa())
+    td = json.load(open(os.path.join(art, "config.json")))["training_data"]
+    assert td["n_utterances"] == 48 and td["languages"] == ["fr"] and td["timestamps"] is True
+    assert [(p.get("language"), p.get("timestamps"), p["n_utterances"]) for p in td["parts"]] == \
+        [(None, True, 24), ("fr", None, 24)]
+
+
 def fails_on_call(call: int, error: BaseException) -> FakeMedusa:
     """A FakeMedusa whose ``call``-th collect_hidden_states raises ``error``."""
 
@@ -947,7 +984,7 @@ def test_every_compare_heads_variant_is_a_valid_training_recipe():
     parsed = {name: train.build_parser().parse_args(compare_heads.train_args(args, name))
               for name in compare_heads.VARIANTS}
     for name, recipe in parsed.items():
-        assert (recipe.base, recipe.data, recipe.out, recipe.eval_data) == ("B", "D", os.path.join("O", name), ["E"])
+        assert (recipe.base, recipe.data, recipe.out, recipe.eval_data) == ("B", ["D"], os.path.join("O", name), ["E"])
         if name.startswith("path-speech"):
             assert recipe.head_kind == "path" and recipe.speech_attention
     assert [parsed[name].layers for name in ("path-speech", "path-speech-2l", "path-speech-3l")] == [1, 2, 3]
