@@ -431,14 +431,30 @@ def _load_batch(batch: list[Utterance], failed: list[dict]) -> tuple[list, list[
     return arrays, ok
 
 
-def _collect_rows(model, arrays: list, utterances: list[Utterance], args, prompt_options: dict) -> list[tuple]:
-    """(id, tokens, hidden states, speech states or None) per utterance, from the base's own greedy decoding."""
+def _decode(model, arrays: list, args, prompt_options: dict) -> list:
     inputs = to_model(model.prepare_audio_inputs(arrays, **prompt_options), model)
-    outputs = model.collect_hidden_states(**inputs, max_new_tokens=args.max_new_tokens,
-                                          **({"with_speech": True} if args.speech else {}),
-                                          **({"return_timestamps": True} if args.timestamps else {}))
+    return model.collect_hidden_states(**inputs, max_new_tokens=args.max_new_tokens,
+                                       **({"with_speech": True} if args.speech else {}),
+                                       **({"return_timestamps": True} if args.timestamps else {}))
+
+
+def _collect_rows(model, arrays: list, utterances: list[Utterance], args, prompt_options: dict,
+                  failed: list[dict]) -> list[tuple]:
+    """(id, tokens, hidden states, speech states or None) per utterance, from the base's own greedy decoding. A
+    clip the base's generate decodes in several windows (over 30 s; with timestamps, a segment it seeks past) is
+    left out and reported in ``failed``: its rows could not be told from the batch's other clips'."""
+    outputs = _decode(model, arrays, args, prompt_options)
     if len(outputs) != len(utterances):
-        raise RuntimeError(f"collect_hidden_states returned {len(outputs)} rows for {len(utterances)} clips")
+        outputs, kept = [], []
+        for array, utterance in zip(arrays, utterances):
+            windows = _decode(model, [array], args, prompt_options)
+            if len(windows) == 1:
+                outputs += windows
+                kept.append(utterance)
+            else:
+                failed.append({"id": utterance.id, "error": f"decoded in {len(windows)} windows of the base's "
+                                                            "generate; one utterance is one window"})
+        utterances = kept
     rows = []
     for utterance, (tokens, hiddens, *speech) in zip(utterances, outputs):
         if tokens.shape[0] != hiddens.shape[0]:
@@ -470,11 +486,11 @@ def _collect(model, todo: list[Utterance], args, prompt_options: dict, writer: S
                 arrays, ok = _load_batch(batch, counts.failed)
                 if ok:
                     t0 = time.perf_counter()
-                    rows = _collect_rows(model, arrays, ok, args, prompt_options)
+                    rows = _collect_rows(model, arrays, ok, args, prompt_options, counts.failed)
                     counts.model_seconds += time.perf_counter() - t0
                     writer.add_batch(rows)
                     counts.tokens += sum(int(row[1].numel()) for row in rows)
-                    counts.clips += len(ok)
+                    counts.clips += len(rows)
                 bar.update(len(batch))
                 bar.set_postfix(tokens=counts.tokens)
     finally:
@@ -507,7 +523,8 @@ def _record_run(info: dict, info_path: str, args, counts: RunCounts, wall: float
     print(f"[collect] this run: {counts.clips} clips, {counts.tokens} tokens in {wall:.1f} s "
           f"({run['clips_per_s']:.2f} clips/s, {run['tokens_per_s']:.1f} tokens/s); "
           f"total {totals['n_utterances']} utterances, {totals['n_tokens']} tokens in {len(shards)} shards"
-          + (f"; {len(counts.failed)} unreadable (retried next run)" if counts.failed else ""))
+          + (f"; {len(counts.failed)} left out (collect_info.json's failed says why; retried next run)"
+             if counts.failed else ""))
     return info
 
 

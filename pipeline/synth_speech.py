@@ -162,9 +162,9 @@ def plan_job(index: int, schedule: tx.TextSchedule, seed: int, voices: list[tupl
 class Synthesizer:
     def __init__(self, flite_bin: str | None, text2wave_bin: str | None = None, espeak_bin: str | None = None):
         self.flite = flite_bin or shutil.which("flite")
-        if not self.flite or not (os.path.isfile(self.flite) and os.access(self.flite, os.X_OK)):
-            raise SynthError(f"flite not found ({flite_bin or 'PATH'}); fix: `apt-get install flite` or "
-                             f"pass --flite-bin DIR/bin/flite from --make-flite-bundle")
+        if flite_bin and not (os.path.isfile(flite_bin) and os.access(flite_bin, os.X_OK)):
+            raise SynthError(f"--flite-bin {flite_bin} is not an executable; fix: pass DIR/bin/flite from "
+                             "--make-flite-bundle")
         self.env = dict(os.environ)
         self.text2wave = text2wave_bin or shutil.which("text2wave")
         self.espeak = espeak_bin or shutil.which("espeak-ng")
@@ -178,6 +178,9 @@ class Synthesizer:
         self.licences: dict[str, str] = {}  # source name -> text licence
 
     def flite_voices(self) -> set[str]:
+        if not self.flite:  # (only flite's voices need it: espeak-ng's read without)
+            raise SynthError("flite not found (PATH); fix: `apt-get install flite` or pass --flite-bin "
+                             "DIR/bin/flite from --make-flite-bundle")
         proc = subprocess.run([self.flite, "-lv"], capture_output=True, text=True, env=self.env)
         if proc.returncode != 0:
             raise SynthError(f"{self.flite} -lv failed: {(proc.stderr or proc.stdout).strip()[:200]}")
@@ -200,7 +203,7 @@ class Synthesizer:
         return {line.split()[1] for line in proc.stdout.splitlines()[1:] if len(line.split()) > 1}
 
     def available(self, names: list[str]) -> set[str]:
-        flite = self.flite_voices()
+        flite = self.flite_voices() if any(VOICES[n].engine == "flite" for n in names) else set()
         espeak = self.espeak_voices() if any(VOICES[n].engine == "espeak-ng" for n in names) else set()
         return {n for n in names if (VOICES[n].engine == "flite" and VOICES[n].select in flite)
                 or (VOICES[n].engine == "festival" and self.festival_has(VOICES[n]))

@@ -44,7 +44,8 @@ $PY -m pipeline.synth_speech --out "$WORK/train_speech" --num-utterances "$N" \
 for L in ${LANGS//,/ }; do
   [ -f "$TEXTS/$L.txt" ] || $PY -m pipeline.multilingual_texts --source gnome-help --languages "$L" --out "$TEXTS"
   $PY -m pipeline.synth_speech --out "$WORK/speech_$L" --num-utterances "${LANGUAGE_UTTERANCES:-1000}" \
-      --workers "${WORKERS:-2}" --voices "espeak-$L" ${ESPEAK_BIN:+--espeak-bin "$ESPEAK_BIN"} --text-file "$TEXTS/$L.txt"
+      --workers "${WORKERS:-2}" --voices "espeak-$L" ${ESPEAK_BIN:+--espeak-bin "$ESPEAK_BIN"} --text-file "$TEXTS/$L.txt" \
+      ${FLITE_BIN:+--flite-bin "$FLITE_BIN"}
 done
 
 COLLECT=(--base "$BASE" $TRUST --batch-size "${BATCH:-16}" --device "${DEVICE:-cpu}" ${TASK:+--task "$TASK"} $SPEECH)

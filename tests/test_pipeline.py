@@ -261,6 +261,35 @@ def test_collect_timestamps_reach_the_model_and_resume_must_match(clips, tmp_pat
         collect.main([*common, "--limit", "16"], model=TimestampedMedusa())
 
 
+class TwoWindowMedusa(FakeMedusa):
+    """As the base's generate with timestamps: the clip whose seed is ``long_seed`` is decoded in two windows."""
+
+    long_seed = None
+
+    def collect_hidden_states(self, audio_seed, max_new_tokens=128, return_timestamps=False):
+        rows = super().collect_hidden_states(audio_seed, max_new_tokens)
+        return rows + [rows[i] for i, s in enumerate(audio_seed.tolist()) if s == self.long_seed]
+
+
+def test_collect_leaves_out_a_clip_decoded_in_several_windows(clips, tmp_path):
+    model = TwoWindowMedusa()
+    model.long_seed = int(model.prepare_audio_inputs([collect.resolve_audio_source(clips)[0][3].load()])
+                          ["audio_seed"][0])
+    out = str(tmp_path / "collect")
+    info = collect.main(["--base", "fake/base", "--audio", clips, "--out", out, "--batch-size", "4", "--limit", "8",
+                         "--timestamps"], model=model)
+    ids = collect.read_shard_metadata(collect.list_shards(out)[0])["utterance_ids"]
+    whole = utterance_table(out)
+    assert info["n_utterances"] == 7 and len(ids) == 7 and info["runs"][-1]["clips"] == 7
+    assert [f["error"] for f in info["failed"]] == \
+        ["decoded in 2 windows of the base's generate; one utterance is one window"]
+    reference = str(tmp_path / "reference")
+    collect.main(["--base", "fake/base", "--audio", clips, "--out", reference, "--batch-size", "4", "--limit", "8"],
+                 model=FakeMedusa())
+    for uid, (tokens, hiddens) in whole.items():  # the other clips' rows are theirs
+        assert torch.equal(utterance_table(reference)[uid][0], tokens)
+
+
 def test_train_on_several_collect_folders_records_each_in_the_artifact(clips, tmp_path):
     english, french = str(tmp_path / "collect_en"), str(tmp_path / "collect_fr")
     common = ["--base", "fake/base", "--audio", clips, "--batch-size", "8"]

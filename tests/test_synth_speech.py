@@ -203,9 +203,24 @@ def test_flite_bundle_runs(tmp_path):
     assert "rejected" not in row and (tmp_path / "out" / row["audio"]).is_file()
 
 
-def test_missing_flite_is_a_clear_error(tmp_path, capsys):
+def test_missing_flite_is_a_clear_error(tmp_path, capsys, monkeypatch):
     code = _run(tmp_path, tmp_path / "o", 1, "--flite-bin", str(tmp_path / "no-flite"))
-    assert code == 1 and "flite not found" in capsys.readouterr().err
+    assert code == 1 and "no-flite is not an executable" in capsys.readouterr().err
+    real_which = shutil.which
+    monkeypatch.setattr(ss.shutil, "which", lambda name, **kw: None if name == "flite" else real_which(name, **kw))
+    with pytest.raises(ss.SynthError, match="flite not found"):
+        ss.Synthesizer(None).check(["slt"])
+
+
+@pytest.mark.skipif(not shutil.which("espeak-ng"), reason="espeak-ng not installed")
+def test_espeak_voices_need_no_flite(tmp_path, monkeypatch):
+    real_which = shutil.which
+    monkeypatch.setattr(ss.shutil, "which", lambda name, **kw: None if name == "flite" else real_which(name, **kw))
+    synth = ss.Synthesizer(None)
+    synth.check(["espeak-fr"])
+    job = ss.Job(0, "x0", "Veuillez saisir deux fois votre nouveau mot de passe, afin que nous puissions le vérifier.",
+                 "espeak-fr", 1.0, "shard_0000", "file")
+    assert "rejected" not in ss.run_job(job, tmp_path, synth)
 
 
 def test_plan_is_deterministic():
