@@ -5,6 +5,7 @@ and the CPU kernels it runs are ``cpu_kernels.py``'s."""
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 
@@ -13,13 +14,13 @@ try:
     from .draft_trees import DraftTree
     from .kv_cache import DecodeState
     from .logits_rules import ChunkPath
-    from .medusa_options import KernelOptions
+    from .medusa_options import KernelOptions, compile_cache_dir
 except ImportError:
     from cpu_kernels import ScreenedArgmax, fast_argmax, is_dense
     from draft_trees import DraftTree
     from kv_cache import DecodeState
     from logits_rules import ChunkPath
-    from medusa_options import KernelOptions
+    from medusa_options import KernelOptions, compile_cache_dir
 
 
 # --------------------------------------------------------------------------- helpers the adapters share
@@ -27,8 +28,12 @@ except ImportError:
 def compile_fixed_shape(fn):
     """``torch.compile`` of a fixed-shape pass (a round, a prompt's pass). Every shape (batch size, draft tree,
     cache capacity, prompt length) is one more specialisation of the same code, so the recompile limit must allow
-    many of them."""
+    many of them. Inductor's caches go to ``compile_cache_dir()`` (read before the first compile of the process)."""
     import torch._dynamo
+
+    folder = compile_cache_dir()
+    if folder is not None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
 
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions

@@ -284,16 +284,14 @@ class MERaLiON2Backbone(Backbone):
         full_mask = attention_mask(state, depths, ancestors, upto)
         sliding_mask = attention_mask(state, depths, ancestors, upto, window) if window else full_mask
         slots = state.slots(n)
+        regions = self.kernels.layer_regions and torch.compiler.is_compiling()
+        attend, finish = (self._layer_qkv_region, self._layer_rest_region) if regions else (self._layer_qkv, self._layer_rest)
         for i, layer in enumerate(self.model.layers):
-            mask = sliding_mask if self.sliding[i] else full_mask
             fused = self.fused[i] if self.fused is not None else None
-            residual = hidden
-            x = layer.input_layernorm(hidden)
-            x = self._self_attention(layer.self_attn, x, cos, sin, state, i, slots, upto, mask, fused)
-            hidden = residual + layer.post_attention_layernorm(x)
-            residual = hidden
-            x = self._mlp(layer.mlp, layer.pre_feedforward_layernorm(hidden), fused)
-            hidden = residual + layer.post_feedforward_layernorm(x)
+            query, key, value = attend(layer, hidden, cos, sin, fused)
+            state.cache.write(i, slots, key, value)
+            keys, values = state.cache.layer(i, upto)
+            hidden = finish(layer, hidden, query, keys, values, sliding_mask if self.sliding[i] else full_mask, fused)
         return self.model.norm(hidden)
 
     def _prepare_rope_table(self, positions: int, device, dtype):
@@ -329,7 +327,9 @@ class MERaLiON2Backbone(Backbone):
         gate, up = weight_product(x, fused[1]).chunk(2, dim=-1)
         return mlp.down_proj(mlp.act_fn(gate) * up)
 
-    def _self_attention(self, attn, x, cos, sin, state, layer_idx, slots, upto, mask, fused=None):
+    def _layer_qkv(self, layer, hidden, cos, sin, fused):
+        """A layer's query, key and value heads [B, heads, T, D], rotated."""
+        attn, x = layer.self_attn, layer.input_layernorm(hidden)
         batch, n, _ = x.shape
         if fused is None:
             query, key, value = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
@@ -340,12 +340,19 @@ class MERaLiON2Backbone(Backbone):
         query = query.view(batch, n, self.num_heads, self.head_dim).transpose(1, 2)
         key = key.view(batch, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
         value = value.reshape(batch, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
-        state.cache.write(layer_idx, slots, key, value)
-        keys, values = state.cache.layer(layer_idx, upto)
+        return _rotate(query, cos, sin), _rotate(key, cos, sin), value
+
+    def _layer_rest(self, layer, hidden, query, keys, values, mask, fused):
+        """The rest of a layer once its keys and values are in the cache: attention, output projection, MLP."""
         out = grouped_attention(query, keys, values, mask, self.scaling, self.attn_softcap,
                                 broadcast_cache=torch.compiler.is_compiling() and self.kernels.grouped_attention == "broadcast")
-        return attn.o_proj(out)
+        hidden = hidden + layer.post_attention_layernorm(layer.self_attn.o_proj(out))
+        return hidden + layer.post_feedforward_layernorm(self._mlp(layer.mlp, layer.pre_feedforward_layernorm(hidden), fused))
+
+    # Compiled, every layer is the same code over other weights: traced and compiled once, then reused for all
+    # (hierarchical compilation). The cache write stays outside: a region that mutates its inputs is functionalised.
+    _layer_qkv_region = torch.compiler.nested_compile_region(_layer_qkv)
+    _layer_rest_region = torch.compiler.nested_compile_region(_layer_rest)
 
     # ------------------------------------------------------------------ output format
     def format_output(self, generated: list[list[int]], prompt: torch.Tensor) -> torch.Tensor:

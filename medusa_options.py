@@ -10,6 +10,7 @@ from pathlib import Path
 
 TIMINGS_ENV = "MEDUSA_ASR_DRAFT_TIMINGS"  # a file for the kept draft timings, or "off"
 CACHE_ENV = "MEDUSA_ASR_CACHE"
+COMPILE_CACHE_ENV = "MEDUSA_ASR_COMPILE_CACHE"  # "off": torch.compile keeps its caches where torch puts them
 
 
 def timings_from_environment() -> str | None:
@@ -19,8 +20,8 @@ def timings_from_environment() -> str | None:
 def cache_dir() -> Path:
     """This project's one cache folder: ``$MEDUSA_ASR_CACHE``, else ``$XDG_CACHE_HOME/medusa-asr``, else
     ``~/.cache/medusa-asr``. It holds the Whisper bases converted offline by ``tools.real_whisper``
-    (loading looks there before the Hub), the wheels and packages they come from, the demo clip and the kept
-    draft timings."""
+    (loading looks there before the Hub), the wheels and packages they come from, the demo clip, the kept
+    draft timings and torch.compile's caches (``compile_cache_dir``)."""
     if os.environ.get(CACHE_ENV):
         folder = Path(os.environ[CACHE_ENV])
         try:
@@ -32,6 +33,31 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "medusa-asr"
 
 
+def compile_cache_dir() -> Path | None:
+    """The folder torch.compile's caches across processes (Inductor's FX graphs, AOT autograd's, Triton's kernels)
+    are kept in: ``torch_compile`` in ``cache_dir()``, so that a later process compiles nothing it compiled before.
+    None (torch's own choice) when ``$MEDUSA_ASR_COMPILE_CACHE`` is ``off``, when ``$TORCHINDUCTOR_CACHE_DIR`` names
+    another folder than torch's default or when the folder cannot be written."""
+    named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    # (torch writes its default into the variable once it looks the folder up, e.g. when torch._dynamo is imported)
+    if os.environ.get(COMPILE_CACHE_ENV) == "off" or (named and os.path.abspath(named) != torch_default_cache_dir()):
+        return None
+    folder = cache_dir() / "torch_compile"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return folder if os.access(folder, os.W_OK | os.X_OK) else None
+
+
+def torch_default_cache_dir() -> str | None:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return None
+    return os.path.abspath(default_cache_dir())
+
+
 @dataclass(frozen=True)
 class KernelOptions:
     """The forms a round's kernels take, each the faster one where it was measured; the profiling scripts set the
@@ -40,12 +66,16 @@ class KernelOptions:
     argmax block by block of this many scores (0: one plain argmax). ``grouped_attention`` (MERaLiON-2, compiled
     rounds): the query heads of a key/value head as ``"rows"`` of one product, or the cache ``"broadcast"`` over
     them. ``rope_table_devices``: device types whose MERaLiON-2 passes gather cos/sin from a table made at prefill
-    (elsewhere computed)."""
+    (elsewhere computed). ``layer_regions`` (MERaLiON-2, compiled passes): each decoder layer traced and compiled once
+    and reused for every layer (``torch.compiler.nested_compile_region``); off: on a CPU (the 3B shape's 26 layers at
+    tiny widths, ``benchmarks/first_call/cpu_meralion2-3b_tiny.json``) it cut a cold compile by a fifth but slowed
+    the rounds by a tenth and a compile from a warm cache."""
 
     cache_index_put: bool = True
     gpu_argmax_block: int = 2048
     grouped_attention: str = "rows"
     rope_table_devices: tuple = ("cuda",)
+    layer_regions: bool = False
 
     def __post_init__(self):
         if self.grouped_attention not in ("rows", "broadcast") or self.gpu_argmax_block < 0:

@@ -27,6 +27,8 @@ SHAPES = {  # the Gemma2 decoders of MERaLiON-2-3B (Gemma2-2B) and MERaLiON-2-10
                       "num_key_value_heads": 8, "intermediate_size": 14336},
 }
 GEMMA2_HEAD_DIM, GEMMA2_VOCAB = 256, 256000
+TINY_WIDTHS = {"hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 128,
+               "head_dim": 32}  # ``tiny``: a shape's layer count at widths a CPU compiles and runs in seconds
 
 
 def weight_products(shape: str) -> dict:
@@ -58,13 +60,14 @@ class GatedAdapter(nn.Module):
         return self.out_proj(nn.functional.silu(self.gate_proj(x)) * self.pool_proj(x))
 
 
-def speech_encoder_config(attention: str = "sdpa"):
-    """MERaLiON-2's speech encoder (Whisper-large-v3's); SDPA attention as ``MedusaForASR`` loads it
-    (``speech_attention_as_sdpa``)."""
+def speech_encoder_config(attention: str = "sdpa", tiny: bool = False):
+    """MERaLiON-2's speech encoder (Whisper-large-v3's; ``tiny``: 2 layers of width 64); SDPA attention as
+    ``MedusaForASR`` loads it (``speech_attention_as_sdpa``)."""
     from transformers import WhisperConfig
 
-    config = WhisperConfig(d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120,
-                           num_mel_bins=128, max_source_positions=1500)
+    widths = dict(d_model=64, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=128) if tiny else \
+        dict(d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120)
+    config = WhisperConfig(**widths, num_mel_bins=128, max_source_positions=1500)
     config._attn_implementation = attention
     return config
 
@@ -73,20 +76,21 @@ class MERaLiON2Shaped(nn.Module):
     """Same module names and sizes as MERaLiON-2 (``SHAPES``), built from the library's Whisper encoder
     (Whisper-large-v3's) and Gemma2."""
 
-    def __init__(self, shape="meralion2-3b", text_layers=None):
+    def __init__(self, shape="meralion2-3b", text_layers=None, tiny=False):
         super().__init__()
         from transformers import Gemma2Config, Gemma2ForCausalLM, GenerationConfig
         from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-        speech = speech_encoder_config()
-        sizes = dict(SHAPES[shape], **({"num_hidden_layers": text_layers} if text_layers else {}))
-        text = Gemma2Config(**sizes, head_dim=256, vocab_size=256000, sliding_window=4096,
-                            final_logit_softcapping=30.0, attn_logit_softcapping=50.0, query_pre_attn_scalar=256,
+        speech = speech_encoder_config(tiny=tiny)
+        sizes = {**SHAPES[shape], "head_dim": GEMMA2_HEAD_DIM, **(TINY_WIDTHS if tiny else {}),
+                 **({"num_hidden_layers": text_layers} if text_layers else {})}
+        text = Gemma2Config(**sizes, vocab_size=256000, sliding_window=4096, final_logit_softcapping=30.0,
+                            attn_logit_softcapping=50.0, query_pre_attn_scalar=sizes["head_dim"],
                             max_position_embeddings=8192)
         text._attn_implementation = "eager"  # soft-capping needs eager attention in the library
         self.speech_encoder = WhisperEncoder(speech)
-        self.ln_speech = nn.LayerNorm(1280)
-        self.speech_audio_adapter = GatedAdapter(text_dim=sizes["hidden_size"])
+        self.ln_speech = nn.LayerNorm(speech.d_model)
+        self.speech_audio_adapter = GatedAdapter(speech.d_model, sizes["hidden_size"], inner=128 if tiny else 6400)
         self.text_decoder = Gemma2ForCausalLM(text)
         self.config = type("Cfg", (), {"text_config": text, "speech_token_index": 255999})()
         self.generation_config = GenerationConfig(eos_token_id=[1, 107], pad_token_id=0)
@@ -100,10 +104,10 @@ class MERaLiON2Shaped(nn.Module):
         return next(self.parameters()).dtype
 
 
-def build_model(device, dtype, shape="meralion2-3b", text_layers=None):
+def build_model(device, dtype, shape="meralion2-3b", text_layers=None, tiny=False):
     torch.manual_seed(0)
     with torch.device(device):
-        model = MERaLiON2Shaped(shape, text_layers).to(dtype).eval().requires_grad_(False)
+        model = MERaLiON2Shaped(shape, text_layers, tiny).to(dtype).eval().requires_grad_(False)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.02)
