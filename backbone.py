@@ -222,6 +222,10 @@ class Backbone:
         """(keys, values) [B, heads, L, D] of the last decoder layer's attention over the speech."""
         raise ValueError(f"{type(self).__name__} has no cross-attention over the speech to draft from.")
 
+    def prompt_languages(self, prompt: torch.Tensor) -> set[str]:
+        """The language codes a call's prompt [B, P] names (any row); empty where its prompt names none."""
+        return set()
+
     def windowed(self, kwargs: dict) -> bool:
         """Whether a call takes the base's own generate, with our decoding for each window it hands over
         (``window_plan``), instead of being decoded here directly."""

@@ -296,6 +296,10 @@ class WhisperBackbone(Backbone):
         prompt = segment["result"]["sequences"][: segment["idxs"][0]].tolist()  # (and earlier segments' tokens)
         return next((LANGUAGES.get(codes[i]) for i in prompt if i in codes), None)
 
+    def prompt_languages(self, prompt: torch.Tensor) -> set[str]:
+        codes = {i: token.strip("<|>") for token, i in (getattr(self.gen, "lang_to_id", None) or {}).items()}
+        return {codes[i] for i in set(prompt.flatten().tolist()) if i in codes}
+
     # ------------------------------------------------------------------ prompt & logits rules
     def prompt_template(self, language=None, task=None) -> list[int]:
         """The decoder prompt the base's generate would build: start token, language (given, from the legacy

@@ -113,6 +113,8 @@ def build_training_data(metrics: dict, infos: list[dict]) -> dict:
             td[key] = src[key]
     if len(collects) > 1:  # trained on several collect folders (languages, timestamps): what each held, and the sums
         td.update(_combined_collects(collects))
+    elif collect.get("language") and "languages" not in td:  # (draft="auto" drafts only in the heads' languages)
+        td["languages"] = [collect["language"]]
     for info in infos:
         for key, value in info.get("manifest", {}).items():
             td.setdefault(key, value)

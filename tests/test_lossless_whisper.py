@@ -127,6 +127,25 @@ def test_multilingual_prompt_language_and_task_match_the_base(kwargs, hub_prompt
         assert torch.equal(model.generate(input_features=features, max_new_tokens=12, **kwargs), expected)
 
 
+def test_auto_drafts_only_in_the_languages_the_heads_were_trained_on(tmp_path_factory):
+    """English-trained heads: a French call decodes without drafts (same ids as the base), an English one may
+    draft; heads that name no languages draft in any."""
+    from draft_trees import DraftTree
+    from modeling_medusa import MedusaForASR
+
+    model = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path_factory.mktemp("ml"), seed=6, multilingual=True)))
+    randomize_heads(model, 1)
+    features = random_features(2, 0)
+    model.config.training_data = {"languages": ["en"]}
+    expected = model.generate(input_features=features, max_new_tokens=12, language="fr", use_medusa=False)
+    ids, stats = model.generate(input_features=features, max_new_tokens=12, language="fr", return_stats=True)
+    assert torch.equal(ids, expected) and stats["draft"] == DraftTree(()).name and stats["drafted_tokens"] == 0
+    french, english = (torch.tensor([model.backbone.prompt_template(language=code)]) for code in ("fr", "en"))
+    assert not model._heads_know(french) and model._heads_know(english)
+    model.config.training_data = {}
+    assert model._heads_know(french)
+
+
 def test_prepare_audio_inputs_carries_language_and_task(tmp_path_factory):
     """Options given to prepare_audio_inputs reach generate (Medusa and the base alike); options a
     model cannot take fail there, naming the problem."""
