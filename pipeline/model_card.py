@@ -130,7 +130,7 @@ def results_table(rows: list[dict]) -> str:
     header = ["model", "device", "dtype", "draft", "tokens per pass", "× `generate`", "× own greedy",
               "× own greedy (rounds)", *(["vs best fixed draft"] if gap else []), "exact", "date"]
     return markdown_table(header, [
-        [r["model"], _device(r), r["dtype"], r["draft"], number_cell(r.get("mean_accepted_per_round")),
+        [Path(r.get("heads") or r["model"]).name, _device(r), r["dtype"], r["draft"], number_cell(r.get("mean_accepted_per_round")),
          number_cell(r.get("speedup_vs_hf_generate"), 2, "×"), number_cell(r.get("e2e_speedup_vs_own_greedy"), 2, "×"),
          number_cell(r.get("decode_speedup_vs_own_greedy"), 2, "×"), *([gap_cell(r)] if gap else []),
          _exact(r), r["date"]] for r in rows])
@@ -205,7 +205,7 @@ def render_model_card(config, rows: list[dict] | None = None, plot: str | None =
                  "its config and code, without the trained *heads*, the small networks that guess the next tokens. "
                  "You train its heads with one command (below); until then, loading it fails with a message "
                  "saying how. "
-                 f"The Whisper artifacts in {' and '.join(f'`{h}/`' for h in shipped)} hold real trained heads and "
+                 f"The Whisper artifacts in {', '.join(f'`{h}/`' for h in shipped)} hold real trained heads and "
                  "work today; the snippet uses one of them.\n\n" + terms)
         where = "Run it in a clone of this repository, with any WAV file named `speech.wav`."
     else:
@@ -290,16 +290,12 @@ make test   # the tests under transformers 5.x (Whisper) and 4.51.3 (MERaLiON-2)
 ```
 
 `python -m tools.transcribe FILES --format srt --output subs/` transcribes files and folders; its `--help`
-lists the options, and [`docs/USAGE.md`](docs/USAGE.md) describes them. Whisper runs on transformers 5.x;
-MERaLiON-2's own code runs only on transformers 4.51. [`docs/RESULTS.md`](docs/RESULTS.md) also times
+lists the options, and [`docs/USAGE.md`](docs/USAGE.md) describes them. [`docs/RESULTS.md`](docs/RESULTS.md) also times
 MERaLiON-2-3B and -10B at full size on random weights, for speed only.
 
 ## Past one process
 
-- `python -m tools.bulk --help`: transcribe a large set of files with Ray Data, each worker loading the
-  artifact once.
-- `python -m tools.serve --help`: an OpenAI-compatible `/v1/audio/transcriptions` endpoint on Ray Serve, with
-  requests batched into `generate`.
-- `python -m pipeline.export_vllm --help`: export residual-block heads to vLLM's Medusa format, so vLLM drafts
-  with them.
+- `python -m tools.bulk --help`: many files on Ray Data, each worker loading the artifact once.
+- `python -m tools.serve --help`: an OpenAI-compatible `/v1/audio/transcriptions` endpoint on Ray Serve.
+- `python -m pipeline.export_vllm --help`: residual-block heads in vLLM's Medusa format.
 """
