@@ -393,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight of the base's own distribution in the loss (0: its argmax only; 1: only it)")
     p.add_argument("--eval-data", action="append", default=[],
                    help="another collect folder (e.g. real speech) to replay the best heads on; repeatable")
+    p.add_argument("--init-heads", default=None,
+                   help="start from these trained heads (a medusa_heads.safetensors or best.safetensors of the same "
+                        "shape), keeping their draft vocabulary: fine-tune them on new data (e.g. timestamps)")
     p.add_argument("--epochs", type=cli_args.positive_int, default=3)
     p.add_argument("--batch-size", type=cli_args.positive_int, default=16, help="utterances per step")
     p.add_argument("--lr", type=cli_args.positive_float, default=1e-3)
@@ -421,13 +424,22 @@ def _trajectory_settings(args, data: Collected) -> dict:
             "soft_labels": args.soft_labels, "epochs": args.epochs,
             "batch_size": args.batch_size, "lr": args.lr, "warmup_steps": args.warmup_steps,
             "val_fraction": args.val_fraction, "min_tokens": args.min_tokens, "seed": args.seed,
-            "dtype": args.dtype, "amp": args.amp, "data": data.fingerprint()}
+            "dtype": args.dtype, "amp": args.amp, "data": data.fingerprint(), "init_heads": args.init_heads}
 
 
 def _print_accuracy(acc: dict) -> None:
     print("head | predicts | top-1  | top-5  | top-10 | positions   (tok+n: n tokens after the one the hidden produced)")
     for k, (t1, t5, tk, n) in enumerate(zip(acc["top1"], acc["top5"], acc["topk"], acc["n_positions"])):
         print(f"{k:4d} | tok+{k + 1:<4d} | {t1:6.3f} | {t5:6.3f} | {tk[-1]:6.3f} | {n}")
+
+
+def _index_of(vocab, vocab_size: int):
+    """token id -> its index in the draft vocabulary ``vocab`` (IGNORE outside it)."""
+    import torch
+
+    index = torch.full((vocab_size,), IGNORE, dtype=torch.long)
+    index[vocab] = torch.arange(len(vocab))
+    return index
 
 
 class Trainer:
@@ -453,6 +465,10 @@ class Trainer:
         self.settings = _trajectory_settings(args, data)
         self.paths = {name: os.path.join(args.out, name) for name in ("last.pt", "best.safetensors", "metrics.json")}
         self.params = trainable_head_parameters(model)
+        if args.init_heads:  # fine-tune trained heads: their weights and their draft vocabulary
+            from safetensors.torch import load_file
+
+            load_heads_state(model, load_file(args.init_heads))
         for p in model.parameters():
             p.requires_grad_(False)
         for p in self.params.values():
@@ -467,14 +483,14 @@ class Trainer:
         import torch
 
         vocab_size = self.model.config.vocab_size
+        if self.args.init_heads and self.model.draft_vocab is not None:
+            return _index_of(self.model.draft_vocab.cpu(), vocab_size)
         train_tokens = torch.cat([self.data.tokens[int(self.data.starts[u]):int(self.data.starts[u] + self.data.lengths[u])]
                                   for u in self.train_utts])
         vocab = draft_vocabulary(train_tokens, self.args.draft_vocab, vocab_size)
         if vocab is not None:
             self.model.set_draft_vocab(vocab)
-            index = torch.full((vocab_size,), IGNORE, dtype=torch.long)
-            index[vocab] = torch.arange(len(vocab))
-            return index
+            return _index_of(vocab, vocab_size)
         return torch.arange(vocab_size)
 
     def resume(self):

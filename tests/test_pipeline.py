@@ -290,6 +290,23 @@ def test_collect_leaves_out_a_clip_decoded_in_several_windows(clips, tmp_path):
         assert torch.equal(utterance_table(reference)[uid][0], tokens)
 
 
+def test_train_from_trained_heads_keeps_their_weights_start_and_draft_vocabulary(shards, tmp_path):
+    first = str(tmp_path / "first")
+    train.main(["--data", shards, "--out", first, "--draft-vocab", "20"] + TRAIN_ARGS, model=FakeMedusa())
+    trained = load_file(os.path.join(first, "best.safetensors"))
+    model = FakeMedusa()
+    metrics = train.main(["--data", shards, "--out", str(tmp_path / "tuned"), "--init-heads",
+                          os.path.join(first, "best.safetensors"), "--max-steps", "1"] + TRAIN_ARGS, model=model)
+    assert torch.equal(model.draft_vocab, trained["draft_vocab"])  # not rebuilt from the new data
+    assert metrics["train_args"]["init_heads"].endswith("best.safetensors")
+    fresh = FakeMedusa()
+    train.main(["--data", shards, "--out", str(tmp_path / "fresh"), "--max-steps", "1"] + TRAIN_ARGS, model=fresh)
+    name = next(n for n in trained if n != "draft_vocab")
+    tuned_delta = (dict(model.medusa_heads.named_parameters())[name].detach() - trained[name]).abs().max()
+    fresh_delta = (dict(fresh.medusa_heads.named_parameters())[name].detach() - trained[name]).abs().max()
+    assert tuned_delta < fresh_delta  # one step from the trained heads, not from a fresh start
+
+
 def test_train_on_several_collect_folders_records_each_in_the_artifact(clips, tmp_path):
     english, french = str(tmp_path / "collect_en"), str(tmp_path / "collect_fr")
     common = ["--base", "fake/base", "--audio", clips, "--batch-size", "8"]
