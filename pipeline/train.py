@@ -395,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="another collect folder (e.g. real speech) to replay the best heads on; repeatable")
     p.add_argument("--init-heads", default=None,
                    help="start from these trained heads (a medusa_heads.safetensors or best.safetensors of the same "
-                        "shape), keeping their draft vocabulary: fine-tune them on new data (e.g. timestamps)")
+                        "shape) and their draft vocabulary, to which --draft-vocab N adds the new data's N most "
+                        "frequent tokens (e.g. timestamps): fine-tune them on new data")
     p.add_argument("--epochs", type=cli_args.positive_int, default=3)
     p.add_argument("--batch-size", type=cli_args.positive_int, default=16, help="utterances per step")
     p.add_argument("--lr", type=cli_args.positive_float, default=1e-3)
@@ -483,11 +484,12 @@ class Trainer:
         import torch
 
         vocab_size = self.model.config.vocab_size
-        if self.args.init_heads and self.model.draft_vocab is not None:
-            return _index_of(self.model.draft_vocab.cpu(), vocab_size)
         train_tokens = torch.cat([self.data.tokens[int(self.data.starts[u]):int(self.data.starts[u] + self.data.lengths[u])]
                                   for u in self.train_utts])
         vocab = draft_vocabulary(train_tokens, self.args.draft_vocab, vocab_size)
+        kept = self.model.draft_vocab if self.args.init_heads else None
+        if kept is not None:  # the heads' own, and the new data's --draft-vocab most frequent (e.g. timestamp tokens)
+            vocab = kept.cpu() if vocab is None or not self.args.draft_vocab else torch.unique(torch.cat([kept.cpu(), vocab]))
         if vocab is not None:
             self.model.set_draft_vocab(vocab)
             return _index_of(vocab, vocab_size)

@@ -298,6 +298,10 @@ def test_train_from_trained_heads_keeps_their_weights_start_and_draft_vocabulary
     metrics = train.main(["--data", shards, "--out", str(tmp_path / "tuned"), "--init-heads",
                           os.path.join(first, "best.safetensors"), "--max-steps", "1"] + TRAIN_ARGS, model=model)
     assert torch.equal(model.draft_vocab, trained["draft_vocab"])  # not rebuilt from the new data
+    grown = FakeMedusa()
+    train.main(["--data", shards, "--out", str(tmp_path / "grown"), "--init-heads", os.path.join(first, "best.safetensors"),
+                "--draft-vocab", "30", "--max-steps", "1"] + TRAIN_ARGS, model=grown)
+    assert set(trained["draft_vocab"].tolist()) < set(grown.draft_vocab.tolist())  # the heads' own and the new data's
     assert metrics["train_args"]["init_heads"].endswith("best.safetensors")
     fresh = FakeMedusa()
     train.main(["--data", shards, "--out", str(tmp_path / "fresh"), "--max-steps", "1"] + TRAIN_ARGS, model=fresh)
