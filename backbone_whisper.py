@@ -292,13 +292,17 @@ class WhisperBackbone(Backbone):
         segment's window; None for an English-only model."""
         from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
-        codes = {i: token.strip("<|>") for token, i in (getattr(self.gen, "lang_to_id", None) or {}).items()}
+        codes = self._language_codes()
         prompt = segment["result"]["sequences"][: segment["idxs"][0]].tolist()  # (and earlier segments' tokens)
         return next((LANGUAGES.get(codes[i]) for i in prompt if i in codes), None)
 
     def prompt_languages(self, prompt: torch.Tensor) -> set[str]:
-        codes = {i: token.strip("<|>") for token, i in (getattr(self.gen, "lang_to_id", None) or {}).items()}
-        return {codes[i] for i in set(prompt.flatten().tolist()) if i in codes}
+        codes = self._language_codes()
+        return {codes[i] for i in set(prompt.flatten().tolist()) if i in codes} if codes else set()
+
+    def _language_codes(self) -> dict[int, str]:
+        """Language token id -> its code (``"de"``); empty for an English-only model."""
+        return {i: token.strip("<|>") for token, i in (getattr(self.gen, "lang_to_id", None) or {}).items()}
 
     # ------------------------------------------------------------------ prompt & logits rules
     def prompt_template(self, language=None, task=None) -> list[int]:

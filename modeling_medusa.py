@@ -312,8 +312,10 @@ class MedusaForASR(SpeechIO, PreTrainedModel):
         then decodes without drafts (English-trained heads accept ~1.1-1.4 tokens a pass on other languages,
         which makes a round cost more than it emits). True where either side names no language."""
         trained = set((self.config.training_data or {}).get("languages") or ())
+        if not trained:
+            return True
         spoken = self.backbone.prompt_languages(prompt)
-        return not trained or not spoken or bool(spoken & trained)
+        return not spoken or bool(spoken & trained)
 
     def _choose_draft(self, candidates, state, rules: LogitsRules, key: TimingKey, options) -> DraftTree:
         """The draft this call runs: ``auto``'s candidates timed where the policy asks for it, then its choice."""

@@ -14,7 +14,7 @@ from string import Template
 
 from huggingface_hub import ModelCardData
 
-from tools.benchmark_report import device_label
+from tools.benchmark_report import device_label, gap_cell
 from tools.markdown import markdown_table, number_cell
 
 CARD_TAGS = ["medusa", "speculative-decoding", "automatic-speech-recognition", "asr"]
@@ -117,6 +117,11 @@ def _front_matter(base: str, family: str, data: dict, licence: dict) -> str:
     return f"---\n{card_data.to_yaml()}\n---"
 
 
+def row_name(row: dict) -> str:
+    """What a row measured: its artifact's folder name (two artifacts may share a base)."""
+    return Path(row.get("heads") or row["model"]).name
+
+
 def _device(row: dict) -> str:
     return device_label(row) + (f", batch {row['batch']}" if (row.get("batch") or 1) > 1 else "")
 
@@ -124,13 +129,11 @@ def _device(row: dict) -> str:
 def results_table(rows: list[dict]) -> str:
     """One line per benchmark row: model, device, dtype, draft, tokens per pass, speed-ups, exact match, date; and
     where some row measured fixed drafts beside ``auto``, how much slower it ran than the fastest of them."""
-    from tools.benchmark_report import gap_cell
-
     gap = any(r.get("auto_gap_vs_best_fixed") is not None for r in rows)
     header = ["model", "device", "dtype", "draft", "tokens per pass", "× `generate`", "× own greedy",
               "× own greedy (rounds)", *(["vs best fixed draft"] if gap else []), "exact", "date"]
     return markdown_table(header, [
-        [Path(r.get("heads") or r["model"]).name, _device(r), r["dtype"], r["draft"], number_cell(r.get("mean_accepted_per_round")),
+        [row_name(r), _device(r), r["dtype"], r["draft"], number_cell(r.get("mean_accepted_per_round")),
          number_cell(r.get("speedup_vs_hf_generate"), 2, "×"), number_cell(r.get("e2e_speedup_vs_own_greedy"), 2, "×"),
          number_cell(r.get("decode_speedup_vs_own_greedy"), 2, "×"), *([gap_cell(r)] if gap else []),
          _exact(r), r["date"]] for r in rows])

@@ -71,6 +71,7 @@ class Collected:
         shards = [(d, path) for d in data_dirs for path in _folder_shards(d)]
         hiddens, tokens, starts, lengths, speech, self.ids, self.meta = [], [], [], [], [], [], {}
         offset = 0
+        prefix = {d: f"{_folder_name(d)}/" if len(data_dirs) > 1 else "" for d in data_dirs}
         for folder, path in shards:
             h, t, off, meta = load_shard(path)
             if self.meta and meta.get("base") != self.meta.get("base"):
@@ -84,16 +85,14 @@ class Collected:
             starts.append(off[:-1] + offset)
             lengths.append(off[1:] - off[:-1])
             speech.append(shard_speech)
-            prefix = f"{_folder_name(folder)}/" if len(data_dirs) > 1 else ""
-            self.ids.extend(prefix + i for i in meta["utterance_ids"])
+            self.ids.extend(prefix[folder] + i for i in meta["utterance_ids"])
             offset += int(t.numel())
         self.hiddens = torch.cat(hiddens)
         self.tokens = torch.cat(tokens)
         self.starts = torch.cat(starts)
         self.lengths = torch.cat(lengths)
         self.speech = torch.cat(speech) if with_speech else None
-        self.shard_names = [(f"{_folder_name(d)}/" if len(data_dirs) > 1 else "") + os.path.basename(p)
-                            for d, p in shards]
+        self.shard_names = [prefix[d] + os.path.basename(p) for d, p in shards]
         if len(set(self.ids)) != len(self.ids):
             raise SystemExit(f"{', '.join(data_dirs)}: duplicate utterance ids across shards")
 

@@ -79,9 +79,9 @@ def draw_speedup(rows: list[dict], path: Path) -> str | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipeline.model_card import _device
+    from pipeline.model_card import _device, row_name
 
-    labels = [f"{r['model']}, {_device(r)}, {r['dtype']}" for r in rows]
+    labels = [f"{row_name(r)}, {_device(r)}, {r['dtype']}" for r in rows]
     panels = (("speedup_vs_hf_generate", "× the base's generate (whole call)"),
               ("decode_speedup_vs_own_greedy", "× our own greedy loop (rounds)"))
     fig, axes = plt.subplots(1, 2, figsize=(9, 0.45 * len(rows) + 1.2), sharey=True)
