@@ -128,6 +128,8 @@ def build_training_data(metrics: dict, infos: list[dict]) -> dict:
         td["collection"] = collection
     train_args = metrics.get("train_args", {})
     training = {k: train_args[k] for k in TRAINING_KEYS if train_args.get(k) is not None}
+    if train_args.get("init_heads"):  # fine-tuned from these heads (their folder and file, not this machine's path)
+        training["init_heads"] = "/".join(os.path.normpath(train_args["init_heads"]).split(os.sep)[-2:])
     if metrics:
         training.update({"best_step": metrics.get("step"), "total_steps": metrics.get("total_steps")})
     if training:

@@ -21,6 +21,8 @@
 # LANGUAGE_UTTERANCES (1000) clips a language with espeak-ng (ESPEAK_BIN) from TEXT_DIR/<language>.txt (default: GNOME
 # help, `python -m pipeline.multilingual_texts --source gnome-help`), collected with that language forced;
 # TIMESTAMP_UTTERANCES=N collects the last N of the NUM_UTTERANCES clips with the base's timestamps on.
+# INIT_HEADS=FILE fine-tunes trained heads (their draft vocabulary plus the new data's DRAFT_VOCAB most frequent tokens)
+# instead of training new ones; DRAFT_VOCAB (8192) is the draft vocabulary otherwise.
 set -euo pipefail
 BASE=${1:?usage: pipeline/train_heads.sh BASE [WORK_DIR] [ARTIFACT_DIR]}
 TRUST=${TRUST_BASE_CODE:+--trust-base-code}
@@ -28,8 +30,8 @@ WORK=${2:-work_data}
 OUT=${3:-$WORK/artifacts/$(basename "$BASE")}
 PY=${PYTHON:-python}
 case "${HEADS:-path-speech}" in
-  path-speech) SPEECH=--speech; RECIPE="--head-kind path --speech-attention --soft-labels 0.5 --draft-vocab 8192" ;;
-  path) SPEECH=; RECIPE="--head-kind path --soft-labels 0.5 --draft-vocab 8192" ;;
+  path-speech) SPEECH=--speech; RECIPE="--head-kind path --speech-attention --soft-labels 0.5 --draft-vocab ${DRAFT_VOCAB:-8192}" ;;
+  path) SPEECH=; RECIPE="--head-kind path --soft-labels 0.5 --draft-vocab ${DRAFT_VOCAB:-8192}" ;;
   medusa) SPEECH=; RECIPE="" ;;
   *) echo "HEADS=${HEADS}: use path-speech, path or medusa" >&2; exit 2 ;;
 esac
@@ -66,6 +68,6 @@ done
 # shellcheck disable=SC2086  # RECIPE is a list of options
 $PY -m pipeline.train "${DATA[@]}" --base "$BASE" $TRUST --out "$WORK/ckpt" $RECIPE \
     --epochs "${EPOCHS:-15}" --batch-size "${TRAIN_BATCH:-64}" --lr "${LR:-2e-3}" --device "${DEVICE:-cpu}" \
-    ${EVAL_DATA:+--eval-data "$EVAL_DATA"}
+    ${EVAL_DATA:+--eval-data "$EVAL_DATA"} ${INIT_HEADS:+--init-heads "$INIT_HEADS"}
 $PY -m pipeline.export --base "$BASE" $TRUST ${BASE_ID:+--base-id "$BASE_ID"} \
     --heads "$WORK/ckpt/best.safetensors" --out "$OUT" "${INFO[@]}" ${FORCE:+--force}

@@ -303,6 +303,8 @@ def test_train_from_trained_heads_keeps_their_weights_start_and_draft_vocabulary
                 "--draft-vocab", "30", "--max-steps", "1"] + TRAIN_ARGS, model=grown)
     assert set(trained["draft_vocab"].tolist()) < set(grown.draft_vocab.tolist())  # the heads' own and the new data's
     assert metrics["train_args"]["init_heads"].endswith("best.safetensors")
+    training = export.build_training_data(metrics, [])["training"]
+    assert training["init_heads"] == "first/best.safetensors"  # the heads' folder and file, not this machine's path
     fresh = FakeMedusa()
     train.main(["--data", shards, "--out", str(tmp_path / "fresh"), "--max-steps", "1"] + TRAIN_ARGS, model=fresh)
     name = next(n for n in trained if n != "draft_vocab")
