@@ -108,8 +108,9 @@ def shaped_first_calls(args) -> dict:
             "exact": out[0] == continuation[0].tolist(), "ids": out[0]}
 
 
-def shaped_main(args) -> dict:
-    """Per repeat and layer form: a fresh compile cache, a child on it (cold), another child on it (warm)."""
+def shaped_main(args) -> tuple[bool, dict]:
+    """Per repeat and layer form: a fresh compile cache, a child on it (cold), another child on it (warm); whether
+    the forms gave the same ids, and each mode's medians."""
     forms = args.forms.split(",")
     calls = {f"{form}_{c}": [] for form in forms for c in ("cold", "warm")}
     for repeat in range(args.repeats):
@@ -119,10 +120,13 @@ def shaped_main(args) -> dict:
                 calls[f"{form}_{cache}"].append(run_child(args, env, "--layers", form))
                 print(repeat, form, cache, {k: round(calls[f"{form}_{cache}"][-1][k], 3)
                                             for k in ("first_call_s", "loop_s")}, flush=True)
-    reference = next(iter(calls.values()))[0]["ids"]
-    if any(run["ids"] != reference for runs in calls.values() for run in runs):
-        raise SystemExit("the transcript's ids differ between runs")
-    return {mode: {"first_call_s": round(statistics.median(r["first_call_s"] for r in runs), 3),
+    for form in forms:  # a kept compile cache must give the very program the cold compile made
+        runs = calls[f"{form}_cold"] + calls[f"{form}_warm"]
+        if any(run["ids"] != runs[0]["ids"] for run in runs):
+            raise SystemExit(f"the transcript's ids differ between the {form} form's runs")
+    # Forms fuse differently: in bfloat16, random weights' near-ties may then part (recorded, not a failure)
+    agree = len({tuple(runs[0]["ids"]) for runs in calls.values()}) == 1
+    return agree, {mode: {"first_call_s": round(statistics.median(r["first_call_s"] for r in runs), 3),
                    "second_call_s": round(statistics.median(r["second_call_s"] for r in runs), 3),
                    "loop_s": round(statistics.median(r["loop_s"] for r in runs), 5),
                    "load_s": round(statistics.median(r["load_s"] for r in runs), 3),
@@ -183,8 +187,10 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps((shaped_first_calls if args.shape else first_calls)(args)))
         return
     if args.shape:
+        agree, calls = shaped_main(args)
         return write_result(args, {"shape": args.shape, "tiny": args.tiny, "new_tokens": args.new_tokens,
-                                   "draft": args.draft, "repeats": args.repeats, "first_calls": shaped_main(args)})
+                                   "draft": args.draft, "repeats": args.repeats, "ids_agree_across_forms": agree,
+                                   "first_calls": calls})
     if not args.audio:
         raise SystemExit("--audio is required (or --shape)")
     store = Path(tempfile.mkdtemp()) / "draft_timings.json"
