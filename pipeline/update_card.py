@@ -62,9 +62,15 @@ def result_row(path) -> dict:
 
 
 def shipped_rows() -> list[dict]:
-    """The batch-1 rows of every shipped artifact (``heads/*/results.json``): what the root card shows."""
-    return [r for folder in sorted((ROOT / "heads").iterdir()) for r in read_rows(folder)
-            if (r.get("batch") or 1) == 1]
+    """What the root card shows: of every shipped artifact's batch-1 rows (``heads/*/results.json``), the newest on
+    a CPU and on a GPU in each dtype (each artifact's own card keeps all of them)."""
+    newest = {}
+    for folder in sorted((ROOT / "heads").iterdir()):
+        for r in read_rows(folder):
+            key = (folder.name, r["device"], r["dtype"])
+            if (r.get("batch") or 1) == 1 and (key not in newest or r["date"] >= newest[key]["date"]):
+                newest[key] = r
+    return list(newest.values())
 
 
 def draw_speedup(rows: list[dict], path: Path) -> str | None:

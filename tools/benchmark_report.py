@@ -425,9 +425,10 @@ def _summary_table(s: dict, memory: dict | None) -> str:
 
 
 def device_label(row: dict) -> str:
-    """A summary row's device for a table: the GPU's name, else ``CPU (name)`` without trademark marks."""
+    """A summary row's device for a table: the GPU's model ("NVIDIA H100 80GB HBM3" -> "H100"), else ``CPU (name)``
+    without trademark marks."""
     if row.get("gpu"):
-        return row["gpu"]
+        return re.sub(r"^NVIDIA\s+|\s+\d+\s*GB\b.*$", "", row["gpu"]) or row["gpu"]
     name = re.sub(r"\((R|TM)\)|\bProcessor\b|\bCPU\b", " ", row.get("cpu") or "unnamed")
     return f"CPU ({' '.join(name.split())})"
 

@@ -36,18 +36,18 @@ def _ratio(value) -> str:
 
 
 def _rate(value) -> str:
-    return "" if value is None else f"{100 * value:.0f} %"
+    return "" if value is None else f"{100 * value:.0f}%"
 
 
 def real_speech(rows: list[dict]) -> str:
     """The real-speech rows; an ``auto`` row run beside fixed drafts says how much slower it ran than the fastest
     of them, and those drafts' rows follow in one line per run (``side_by_side``)."""
     beside = [r for r in rows if _beside_auto(r, rows)]
-    header = ["model", "device", "dtype", "draft (ran)", "rounds", "batch", "tokens per round",
+    header = ["model", "device", "dtype", "draft (ran; auto: vs the fastest fixed)", "rounds", "batch", "tokens per round",
               "× `generate`", "× own greedy", "× own greedy (rounds)", "exact", "WER", "date"]
     body = [[r["model"], _device(r), r["dtype"],
              f"{r['requested_draft']} ({r['draft']})" + (", timestamps" if r.get("timestamps") else "")
-             + (f", {gap_cell(r)} vs best fixed" if gap_cell(r) else ""),
+             + (f"; {gap_cell(r)}" if gap_cell(r) else ""),
              r["rounds_mode"], r.get("batch") or 1, number_cell(r["mean_accepted_per_round"]),
              _ratio(r.get("speedup_vs_hf_generate")), _ratio(r.get("e2e_speedup_vs_own_greedy")),
              _ratio(r.get("decode_speedup_vs_own_greedy")), _rate(r["exact_match_rate"]), _rate(r.get("wer_ours")),
