@@ -486,9 +486,11 @@ def test_output_write_is_atomic(tmp_path, capsys, monkeypatch):
 
 
 def child(mode: str, folder: Path, *argv) -> subprocess.Popen:
-    """The command in a process of its own on the fake model (tests/transcribe_child.py)."""
+    """The command in a process of its own on the fake model (tests/transcribe_child.py), with Ctrl-C's SIGINT
+    handled as in a terminal even where the suite itself runs in the background (where SIGINT is ignored)."""
     return subprocess.Popen([sys.executable, str(ROOT / "tests" / "transcribe_child.py"), mode, str(folder),
-                             *map(str, argv)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             *map(str, argv)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def test_concurrent_runs_into_one_output_each_keep_their_transcript(tmp_path):
