@@ -100,6 +100,7 @@ class WhisperBackbone(Backbone):
         self.scaling = self.head_dim**-0.5
         self._projection = Projection(lambda: base.proj_out.weight, lambda: base.proj_out.bias)
         self.fused: list | None = None  # per decoder layer (q/k/v weight, bias) once fuse_projections() ran
+        self._codes = None  # (generation config's lang_to_id, token id -> language code)
 
     def fuse_projections(self) -> bool:
         """Give every decoder layer's self-attention one q/k/v weight and bias, so a round runs one product where
@@ -302,7 +303,10 @@ class WhisperBackbone(Backbone):
 
     def _language_codes(self) -> dict[int, str]:
         """Language token id -> its code (``"de"``); empty for an English-only model."""
-        return {i: token.strip("<|>") for token, i in (getattr(self.gen, "lang_to_id", None) or {}).items()}
+        table = getattr(self.gen, "lang_to_id", None) or {}
+        if self._codes is None or self._codes[0] is not table:  # (kept: auto asks on every call)
+            self._codes = (table, {i: token.strip("<|>") for token, i in table.items()})
+        return self._codes[1]
 
     # ------------------------------------------------------------------ prompt & logits rules
     def prompt_template(self, language=None, task=None) -> list[int]:

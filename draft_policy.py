@@ -70,6 +70,10 @@ ORDER_SLACK = 0.25
 # A kept (recalled) choice is timed afresh once when the loop's own seconds per round differ from the kept pass's by
 # more than this factor either way: the machine is not the one (or not as busy as) when they were timed.
 RECHECK_FACTOR = 2.0
+# auto scores its candidates again only after this many rounds were observed since it last chose (or when a timing
+# changed): a score is a few hundred microseconds of host work, and a GPU call of a small Whisper is all host work
+# (~5 ms); a few rounds move a tree's expected tokens (a prior of PRIOR_ROUNDS rounds) by a few per cent at most.
+RESCORE_ROUNDS = 32
 
 
 class TimingKey(NamedTuple):
@@ -221,7 +225,11 @@ class DraftPolicy:
         self.observed: dict = {}  # tree -> [tokens emitted, rounds] in this process
         self.chosen: dict = {}  # key -> the draft last chosen for it
         self.rates: dict = {}  # key -> {candidate: the rate it was chosen by}, as last chosen
+        self.rounds_seen = 0  # rounds of drafts observed in this process (``update``)
+        self._chosen_at: dict = {}  # key -> (candidates, timings version, rounds_seen) when it was last chosen
+        self._timings_version = 0
         self._measured = None
+        self._auto = None
         self._default = None
 
     # ------------------------------------------------------------------ candidates
@@ -273,6 +281,11 @@ class DraftPolicy:
     def candidates(self, draft) -> list[DraftTree]:
         if draft != "auto":
             return [self.resolve(draft)]
+        if self._auto is None or self._auto[0] != self.config.tree:  # (kept: every call asks, twice)
+            self._auto = (self.config.tree, self._auto_candidates())
+        return self._auto[1]
+
+    def _auto_candidates(self) -> list[DraftTree]:
         measured = self.measured()
         if measured:
             options = [DraftTree(())] + [tree for tree in measured if tree.num_nodes > 1]
@@ -322,6 +335,7 @@ class DraftPolicy:
             return untimed
         self.timings.update({(key, tree): timing for tree, timing in kept.items()})
         self.recalled.add(key)
+        self._timings_version += 1
         return []
 
     def report(self, key: TimingKey, passes: dict, context: str | None = None, last_try: bool = True) -> bool:
@@ -335,6 +349,7 @@ class DraftPolicy:
                 return False
             self.untrusted.add(key)
         self.timings.update({(key, tree): timing for tree, timing in timings.items()})
+        self._timings_version += 1
         if key not in self.untrusted and context is not None and self.store is not None:
             self.store.remember(context, key, timings)
         return key not in self.untrusted
@@ -353,7 +368,7 @@ class DraftPolicy:
         ``CREDITED_CHAIN_STOP``) has its rate credited by ``STOPPING_CHAIN_CREDIT``. On a CPU, of candidates within
         ``SMALLER_DRAFT_MARGIN`` of the best, the smallest; and the draft last chosen for ``key`` stays unless another
         promises ``SWITCH_MARGIN`` more. Timings that stayed implausible: the artifact's default draft."""
-        candidates = self.contenders(candidates)
+        asked, candidates = tuple(candidates), self.contenders(candidates)
         if len(candidates) == 1:
             return candidates[0]  # no draft is expected to add a token: nothing to time
         stand_in = key._replace(compiled=False)
@@ -372,7 +387,16 @@ class DraftPolicy:
         if last in candidates and rates[best] < (1 + SWITCH_MARGIN) * rates[last]:
             best = last
         self.chosen[key] = self.default_tree() if {key, stand_in} & self.untrusted else best
+        self._chosen_at[key] = (asked, self._timings_version, self.rounds_seen)
         return self.chosen[key]
+
+    def settled(self, candidates: list[DraftTree], key: TimingKey) -> DraftTree | None:
+        """The draft last chosen for ``key`` from these candidates while nothing it was chosen by changed: no timing,
+        and fewer than ``RESCORE_ROUNDS`` rounds observed since; else None (``choose`` scores them again)."""
+        at = self._chosen_at.get(key)
+        if at is None or at[1] != self._timings_version or self.rounds_seen - at[2] >= RESCORE_ROUNDS:
+            return None
+        return self.chosen[key] if at[0] == tuple(candidates) else None
 
     def shortlist(self, candidates: list[DraftTree], key: TimingKey) -> list[DraftTree]:
         """The candidates timed by the loop's compiled runners already, else the best ``REFINED_CANDIDATES`` by their
@@ -423,6 +447,7 @@ class DraftPolicy:
         if tree.num_nodes > 1 and stats.row_rounds:
             emitted, rounds = self.observed.get(tree, (0, 0))
             self.observed[tree] = (emitted + stats.emitted_tokens, rounds + stats.row_rounds)
+            self.rounds_seen += stats.row_rounds
         if key not in self.recalled or (key, tree) not in self.timings or not stats.rounds or not rounds_seconds:
             return
         ratio = rounds_seconds / stats.rounds / self.seconds(key, tree)
@@ -435,3 +460,4 @@ class DraftPolicy:
         self.timings = {(k, tree): t for (k, tree), t in self.timings.items() if k not in keys}
         self.recalled -= keys
         self.not_recalled |= keys
+        self._timings_version += 1

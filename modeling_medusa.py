@@ -320,6 +320,8 @@ class MedusaForASR(SpeechIO, PreTrainedModel):
     def _choose_draft(self, candidates, state, rules: LogitsRules, key: TimingKey, options) -> DraftTree:
         """The draft this call runs: ``auto``'s candidates timed where the policy asks for it, then its choice."""
         policy, contenders = self.draft_policy, self.draft_policy.contenders(candidates)
+        if (settled := policy.settled(contenders, key)) is not None:
+            return settled
         if len(candidates) == 1 or len(contenders) == 1:
             return candidates[0] if len(candidates) == 1 else contenders[0]
         stand_in, device = key._replace(compiled=False), state.lengths.device

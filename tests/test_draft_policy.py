@@ -372,3 +372,24 @@ def test_a_recalled_choice_the_loop_disagrees_with_is_timed_again(tmp_path):
     later.update(DraftTree.from_paths(CHAIN), rounds, key, rounds_seconds=100.0)  # timed here: not re-checked
     assert choose(later, key, counting_timer(quiet, calls), context="machine A") == DraftTree.from_paths(CHAIN)
     assert not calls
+
+
+def test_auto_scores_again_only_when_a_timing_changed_or_enough_rounds_were_seen():
+    """Between scorings a call takes the kept choice: scoring is host work a small Whisper's GPU call cannot hide."""
+    from draft_policy import RESCORE_ROUNDS
+
+    p, key = policy(), TimingKey("cuda", "bf16", 1, True)
+    tree = DraftTree.from_paths(TREE)
+    contenders = p.contenders(p.candidates("auto"))
+    assert p.settled(contenders, key) is None  # never chosen
+    assert choose(p, key, fixed({1: 1.0, 3: 1.5, 4: 1.6})) == tree
+    assert p.settled(contenders, key) == tree
+    assert p.settled(contenders[:2], key) is None  # other candidates
+    assert p.settled(contenders, key._replace(batch=4)) is None  # another key
+    p.update(tree, MedusaStats(emitted_tokens=RESCORE_ROUNDS, row_rounds=RESCORE_ROUNDS - 1))
+    assert p.settled(contenders, key) == tree
+    p.update(tree, MedusaStats(emitted_tokens=1, row_rounds=1))
+    assert p.settled(contenders, key) is None  # enough rounds seen: scored again
+    assert choose(p, key, None) == tree and p.settled(contenders, key) == tree
+    p.report(key._replace(batch=2), {tree: [1.0]})  # any timing changes: scored again
+    assert p.settled(contenders, key) is None
