@@ -203,3 +203,19 @@ def test_gnome_help_file_records_its_debian_source(tmp_path):
     assert (name, spec, info["registry"], info["package"], info["version"]) == (
         "gnome-help-fr", "gnome-help-fr:1", "debian", "gnome-user-docs", "43.0-2")
     assert info["licence"].startswith("CC-BY-SA-3.0")
+
+
+def test_heads_named_here_replace_the_lent_machines_folder_in_the_variant(tmp_path):
+    """A run on a lent machine names its copy of the heads; ``--heads`` names them as kept here (path and recipe)."""
+    heads = tmp_path / "artifacts" / "tuned"
+    heads.mkdir(parents=True)
+    (heads / "config.json").write_text(json.dumps({"head_kind": "path", "speech_attention": True,
+                                                   "medusa_num_layers": 1}))
+    remote = tmp_path / "remote.json"
+    remote.write_text(json.dumps(_results("/tmp/w/eval/manifest.jsonl", None, device="cuda")))
+    summary = tmp_path / "summary.json"
+    assert hs.main(["--results", str(remote), "--summary", str(summary), "--default-language", "en",
+                    "--heads", str(heads)]) == 0
+    [row] = json.loads(summary.read_text())["rows"]
+    assert row["variant"] == f"{heads} (path-speech, 1 layer)"
+    assert row["command"] == "python -m tools.benchmark --draft tree-32"  # the run's own command

@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the clips' language where neither the run nor the manifest names one (e.g. en)")
     p.add_argument("--training-gpu-minutes", type=cli_args.non_negative_float, default=None,
                    help="GPU minutes the heads took to train, where recorded (default: null)")
+    p.add_argument("--heads", type=Path, default=None,
+                   help="the heads' folder here, where the runs named another (a lent machine's copy): its path names "
+                        "the variant and its config.json the recipe")
     return p
 
 
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for path in args.results:
             results = json.loads(path.read_text(encoding="utf-8"))
+            if args.heads:
+                results["settings"].update(model=str(args.heads), model_folder=str(args.heads))
             settings = results["settings"]
             config_path = Path(settings.get("model_folder", settings["model"])) / "config.json"
             config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else None
