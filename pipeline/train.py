@@ -639,6 +639,9 @@ def main(argv=None, model=None) -> dict:
     if data.meta.get("base") not in (None, args.base):
         print(f"[train] note: shards were collected with --base {data.meta.get('base')!r}")
     data.to(_device_of(model) if _device_of(model).type != "cpu" else "cpu")
+    # (opened before training: a missing evaluation set fails here, not after the last epoch)
+    eval_sets = {_folder_name(d): Collected(d, with_speech=args.speech_attention).to(data.hiddens.device)
+                 for d in args.eval_data}
     trainer = Trainer(args, model, data, amp)
     if args.resume and os.path.exists(trainer.paths["last.pt"]):
         trainer.resume()
@@ -648,8 +651,6 @@ def main(argv=None, model=None) -> dict:
         trainer.write_metrics(summary, finished=False)
         print(f"[train] stopped at step {trainer.step}/{trainer.total_steps} (--max-steps); rerun to resume")
         return {**summary, **(trainer.best or {}), "finished": False, "history": trainer.history}
-    eval_sets = {_folder_name(d): Collected(d, with_speech=args.speech_attention).to(data.hiddens.device)
-                 for d in args.eval_data}
     drafts = trainer.measure_drafts(eval_sets)
     trainer.write_metrics(summary, finished=True, extra=drafts)
     best = trainer.best

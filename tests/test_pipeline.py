@@ -408,6 +408,16 @@ def test_corrupt_shard_or_checkpoint_is_one_line_naming_the_file(clips, shards, 
     assert code == 2 and err.count("\n") == 1 and f"{last} is truncated or corrupt" in err and "--no-resume" in err
 
 
+def test_a_missing_evaluation_set_stops_training_before_its_first_step(shards, tmp_path, capsys):
+    """The real recordings' replay runs after the last epoch: a wrong --eval-data is named at once, not then."""
+    ckpt = tmp_path / "ckpt"
+    code = train.run_cli(lambda argv: train.main(["--data", shards, "--out", str(ckpt), "--eval-data",
+                                                  str(tmp_path / "no_such_collect")] + TRAIN_ARGS, model=FakeMedusa()))
+    err = capsys.readouterr().err
+    assert code == 2 and "no_such_collect" in err and "pipeline.collect" in err
+    assert not (ckpt / "best.safetensors").exists() and not (ckpt / "last.pt").exists()
+
+
 def test_ctrl_c_during_collect_is_one_line_and_keeps_only_whole_shards(clips, tmp_path, capsys):
     out = tmp_path / "collect"
     code = collect.run_cli(lambda argv: collect.main(["--base", "fake/base", "--audio", clips, "--out", str(out),
