@@ -5,7 +5,8 @@
         --summary benchmarks/heads_comparison/summary.json
 
 Each row: ``{variant, base, language, language_forced, timestamps, draft, eval_set, clips, tokens_per_pass,
-exact_match_rate, gpu_speedup_vs_own_greedy, cpu_speedup_vs_own_greedy, training_gpu_minutes, wer, command,
+exact_match_rate, divergent_rows_at_base_near_ties (bfloat16: rows that part from the base only where its top two
+were within bf16 resolution), gpu_speedup_vs_own_greedy, cpu_speedup_vs_own_greedy, training_gpu_minutes, wer, command,
 results}``. ``language`` is the clips' language: the run's ``--language`` where it forced one, else the manifest
 rows' ``language`` field, else ``--default-language``; a run over a manifest of several languages (language
 detected per clip) gives one row per language, aggregated from its clips. The speed-up is end to end
@@ -94,6 +95,8 @@ def summary_row(results: dict, results_path: str, manifest_lang: str | None, def
             "draft": stats.get("draft_ran") or settings.get("draft"), "eval_set": settings["manifest"],
             "clips": stats["clips"], "tokens_per_pass": _rounded(stats.get("mean_accepted_per_round")),
             "exact_match_rate": stats.get("exact_match_rate"),
+            "divergent_rows_at_base_near_ties": stats.get("divergent_rows_at_base_near_ties"),
+            "gpu": results.get("environment", {}).get("device_name") if on_gpu else None,
             "gpu_speedup_vs_own_greedy": _rounded(speedup) if on_gpu else None,
             "cpu_speedup_vs_own_greedy": None if on_gpu else _rounded(speedup),
             "training_gpu_minutes": training_gpu_minutes, "wer": _rounded(stats.get("baseline_wer")),

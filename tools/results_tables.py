@@ -132,24 +132,36 @@ def cpu_peers(rows: list[dict]) -> str:
     return markdown_table(header, [[system] + [c for m in models for c in of(m, system)] for system in systems])
 
 
-def heads_by_language(rows: list[dict]) -> str:
-    """A row per language and timestamp setting, a column pair per heads: tokens per verify pass and CPU speed-up
-    over our own greedy (a cell names an exact match below 100 %; the section's text names the drafts)."""
+def heads_by_language(rows: list[dict], device: str = "cpu") -> str:
+    """A row per language and timestamp setting, a column per heads: tokens per verify pass (speed-up over our own
+    greedy on ``device``) (rows of the other device left out; a cell names an exact match below 100 % and the
+    bf16 near-ties among the divergences; the section's text names the drafts)."""
+    field = f"{device}_speedup_vs_own_greedy"
+    rows = [r for r in rows if (r["gpu_speedup_vs_own_greedy"] is not None) == (device == "gpu")]
     heads = list(dict.fromkeys(r["variant"].split(" (")[0] for r in rows))
     cases = list(dict.fromkeys((r["language"], r["timestamps"], r["clips"]) for r in rows))
     found = {(r["variant"].split(" (")[0], r["language"], r["timestamps"]): r for r in rows}
 
-    def cells(head, case):
+    def exact(r):
+        if r["exact_match_rate"] == 1:
+            return []
+        ties = r.get("divergent_rows_at_base_near_ties")
+        return [_rate(r["exact_match_rate"]) + (" exact, the rest bf16 near-ties" if ties and ties == _divergent(r) else " exact")]
+
+    def cell(head, case):
         r = found.get((head, case[0], case[1]))
         if r is None:
-            return ["", ""]
-        speed = _ratio(r["cpu_speedup_vs_own_greedy"]) if r["cpu_speedup_vs_own_greedy"] else ""
-        return [f"{r['tokens_per_pass']:.2f}" + ("" if r["exact_match_rate"] == 1 else f" ({_rate(r['exact_match_rate'])})"),
-                speed]
+            return ""
+        notes = ([_ratio(r[field])] if r[field] else []) + exact(r)
+        return f"{r['tokens_per_pass']:.2f}" + (f" ({'; '.join(notes)})" if notes else "")
 
-    header = ["language", "clips"] + [f"`{h}`: {what}" for h in heads for what in ("tokens a pass", "× own greedy")]
+    header = ["language", "clips"] + [f"`{h}`" for h in heads]
     return markdown_table(header, [[case[0] + (", timestamps" if case[1] else ""), case[2]]
-                                   + [c for h in heads for c in cells(h, case)] for case in cases])
+                                   + [cell(h, case) for h in heads] for case in cases])
+
+
+def _divergent(row: dict) -> int:
+    return round((1 - row["exact_match_rate"]) * row["clips"])
 
 
 def _dates_and_cpus(rows: list[dict]) -> str:
@@ -225,8 +237,13 @@ def render() -> str:
                         "English on the 28 real recordings, other languages on espeak-ng speech of Django's "
                         "translations (no real non-English speech ships in packages here); draft "
                         + ", ".join(sorted({r["draft"] for r in heads["rows"]}))
-                        + ", exact match 100 % unless a cell says otherwise; CPU, one timed repeat.\n\n"
+                        + "; each cell: tokens per verify pass (× our own greedy, end to end), exact match 100 % unless the cell says "
+                        "otherwise; CPU, one timed repeat.\n\n"
                         + heads_by_language(heads["rows"]))
+        if any(r["gpu_speedup_vs_own_greedy"] is not None for r in heads["rows"]):
+            sections[-1] += ("\n\nOn the GPU (bfloat16, CUDA graphs, one timed repeat; "
+                             + ", ".join(sorted({_device(r) for r in heads["rows"] if r.get("gpu")}))
+                             + "):\n\n" + heads_by_language(heads["rows"], "gpu"))
         shown |= {BENCHMARKS / "heads_comparison/summary.json"} | {ROOT / r["results"] for r in heads["rows"]}
     for relative, title in (("gpu/summary.json", "MERaLiON-2 shapes on an H200"),
                             ("gpu/h100/summary.json", "MERaLiON-2 shapes on an H100"),
