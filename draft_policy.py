@@ -71,8 +71,9 @@ ORDER_SLACK = 0.25
 # more than this factor either way: the machine is not the one (or not as busy as) when they were timed.
 RECHECK_FACTOR = 2.0
 # auto scores its candidates again only after this many rounds were observed since it last chose (or when a timing
-# changed): a score is a few hundred microseconds of host work, and a GPU call of a small Whisper is all host work
-# (~5 ms); a few rounds move a tree's expected tokens (a prior of PRIOR_ROUNDS rounds) by a few per cent at most.
+# changed): scoring is host work, and a GPU call of a small Whisper is bound by its host work (auto's setup against a
+# fixed draft's: benchmarks/real_speech/h100_base_drafts_bfloat16*); a few rounds barely move a tree's expected
+# tokens (a prior of PRIOR_ROUNDS rounds).
 RESCORE_ROUNDS = 32
 
 
