@@ -226,8 +226,7 @@ class DraftPolicy:
         self.observed: dict = {}  # tree -> [tokens emitted, rounds] in this process
         self.chosen: dict = {}  # key -> the draft last chosen for it
         self.rates: dict = {}  # key -> {candidate: the rate it was chosen by}, as last chosen
-        self.rounds_seen = 0  # rounds of drafts observed in this process (``update``)
-        self._chosen_at: dict = {}  # key -> (candidates, timings version, rounds_seen) when it was last chosen
+        self._chosen_at: dict = {}  # key -> (candidates, timings version, rounds observed) when it was last chosen
         self._timings_version = 0
         self._measured = None
         self._auto = None
@@ -282,8 +281,9 @@ class DraftPolicy:
     def candidates(self, draft) -> list[DraftTree]:
         if draft != "auto":
             return [self.resolve(draft)]
-        if self._auto is None or self._auto[0] != self.config.tree:  # (kept: every call asks, twice)
-            self._auto = (self.config.tree, self._auto_candidates())
+        spec = (self.config.tree, self.config.medusa_num_heads)
+        if self._auto is None or self._auto[0] != spec:  # (kept: every call asks, twice)
+            self._auto = (spec, self._auto_candidates())
         return self._auto[1]
 
     def _auto_candidates(self) -> list[DraftTree]:
@@ -388,16 +388,19 @@ class DraftPolicy:
         if last in candidates and rates[best] < (1 + SWITCH_MARGIN) * rates[last]:
             best = last
         self.chosen[key] = self.default_tree() if {key, stand_in} & self.untrusted else best
-        self._chosen_at[key] = (asked, self._timings_version, self.rounds_seen)
+        self._chosen_at[key] = (asked, self._timings_version, self._rounds_observed())
         return self.chosen[key]
 
     def settled(self, candidates: list[DraftTree], key: TimingKey) -> DraftTree | None:
         """The draft last chosen for ``key`` from these candidates while nothing it was chosen by changed: no timing,
         and fewer than ``RESCORE_ROUNDS`` rounds observed since; else None (``choose`` scores them again)."""
         at = self._chosen_at.get(key)
-        if at is None or at[1] != self._timings_version or self.rounds_seen - at[2] >= RESCORE_ROUNDS:
+        if at is None or at[1] != self._timings_version or self._rounds_observed() - at[2] >= RESCORE_ROUNDS:
             return None
         return self.chosen[key] if at[0] == tuple(candidates) else None
+
+    def _rounds_observed(self) -> int:
+        return sum(rounds for _, rounds in self.observed.values())
 
     def shortlist(self, candidates: list[DraftTree], key: TimingKey) -> list[DraftTree]:
         """The candidates timed by the loop's compiled runners already, else the best ``REFINED_CANDIDATES`` by their
@@ -448,7 +451,6 @@ class DraftPolicy:
         if tree.num_nodes > 1 and stats.row_rounds:
             emitted, rounds = self.observed.get(tree, (0, 0))
             self.observed[tree] = (emitted + stats.emitted_tokens, rounds + stats.row_rounds)
-            self.rounds_seen += stats.row_rounds
         if key not in self.recalled or (key, tree) not in self.timings or not stats.rounds or not rounds_seconds:
             return
         ratio = rounds_seconds / stats.rounds / self.seconds(key, tree)

@@ -137,7 +137,7 @@ def heads_by_language(rows: list[dict], device: str = "cpu") -> str:
     greedy on ``device``) (rows of the other device left out; a cell names an exact match below 100 % and the
     bf16 near-ties among the divergences; the section's text names the drafts)."""
     field = f"{device}_speedup_vs_own_greedy"
-    rows = [r for r in rows if (r["gpu_speedup_vs_own_greedy"] is not None) == (device == "gpu")]
+    rows = [r for r in rows if bool(r.get("gpu")) == (device == "gpu")]
     heads = list(dict.fromkeys(r["variant"].split(" (")[0] for r in rows))
     cases = list(dict.fromkeys((r["language"], r["timestamps"], r["clips"]) for r in rows))
     found = {(r["variant"].split(" (")[0], r["language"], r["timestamps"]): r for r in rows}
@@ -240,9 +240,9 @@ def render() -> str:
                         + "; each cell: tokens per verify pass (× our own greedy, end to end), exact match 100 % unless the cell says "
                         "otherwise; CPU, one timed repeat.\n\n"
                         + heads_by_language(heads["rows"]))
-        if any(r["gpu_speedup_vs_own_greedy"] is not None for r in heads["rows"]):
-            sections[-1] += ("\n\nOn the GPU (bfloat16, CUDA graphs, one timed repeat; "
-                             + ", ".join(sorted({_device(r) for r in heads["rows"] if r.get("gpu")}))
+        gpus = sorted({_device(r) for r in heads["rows"] if r.get("gpu")})
+        if gpus:
+            sections[-1] += ("\n\nOn the GPU (bfloat16, CUDA graphs, one timed repeat; " + ", ".join(gpus)
                              + "):\n\n" + heads_by_language(heads["rows"], "gpu"))
         shown |= {BENCHMARKS / "heads_comparison/summary.json"} | {ROOT / r["results"] for r in heads["rows"]}
     for relative, title in (("gpu/summary.json", "MERaLiON-2 shapes on an H200"),
