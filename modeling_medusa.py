@@ -113,6 +113,7 @@ class MedusaForASR(SpeechIO, PreTrainedModel):
         self._drafters: dict = {}
         self._fused_path_weights = None
         self._timing_context = (None, None)
+        self._languages = (None, frozenset())
         if base is not None:
             self.generation_config = base.generation_config  # what callers such as the ASR pipeline read
             self.main_input_name = self.backbone.required_inputs[0]
@@ -311,19 +312,23 @@ class MedusaForASR(SpeechIO, PreTrainedModel):
         """False where every language the call's prompt names is one the heads were not trained on: ``auto``
         then decodes without drafts (English-trained heads accept ~1.1-1.4 tokens a pass on other languages,
         which makes a round cost more than it emits). True where either side names no language."""
-        trained = set((self.config.training_data or {}).get("languages") or ())
-        if not trained:
-            return True
-        spoken = self.backbone.prompt_languages(prompt)
+        data = self.config.training_data
+        if self._languages[0] is not data:  # (kept: every auto call asks)
+            self._languages = (data, frozenset((data or {}).get("languages") or ()))
+        trained = self._languages[1]
+        spoken = self.backbone.prompt_languages(prompt) if trained else set()
         return not spoken or bool(spoken & trained)
 
     def _choose_draft(self, candidates, state, rules: LogitsRules, key: TimingKey, options) -> DraftTree:
         """The draft this call runs: ``auto``'s candidates timed where the policy asks for it, then its choice."""
-        policy, contenders = self.draft_policy, self.draft_policy.contenders(candidates)
-        if (settled := policy.settled(contenders, key)) is not None:
+        policy = self.draft_policy
+        if len(candidates) == 1:
+            return candidates[0]
+        if (settled := policy.settled(candidates, key)) is not None:
             return settled
-        if len(candidates) == 1 or len(contenders) == 1:
-            return candidates[0] if len(candidates) == 1 else contenders[0]
+        contenders = policy.contenders(candidates)
+        if len(contenders) == 1:
+            return contenders[0]
         stand_in, device = key._replace(compiled=False), state.lengths.device
         self._time_drafts(contenders, stand_in, options, lambda tree: verify_pass_timer(
             self.backbone, self.make_drafter(tree, device, options), rules, state, tree, key.captured))
@@ -332,7 +337,7 @@ class MedusaForASR(SpeechIO, PreTrainedModel):
                 self._rounds(state, tree, rules, True, True, True, options=options), state))
         credited = {tree for tree in contenders if not (key.captured or options.compile)
                     and self._cpu_chain_stop(tree, state, rules, options) >= CREDITED_CHAIN_STOP}
-        return policy.choose(contenders, key, credited)
+        return policy.choose(candidates, key, credited)
 
     def _time_drafts(self, trees, key: TimingKey, options, timer, drop_slow: bool = True) -> None:
         time_drafts(self.draft_policy, trees, key, self.timing_context(options), timer, drop_slow)
@@ -378,12 +383,15 @@ class MedusaForASR(SpeechIO, PreTrainedModel):
 
     def _rounds(self, state: DecodeState, tree: DraftTree, process: LogitsRules, compile: bool, captured: bool,
                 fixed_shape: bool, chain_stop: float = 0.0, options: MedusaOptions | None = None):
-        drafter = self.make_drafter(tree, state.lengths.device, options)
+        device = state.lengths.device
         if not fixed_shape:
-            return EagerRounds(self.backbone, drafter, process, state, tree, int(state.lengths.max()), chain_stop)
+            return EagerRounds(self.backbone, self.make_drafter(tree, device, options), process, state, tree,
+                               int(state.lengths.max()), chain_stop)
+        # a kept runner needs no drafter: new heads change the weights every call checks, which drops the runners
         key = (id(state.cache), tree, process.key, id(self.drafter), compile, captured)
         return self.round_cache.runner(key, state, lambda: CapturedRounds(
-            self.backbone, drafter, process, state, tree, use_graph=captured, compile=compile))
+            self.backbone, self.make_drafter(tree, device, options), process, state, tree, use_graph=captured,
+            compile=compile))
 
     def release_caches(self):
         """Free the captured rounds and their preallocated KV caches (GPU memory); later calls

@@ -218,6 +218,33 @@ def test_autos_gap_is_its_total_over_the_fastest_fixed_drafts_less_one():
         assert "best_fixed_draft" not in alone and auto_gap_fields("auto", alone) == {}
 
 
+def test_every_repeat_runs_each_decoder_once_in_a_new_order():
+    """No decoder always follows the same one (a rotation kept auto right after plain greedy, which showed as a
+    steady cost of auto's own): each repeat a new seeded order, every decoder once."""
+    from tools.benchmark import Timer
+
+    class Recording:
+        def __init__(self):
+            self.calls = []
+
+        def generate(self, draft=None, use_medusa=True, **_):
+            import torch
+
+            self.calls.append("baseline" if not use_medusa else draft)
+            return torch.zeros(1, 1), {}
+
+    model = Recording()
+    timer = Timer(model, 8, {"auto": "auto", "chain": "chain", "tree-16": "tree-16"}, repeats=6, warmup=0)
+    timer.device, timer.cuda, timer.sync = "cpu", False, lambda: None
+    for _ in range(4):
+        timer.run({})
+    orders = [model.calls[i:i + 5] for i in range(0, len(model.calls), 5)]
+    assert len(orders) == 24 and all(sorted(order) == sorted(["baseline", "none", "auto", "chain", "tree-16"])
+                                     for order in orders)
+    after_auto = {order[order.index("auto") - 1] for order in orders if order.index("auto") > 0}
+    assert len(after_auto) > 1 and len({tuple(order) for order in orders}) > 6
+
+
 def test_timestamped_benchmark_compares_timestamped_decoders(tmp_path):
     """--timestamps: every decoder returns timestamps; Medusa decodes them (no fallback) and equals the base."""
     from modeling_medusa import MedusaForASR

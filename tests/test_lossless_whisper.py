@@ -270,6 +270,35 @@ def test_kept_rounds_are_dropped_when_weights_are_replaced(whisper_medusa):
     assert after is not before and before.graph is None
 
 
+def test_a_kept_runner_asks_for_no_drafter_and_new_heads_get_a_new_one(whisper_medusa, monkeypatch):
+    """A call replaying kept rounds builds no drafter (its heads' walk costs a GPU call's host time); heads changed
+    in place drop the runners with the rest of the weights, and the next call drafts from the new heads."""
+    import modeling_medusa
+
+    randomize_heads(whisper_medusa, 6)
+    features = random_features(2, 401)
+    expected = whisper_medusa.generate(input_features=features, max_new_tokens=12, use_medusa=False)
+    asked, kept = [], modeling_medusa._kept_drafter
+    monkeypatch.setattr(modeling_medusa, "_kept_drafter", lambda model, *a: asked.append(a) or kept(model, *a))
+
+    def chain_call():
+        got, stats = whisper_medusa.generate(input_features=features, max_new_tokens=12, draft="chain",
+                                             cuda_graph=True, return_stats=True)
+        assert torch.equal(got, expected)
+        return stats["accepted_tokens"]
+
+    chain_call()
+    built = len(asked)
+    chain_call()
+    assert built >= 1 and len(asked) == built
+    (before,) = whisper_medusa.round_cache.runners.values()
+    randomize_heads(whisper_medusa, 7)  # in place
+    chain_call()
+    (after,) = whisper_medusa.round_cache.runners.values()
+    assert after is not before and len(asked) > built
+    assert after.drafter is whisper_medusa.make_drafter(whisper_medusa.draft_tree("chain"), "cpu")  # the new heads'
+
+
 def test_the_weights_checked_every_call_are_every_parameter(whisper_medusa):
     """``parameter_tensors`` (the cheap walk each call's weight check runs over) holds the same tensors as
     ``parameters()`` (a tied one once per module holding it) in a fixed order, and sees a layer replaced."""

@@ -7,8 +7,8 @@
 
 For every clip of a manifest.jsonl ({"id", "audio", "text", ...}; relative audio paths are relative
 to the manifest) the features are prepared once (timed separately), then the same inputs are decoded
-``--warmup`` times and ``--repeats`` timed times by each decoder, interleaved (the order flips every
-repeat so drift and cache effects fall on both alike), with a device synchronisation around each
+``--warmup`` times and ``--repeats`` timed times by each decoder, interleaved (in a new seeded order every
+repeat, so drift and cache effects fall on all alike), with a device synchronisation around each
 timed call. The baseline is the base model's own ``generate`` (``use_medusa=False``); Medusa is the
 same call with the heads. Reported latencies are medians of the timed repeats; every raw timing is
 kept in results.json. ``--batch-size N`` (N > 1) adds a section that decodes the same clips N at a
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import sys
 import time
 from functools import partial
@@ -49,7 +50,7 @@ PROMPT_OPTIONS = ("language", "task")  # generate inputs that are options, not t
 PHASES = ("prefill_seconds", "setup_seconds", "rounds_seconds")  # our loop's phases (generate's return_stats)
 SCHEMA_VERSION = 1
 TIMING = ("median of the timed repeats of generate(); features prepared once per clip outside the timing; "
-          "decoders interleaved, order flipped each repeat; device synchronised around each call")
+          "decoders interleaved, in a new seeded order each repeat; device synchronised around each call")
 EXIT_OK, EXIT_ERROR = 0, 2
 
 
@@ -135,6 +136,7 @@ class Timer:
         self.methods = ("baseline", "greedy", *dict.fromkeys(self.method(label) for label in self.drafts
                                                               if self.method(label) != "greedy"))
         self.peak_bytes = {name: 0 for name in self.methods}  # cuda only
+        self.order = random.Random(0)
 
     def method(self, label: str) -> str:
         """The decoder that runs the draft ``label``: ``greedy`` for no draft, else the label itself."""
@@ -171,9 +173,10 @@ class Timer:
         cpu_times = {name: [] for name in self.methods}
         phases = {name: [] for name in self.methods}
         first, last, identical = {}, {}, {name: True for name in self.methods}
-        for repeat in range(self.repeats):
-            shift = repeat % len(self.methods)  # rotate the order so drift and caches fall on all alike
-            for name in self.methods[shift:] + self.methods[:shift]:
+        for _ in range(self.repeats):
+            # a new order every repeat (seeded: the same run orders alike), so that no decoder always follows the
+            # same one (a rotation kept auto right after plain greedy) and drift and caches fall on all alike
+            for name in self.order.sample(self.methods, len(self.methods)):
                 seconds, cpu_seconds, sequences, stats = self._timed(inputs, name)
                 times[name].append(seconds * 1000.0)
                 cpu_times[name].append(cpu_seconds * 1000.0)
