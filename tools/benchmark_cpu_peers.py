@@ -6,12 +6,16 @@
         --summary benchmarks/cpu_peers/summary.json --phase-clips 4
 
 Each system goes from the clip's 16 kHz samples to its text, its own log-mel features included, one clip at a
-time, warmed up, the systems interleaved per clip (their order rotated each repeat), each clip's median of
+time, warmed up, the systems interleaved per clip (in a new seeded order each repeat), each clip's median of
 ``--repeats``. Systems: ``hf_generate`` (the base's own greedy generate, float32), ``ours_greedy`` (our loop, one
-token a pass), ``ours_auto`` (``draft="auto"``), and faster-whisper over the same weights as CTranslate2
-``float32`` and ``int8`` (beam 1, temperature 0 only, no timestamps, no previous-text conditioning, no VAD,
-``cpu_threads=--threads``). faster-whisper pads the features differently, so its texts can differ from the base's:
-each row has its WER and ``exact_vs_float32_base``, the share of clips whose text equals ``hf_generate``'s.
+token a pass), ``ours_auto`` (``draft="auto"``), the same two in bfloat16 (``hf_generate_bfloat16``,
+``ours_auto_bfloat16``: a model loaded in bfloat16, whose products run on the CPU's bfloat16 units where it has them,
+e.g. AMX), and faster-whisper over the same weights as CTranslate2 ``float32`` and ``int8`` (beam 1, temperature 0
+only, no timestamps, no previous-text conditioning, no VAD, ``cpu_threads=--threads``). faster-whisper pads the
+features differently, so its texts can differ from the base's: each row has its WER and ``exact_vs_float32_base``,
+the share of clips whose text equals ``hf_generate``'s; a bfloat16 row also ``exact_vs_bfloat16_base``, against
+``hf_generate_bfloat16``'s (ours in bfloat16 gives the bfloat16 base's ids; ``tools.benchmark --dtype bfloat16``
+checks any parting against the base's near-ties).
 
 ``--phase-clips N`` then times where each call goes on the N shortest clips (features, the 30 s encoder window,
 the rest of the prefill, choosing the draft, the rounds, the text), ours and faster-whisper's alike, into
@@ -23,6 +27,7 @@ OUT/results.json's ``phases``. ``--summary`` replaces this model's rows in a sum
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -37,11 +42,14 @@ from tools.files import command_line, replace_rows, write_json_atomic
 
 PROGRAM = "tools.benchmark_cpu_peers"
 REFERENCE = "hf_generate"  # the float32 base: speed-ups and exactness are against its rows
-OURS = {"hf_generate": {"use_medusa": False}, "ours_greedy": {"draft": "none"}, "ours_auto": {"draft": "auto"}}
+BFLOAT16_REFERENCE = "hf_generate_bfloat16"
+OURS = {"hf_generate": ("float32", {"use_medusa": False}), "ours_greedy": ("float32", {"draft": "none"}),
+        "ours_auto": ("float32", {"draft": "auto"}), BFLOAT16_REFERENCE: ("bfloat16", {"use_medusa": False}),
+        "ours_auto_bfloat16": ("bfloat16", {"draft": "auto"})}  # name -> (dtype of its model, generate options)
 FASTER_WHISPER = {"faster_whisper_float32": "float32", "faster_whisper_int8": "int8"}
 SYSTEMS = (*OURS, *FASTER_WHISPER)
 ROW_FIELDS = ("model", "language", "system", "clips", "e2e_seconds", "speedup_vs_hf_generate", "wer", "exact_vs_float32_base",
-              "cpu", "load_before", "load_after", "command", "date")
+              "exact_vs_bfloat16_base", "cpu", "load_before", "load_after", "command", "date")
 
 
 @dataclass(frozen=True)
@@ -117,9 +125,10 @@ def transformers_decoder(model, **generate_options):
     return transcribe
 
 
-def make_decoders(model, hub_id: str, options: PeerOptions, fw_models: dict) -> dict:
+def make_decoders(models: dict, hub_id: str, options: PeerOptions, fw_models: dict) -> dict:
+    """``models``: dtype name -> our model loaded in it."""
     told = {"language": options.language} if options.language else {}
-    return {name: transformers_decoder(model, **OURS[name], **told) if name in OURS
+    return {name: transformers_decoder(models[OURS[name][0]], **OURS[name][1], **told) if name in OURS
             else faster_whisper_decoder(hub_id, FASTER_WHISPER[name], options.threads, fw_models[name],
                                         options.language)
             for name in options.systems}
@@ -129,16 +138,16 @@ def make_decoders(model, hub_id: str, options: PeerOptions, fw_models: dict) -> 
 
 
 def measure(decoders: dict, clips: list, repeats: int) -> dict:
-    """Per system: each clip's median seconds and its text (systems interleaved per clip, order rotated)."""
-    names = list(decoders)
+    """Per system: each clip's median seconds and its text (systems interleaved per clip, in a new seeded order
+    each time, so that no system always follows the same one)."""
+    names, order = list(decoders), random.Random(0)
     seconds = {name: [[] for _ in clips] for name in names}
     texts = {name: [None] * len(clips) for name in names}
     for name in names:  # warm-up
         decoders[name](clips[0]["samples"])
-    for repeat in range(repeats):
-        order = names[repeat % len(names):] + names[:repeat % len(names)]
+    for _ in range(repeats):
         for index, clip in enumerate(clips):
-            for name in order:
+            for name in order.sample(names, len(names)):
                 start = time.perf_counter()
                 texts[name][index] = decoders[name](clip["samples"])
                 seconds[name][index].append(time.perf_counter() - start)
@@ -147,17 +156,23 @@ def measure(decoders: dict, clips: list, repeats: int) -> dict:
 
 def summary_rows(measured: dict, references: list, meta: dict) -> list[dict]:
     """One row per system (``ROW_FIELDS``): the sum of its clips' medians, the speed-up against ``hf_generate``,
-    WER, and the share of clips whose text equals ``hf_generate``'s. ``meta`` gives the fields every row shares."""
+    WER, and the share of clips whose text equals ``hf_generate``'s (and, for a bfloat16 system,
+    ``hf_generate_bfloat16``'s). ``meta`` gives the fields every row shares."""
     reference = measured[REFERENCE]
     reference_seconds = sum(reference["seconds"])
+
+    def same_as(texts, base) -> float | None:
+        return None if base is None else round(sum(t == b for t, b in zip(texts, base["texts"])) / len(texts), 4)
+
     rows = []
     for name, m in measured.items():
-        seconds = sum(m["seconds"])
-        same = sum(text == base for text, base in zip(m["texts"], reference["texts"]))
-        rows.append({"model": meta["model"], "language": meta.get("language"), "system": name, "clips": len(m["texts"]), "e2e_seconds": round(seconds, 3),
-                     "speedup_vs_hf_generate": round(reference_seconds / seconds, 3),
+        bfloat16 = name in OURS and OURS[name][0] == "bfloat16"
+        rows.append({"model": meta["model"], "language": meta.get("language"), "system": name, "clips": len(m["texts"]),
+                     "e2e_seconds": round(sum(m["seconds"]), 3),
+                     "speedup_vs_hf_generate": round(reference_seconds / sum(m["seconds"]), 3),
                      "wer": corpus_wer(references, m["texts"]),
-                     "exact_vs_float32_base": round(same / len(m["texts"]), 4),
+                     "exact_vs_float32_base": same_as(m["texts"], reference),
+                     "exact_vs_bfloat16_base": same_as(m["texts"], measured.get(BFLOAT16_REFERENCE)) if bfloat16 else None,
                      **{k: meta[k] for k in ("cpu", "load_before", "load_after", "command", "date")}})
     return rows
 
@@ -255,23 +270,23 @@ def faster_whisper_phases(fw_model, samples, language: str | None = None) -> dic
     return {"seconds": phases, "new_tokens": sum(len(s.tokens) for s in segments)}
 
 
-def measure_phases(model, fw_models: dict, clips: list, systems: tuple, repeats: int,
+def measure_phases(models: dict, fw_models: dict, clips: list, systems: tuple, repeats: int,
                    language: str | None = None) -> dict:
     """Per system, per clip: the median milliseconds of each phase over ``repeats`` interleaved calls (after one
     warm-up call each); and per system the phases' medians summed over the clips."""
     def one(name, samples):
         if name in OURS:
-            return ours_phases(model, samples, {**OURS[name], **({"language": language} if language else {})})
+            dtype, generate_options = OURS[name]
+            return ours_phases(models[dtype], samples, {**generate_options, **({"language": language} if language else {})})
         return faster_whisper_phases(fw_models[name], samples, language)
 
-    per_clip = []
+    per_clip, order = [], random.Random(0)
     for clip in clips:
         runs = {name: [] for name in systems}
         for name in systems:
             one(name, clip["samples"])
-        for repeat in range(repeats):
-            order = systems[repeat % len(systems):] + systems[:repeat % len(systems)]
-            for name in order:
+        for _ in range(repeats):
+            for name in order.sample(systems, len(systems)):
                 runs[name].append(one(name, clip["samples"]))
         per_clip.append({"id": clip["id"], "duration_s": clip["duration"],
                          **{name: _median_phases(r) for name, r in runs.items()}})
@@ -326,13 +341,17 @@ def run(options: PeerOptions, command: str) -> dict:
 
     torch.set_num_threads(options.threads)
     runtime.quiet_generate_notices(False)  # (the base's generate repeats its deprecation notices on every call)
-    model, _, declared = load_model(resolve_artifact(options.model), "cpu", torch.float32)
+    artifact = resolve_artifact(options.model)
+    model, _, declared = load_model(artifact, "cpu", torch.float32)
     if model.family != "whisper":
         raise SystemExit(f"{PROGRAM} compares Whisper artifacts only")
+    models = {"float32": model}
+    if any(OURS.get(name, ("",))[0] == "bfloat16" for name in options.systems):
+        models["bfloat16"] = load_model(artifact, "cpu", torch.bfloat16)[0]
     clips = load_clips(options.audio)
     fw_models = {name: faster_whisper_model(declared, FASTER_WHISPER[name], options.threads)
                  for name in options.systems if name in FASTER_WHISPER}
-    decoders = make_decoders(model, declared, options, fw_models)
+    decoders = make_decoders(models, declared, options, fw_models)
     load_before = load_average()
     measured = measure(decoders, clips, options.repeats)
     load_after = load_average()
@@ -344,7 +363,7 @@ def run(options: PeerOptions, command: str) -> dict:
               "environment": environment_info("cpu", torch.float32, options.threads),
               "load_before": load_before, "load_after": load_after,
               "timing": "each clip's median of the repeats, summed; audio samples -> text, features included; "
-                        "systems interleaved per clip, order rotated each repeat; one warm-up call each",
+                        "systems interleaved per clip, in a new seeded order each repeat; one warm-up call each",
               "rows": rows,
               "per_clip": [{"id": clip["id"], "duration_s": clip["duration"],
                             **{name: {"ms": round(1000 * m["seconds"][i], 2), "text": m["texts"][i]}
@@ -352,7 +371,7 @@ def run(options: PeerOptions, command: str) -> dict:
     if options.phase_clips:
         shortest = sorted(clips, key=lambda clip: clip["duration"] or len(clip["samples"]) / 16000)
         phase_load = load_average()
-        result["phases"] = measure_phases(model, fw_models, shortest[:options.phase_clips], options.systems,
+        result["phases"] = measure_phases(models, fw_models, shortest[:options.phase_clips], options.systems,
                                           options.phase_repeats, options.language)
         result["phases"]["load_before"], result["phases"]["load_after"] = phase_load, load_average()
     return result

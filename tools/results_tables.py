@@ -118,10 +118,14 @@ def cpu_peers(rows: list[dict]) -> str:
     models = list(dict.fromkeys((r["model"], r.get("language")) for r in rows))  # (a run told the language)
     cells = {(r["model"], r.get("language"), r["system"]): r for r in rows}
 
+    def same_text(row) -> str:
+        bfloat16 = row.get("exact_vs_bfloat16_base")
+        return _rate(row["exact_vs_float32_base"]) + ("" if bfloat16 is None else f" ({_rate(bfloat16)} of bf16's)")
+
     def of(model, system) -> list:
         row = cells.get((*model, system))
         return ["", "", ""] if row is None else [_ratio(row["speedup_vs_hf_generate"]), _rate(row["wer"]),
-                                                 _rate(row["exact_vs_float32_base"])]
+                                                 same_text(row)]
 
     def name(model) -> str:
         short = model[0].rsplit('/', 1)[-1].removeprefix('whisper-')
@@ -227,7 +231,7 @@ def render() -> str:
     peers = _load("cpu_peers/summary.json")
     sections.append("## Whisper on a CPU against faster-whisper\n\n"
                     f"`benchmarks/cpu_peers/summary.json` ({_dates_and_cpus(peers)}): 28 recordings, audio to text; "
-                    "*same text*: as the float32 `generate`'s.\n\n"
+                    "*same text*: as the float32 `generate`'s (a bfloat16 row: and as the bfloat16 `generate`'s).\n\n"
                     + cpu_peers(peers) + "\n\n" + _commands(r["command"] for r in peers))
     shown = {BENCHMARKS / "real_speech/summary.json", BENCHMARKS / "quantised/summary.json",
              BENCHMARKS / "cpu_peers/summary.json"}
