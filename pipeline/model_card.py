@@ -60,12 +60,11 @@ TREE_TERMS = ("A *tree* drafts several candidates per position and verifies them
               "attention mask; a *chain* is a tree with one candidate per position.")
 PATH_TERMS = ("*Path heads* (Hydra-style) each see the token drafted before them, so every branch of the tree "
               "gets its own continuation.")
-RESULTS_INTRO = ("Measured on 28 real human recordings with references, batch 1 unless the device says "
-                 "otherwise. *Tokens per pass* is the mean number of tokens a round emits. "
-                 "*× `generate`* compares the whole call with the base's own greedy `generate` in transformers. "
-                 "*× own greedy* compares it with our loop decoding one token per pass, with the same cache and "
-                 "kernels; *rounds* counts only the decoding loop. "
-                 "*Exact* is the share of recordings whose ids equal the base's greedy ids.")
+RESULTS_INTRO = ("Measured on 28 real recordings with references, batch 1 unless the device says otherwise. "
+                 "*Tokens per pass*: tokens a round emits, on average. *× `generate`*: the whole call against the "
+                 "base's greedy `generate`. *× own greedy*: against our loop decoding one token per pass, same "
+                 "cache and kernels (*rounds*: the decoding loop only). "
+                 "*Exact*: recordings whose ids equal the base's greedy ids.")
 LOSSLESS = ("Every emitted token is the base model's own greedy choice. A round keeps a drafted token only where "
             "it equals the base's own top-scoring token at that position in the verify pass, and then adds the base's next token. "
             "The verify pass runs the base's own weights over a key-value cache written by position, so a rejected "
@@ -77,8 +76,8 @@ LOSSLESS = ("Every emitted token is the base model's own greedy choice. A round 
             "a tie.")
 LIMITATIONS = [
     "Greedy decoding only: no beam search and no sampling inside the rounds.",
-    "The speed-up depends on the device, the dtype and how predictable the speech is. "
-    "Short clips gain less, since a call has few rounds to save.",
+    "The speed-up depends on the device, the dtype and how predictable the speech is; short clips have few "
+    "rounds to save.",
     "The heads learned from synthetic speech read by flite voices; accented or noisy speech may accept fewer "
     "drafted tokens. The transcript itself is still the base model's.",
     "The base model's own limitations apply unchanged: its errors, languages and biases.",
@@ -229,8 +228,8 @@ def render_model_card(config, rows: list[dict] | None = None, plot: str | None =
                if untrained else "From the command line: `python example_inference.py speech.wav` prints the "
                "same transcript.")
     plot_md = f"![Speed-up by device]({plot})" if plot else ""
-    source = ("Each row comes from `results.json` in its artifact folder, which names the command that measured "
-              "it; `docs/RESULTS.md` holds all the runs." if rows else "No benchmark rows are recorded yet.")
+    source = ("Each row's command is in `results.json` in its artifact folder; `docs/RESULTS.md` holds all the "
+              "runs." if rows else "No benchmark rows are recorded yet.")
     citations = [CITATIONS["medusa"]] + ([CITATIONS["path"]] if cfg.get("head_kind") == "path" else [])
     citations += [CITATIONS["whisper"]] if family == "whisper" or untrained else []
     citations += [CITATIONS["meralion2"]] if family == "meralion2" else []

@@ -219,9 +219,9 @@ def render() -> str:
     sections = [INTRO]
     speech = _load("real_speech/summary.json")
     sections.append("## Whisper tiny.en and base on 28 real recordings\n\n"
-                    "`benchmarks/real_speech/summary.json`; each row's folder holds its per-clip `results.json`, and "
-                    "each row its command (the `command` field); under the table, the commands that ran in this repository (the "
-                    "GPU rows ran on lent hosts, from copies in their `/tmp`).\n\n" + real_speech(speech)
+                    "`benchmarks/real_speech/summary.json`: each row's folder holds its per-clip `results.json` and "
+                    "command; below, the commands run in this repository (GPU rows ran on lent hosts).\n\n"
+                    + real_speech(speech)
                     + "\n\n" + _commands(r["command"] for r in speech))
     quant = _load("quantised/summary.json")
     sections.append("## By weight precision (4-bit, 8-bit, 16-bit verifiers)\n\n"
@@ -231,7 +231,7 @@ def render() -> str:
     peers = _load("cpu_peers/summary.json")
     sections.append("## Whisper on a CPU against faster-whisper\n\n"
                     f"`benchmarks/cpu_peers/summary.json` ({_dates_and_cpus(peers)}): 28 recordings, audio to text; "
-                    "*same text*: as the float32 `generate`'s (a bfloat16 row: and as the bfloat16 `generate`'s).\n\n"
+                    "*same text*: as the float32 `generate`'s.\n\n"
                     + cpu_peers(peers) + "\n\n" + _commands(r["command"] for r in peers))
     shown = {BENCHMARKS / "real_speech/summary.json", BENCHMARKS / "quantised/summary.json",
              BENCHMARKS / "cpu_peers/summary.json"}
