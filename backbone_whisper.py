@@ -536,10 +536,14 @@ class WhisperBackbone(Backbone):
         n = tokens.shape[1]
         depths = torch.arange(n, device=tokens.device)
         causal = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()
-        return self.decode(state, tokens, depths, causal, upto=n)  # (called on an empty cache)
+        return self.decode(state, tokens, depths, causal, upto=n, prompt=True)  # (called on an empty cache)
 
-    def decode(self, state: DecodeState, tokens, depths, ancestors, upto: int) -> torch.Tensor:
+    def decode(self, state: DecodeState, tokens, depths, ancestors, upto: int, prompt: bool = False) -> torch.Tensor:
+        """Hidden states [B, n, H] of a chunk: a verify pass's draft nodes, or (``prompt``) a prompt in one pass, as
+        the base's generate runs it."""
         n = tokens.shape[1]
+        # on a CPU in half precision, a verify pass's nodes attend one by one, as the base's steps do (attend_one_by_one)
+        one_by_one = not prompt and n > 1 and tokens.device.type == "cpu" and self.base.dtype != torch.float32
         positions = state.positions(depths).clamp(0, self.config.max_target_positions - 1)  # (padding: < 0)
         hidden = self.decoder.embed_tokens(tokens) + self.decoder.embed_positions.weight[positions]
         mask = attention_mask(state, depths, ancestors, upto)
@@ -554,16 +558,19 @@ class WhisperBackbone(Backbone):
                 query, key, value = weight_product(x, *self.fused[i]).chunk(3, dim=-1)
             state.cache.write(i, slots, self._heads(key), self._heads(value))
             keys, values = state.cache.layer(i, upto)
-            hidden = hidden + self._attend(attn, x, keys, values, mask, query)
+            hidden = hidden + self._attend(attn, x, keys, values, mask, query, one_by_one)
             x = layer.encoder_attn_layer_norm(hidden)
-            hidden = hidden + self._attend(layer.encoder_attn, x, cross_k[i], cross_v[i], None)
+            hidden = hidden + self._attend(layer.encoder_attn, x, cross_k[i], cross_v[i], None, one_by_one=one_by_one)
             x = layer.final_layer_norm(hidden)
             hidden = hidden + linear(layer.fc2, layer.activation_fn(linear(layer.fc1, x)))
         return self.decoder.layer_norm(hidden)
 
-    def _attend(self, attn, x, keys, values, mask, projected_query=None):
+    def _attend(self, attn, x, keys, values, mask, projected_query=None, one_by_one: bool = False):
         """``attn`` of ``x`` (its query projected already where ``projected_query`` is given) over keys/values."""
         query = self._heads((linear(attn.q_proj, x) if projected_query is None else projected_query) * self.scaling)
+        if one_by_one:
+            out = attend_one_by_one(query, keys, values, mask)
+            return linear(attn.out_proj, out.transpose(1, 2).flatten(2))
         if query.dtype == torch.float32:  # CPU: speech_scores' tuned forms; GPU: attend_memory's float32 form
             mode = "memory" if mask is None and query.is_cuda else "matmul"
         else:
@@ -591,6 +598,20 @@ class WhisperBackbone(Backbone):
         """Like Whisper's short-form generate: the new tokens without the final EOS, right-padded."""
         eos = set(self.eos_token_ids)
         return self.padded([g[:-1] if g and g[-1] in eos else g for g in generated], prompt)
+
+
+def attend_one_by_one(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask) -> torch.Tensor:
+    """[B, heads, n, D]: each query alone over exactly the keys its mask [B, 1, n, L] lets it see (all without one),
+    as the base's one-token step attends. On a CPU, SDPA in half precision sums a row in another order when it gets
+    several queries or masked keys past the row's own, so a verify pass would part from the base's numbers."""
+    rows = []
+    for b in range(query.shape[0]):
+        for i in range(query.shape[2]):
+            seen = slice(None) if mask is None else mask[b, 0, i]
+            rows.append(F.scaled_dot_product_attention(query[b:b + 1, :, i:i + 1], keys[b:b + 1, :, seen],
+                                                       values[b:b + 1, :, seen], scale=1.0))
+    out = torch.cat(rows, 2)[0]  # [heads, B * n, D]
+    return out.unflatten(1, (query.shape[0], query.shape[2])).transpose(0, 1)
 
 
 def _asks_only_token_timestamps(generation_config) -> bool:

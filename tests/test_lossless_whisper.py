@@ -202,6 +202,27 @@ def test_bfloat16_equals_the_base_bfloat16_greedy_up_to_its_own_near_ties(tmp_pa
     print(f"bf16: {diverged}/16 cases left the base's output at one of its own near-ties")
 
 
+def test_bfloat16_on_a_cpu_equals_the_base_bfloat16_greedy_exactly(tmp_path_factory):
+    """On a CPU in bf16 a verify pass's nodes attend one by one over exactly the keys the base's steps see
+    (``attend_one_by_one``), so its ids are the base's own bf16 greedy ids, near-ties included: chains and trees of
+    up to 33 nodes, batches of 1-3."""
+    from modeling_medusa import MedusaForASR
+
+    # 64 wide a head, as in real Whisper: narrower heads hid the partings SDPA's sums cause here
+    folder = build_tiny_whisper(tmp_path_factory.mktemp("bf16_cpu"), seed=4, width=256)
+    model = MedusaForASR.from_base(str(folder), torch_dtype=torch.bfloat16)
+    drafts = ["chain", [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]],
+              [[a] for a in range(4)] + [[a, b] for a in range(4) for b in range(4)] + [[0, 0, c] for c in range(12)]]
+    rng = random.Random(9)
+    for index in range(12):
+        batch, draft = rng.randint(1, 3), drafts[index % len(drafts)]
+        features = random_features(batch, 100 + index).to(torch.bfloat16)
+        expected = model.generate(input_features=features, max_new_tokens=32, use_medusa=False)
+        randomize_heads(model, index, std=0.05)
+        got = model.generate(input_features=features, max_new_tokens=32, draft=draft)
+        assert torch.equal(expected, got), f"case {index} (batch {batch}): {expected.tolist()} {got.tolist()}"
+
+
 def test_fixed_shape_runner_is_reused_across_calls_and_stays_exact(whisper_medusa):
     """Later calls of the same shapes reuse one runner (so a captured CUDA graph is not re-captured);
     its buffers are refilled in place, never replaced, and the output stays the base's greedy output."""
