@@ -542,10 +542,10 @@ class WhisperBackbone(Backbone):
         """Hidden states [B, n, H] of a chunk: a verify pass's draft nodes, or (``prompt``) a prompt in one pass, as
         the base's generate runs it."""
         n = tokens.shape[1]
-        # on a CPU in half precision, a verify pass's nodes attend one by one, as the base's steps do (attend_one_by_one)
-        one_by_one = not prompt and n > 1 and tokens.device.type == "cpu" and self.base.dtype != torch.float32
         positions = state.positions(depths).clamp(0, self.config.max_target_positions - 1)  # (padding: < 0)
         hidden = self.decoder.embed_tokens(tokens) + self.decoder.embed_positions.weight[positions]
+        # on a CPU in half precision, a verify pass's nodes attend one by one, as the base's steps do (attend_one_by_one)
+        one_by_one = not prompt and n > 1 and hidden.device.type == "cpu" and hidden.dtype != torch.float32
         mask = attention_mask(state, depths, ancestors, upto)
         slots = state.slots(n)
         cross_k, cross_v = state.extra["cross_keys"], state.extra["cross_values"]

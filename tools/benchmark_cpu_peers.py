@@ -128,7 +128,7 @@ def transformers_decoder(model, **generate_options):
 def make_decoders(models: dict, hub_id: str, options: PeerOptions, fw_models: dict) -> dict:
     """``models``: dtype name -> our model loaded in it."""
     told = {"language": options.language} if options.language else {}
-    return {name: transformers_decoder(models[OURS[name][0]], **OURS[name][1], **told) if name in OURS
+    return {name: transformers_decoder(models[_dtype(name)], **OURS[name][1], **told) if name in OURS
             else faster_whisper_decoder(hub_id, FASTER_WHISPER[name], options.threads, fw_models[name],
                                         options.language)
             for name in options.systems}
@@ -166,7 +166,7 @@ def summary_rows(measured: dict, references: list, meta: dict) -> list[dict]:
 
     rows = []
     for name, m in measured.items():
-        bfloat16 = name in OURS and OURS[name][0] == "bfloat16"
+        bfloat16 = _dtype(name) == "bfloat16"
         rows.append({"model": meta["model"], "language": meta.get("language"), "system": name, "clips": len(m["texts"]),
                      "e2e_seconds": round(sum(m["seconds"]), 3),
                      "speedup_vs_hf_generate": round(reference_seconds / sum(m["seconds"]), 3),
@@ -175,6 +175,11 @@ def summary_rows(measured: dict, references: list, meta: dict) -> list[dict]:
                      "exact_vs_bfloat16_base": same_as(m["texts"], measured.get(BFLOAT16_REFERENCE)) if bfloat16 else None,
                      **{k: meta[k] for k in ("cpu", "load_before", "load_after", "command", "date")}})
     return rows
+
+
+def _dtype(name: str) -> str | None:
+    """The dtype our model runs in for system ``name`` (None: faster-whisper's)."""
+    return OURS[name][0] if name in OURS else None
 
 
 def merge_summary(existing: list[dict], rows: list[dict]) -> list[dict]:
@@ -276,8 +281,7 @@ def measure_phases(models: dict, fw_models: dict, clips: list, systems: tuple, r
     warm-up call each); and per system the phases' medians summed over the clips."""
     def one(name, samples):
         if name in OURS:
-            dtype, generate_options = OURS[name]
-            return ours_phases(models[dtype], samples, {**generate_options, **({"language": language} if language else {})})
+            return ours_phases(models[_dtype(name)], samples, {**OURS[name][1], **({"language": language} if language else {})})
         return faster_whisper_phases(fw_models[name], samples, language)
 
     per_clip, order = [], random.Random(0)
@@ -342,12 +346,12 @@ def run(options: PeerOptions, command: str) -> dict:
     torch.set_num_threads(options.threads)
     runtime.quiet_generate_notices(False)  # (the base's generate repeats its deprecation notices on every call)
     artifact = resolve_artifact(options.model)
-    model, _, declared = load_model(artifact, "cpu", torch.float32)
+    model, _, declared = load_model(artifact, "cpu", torch.float32)  # (the reference's: always timed)
     if model.family != "whisper":
         raise SystemExit(f"{PROGRAM} compares Whisper artifacts only")
     models = {"float32": model}
-    if any(OURS.get(name, ("",))[0] == "bfloat16" for name in options.systems):
-        models["bfloat16"] = load_model(artifact, "cpu", torch.bfloat16)[0]
+    for dtype in {_dtype(name) for name in options.systems} - {None, "float32"}:
+        models[dtype] = load_model(artifact, "cpu", getattr(torch, dtype))[0]
     clips = load_clips(options.audio)
     fw_models = {name: faster_whisper_model(declared, FASTER_WHISPER[name], options.threads)
                  for name in options.systems if name in FASTER_WHISPER}
