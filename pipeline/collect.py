@@ -468,6 +468,7 @@ def _collect_rows(model, arrays: list, utterances: list[Utterance], args, prompt
 class RunCounts:
     clips: int = 0
     tokens: int = 0
+    audio_seconds: float = 0.0
     model_seconds: float = 0.0
     failed: list = field(default_factory=list)
 
@@ -489,8 +490,10 @@ def _collect(model, todo: list[Utterance], args, prompt_options: dict, writer: S
                     rows = _collect_rows(model, arrays, ok, args, prompt_options, counts.failed)
                     counts.model_seconds += time.perf_counter() - t0
                     writer.add_batch(rows)
+                    kept = {row[0] for row in rows}
                     counts.tokens += sum(int(row[1].numel()) for row in rows)
                     counts.clips += len(rows)
+                    counts.audio_seconds += sum(len(a) for a, u in zip(arrays, ok) if u.id in kept) / SAMPLE_RATE
                 bar.update(len(batch))
                 bar.set_postfix(tokens=counts.tokens)
     finally:
@@ -506,7 +509,8 @@ def _record_run(info: dict, info_path: str, args, counts: RunCounts, wall: float
     totals = {"n_utterances": sum(len(m["utterance_ids"]) for m in metas),
               "n_tokens": sum(int(m.get("n_tokens", 0)) for m in metas)}
     run = {
-        "clips": counts.clips, "tokens": counts.tokens, "wall_seconds": round(wall, 3),
+        "clips": counts.clips, "tokens": counts.tokens, "audio_seconds": round(counts.audio_seconds, 3),
+        "wall_seconds": round(wall, 3),
         "model_seconds": round(counts.model_seconds, 3),
         "clips_per_s": round(counts.clips / wall, 4) if wall > 0 and counts.clips else 0.0,
         "tokens_per_s": round(counts.tokens / wall, 2) if wall > 0 and counts.tokens else 0.0,
@@ -514,6 +518,7 @@ def _record_run(info: dict, info_path: str, args, counts: RunCounts, wall: float
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     info.update(totals)
+    info["audio_seconds"] = round(info.get("audio_seconds", 0.0) + counts.audio_seconds, 3)  # of every run's clips
     info["n_shards"] = len(shards)
     info["failed"] = counts.failed
     if counts.clips:

@@ -66,20 +66,18 @@ RESULTS_INTRO = ("Measured on 28 real recordings with references, batch 1 unless
                  "cache and kernels (*rounds*: the decoding loop only). "
                  "*Exact*: recordings whose ids equal the base's greedy ids.")
 LOSSLESS = ("Every emitted token is the base model's own greedy choice. A round keeps a drafted token only where "
-            "it equals the base's own top-scoring token at that position in the verify pass, and then adds the base's next token. "
+            "it equals the base's own top-scoring token in the verify pass, then adds the base's next token. "
             "The verify pass runs the base's own weights over a key-value cache written by position, so a rejected "
             "draft leaves nothing behind. "
             "The tests compare the ids with the base's greedy `generate` in float32, token for token, on random "
             "and real inputs. "
             "In bfloat16 the ids can part at a *near-tie*: a step where the base's two best scores lie within "
-            "bfloat16's rounding. The exact-match column counts those recordings; each one is checked to be such "
-            "a tie.")
+            "bfloat16's rounding. The exact column counts those recordings, each checked to be such a tie.")
 LIMITATIONS = [
     "Greedy decoding only: no beam search and no sampling inside the rounds.",
-    "The speed-up depends on the device, the dtype and how predictable the speech is; short clips have few "
-    "rounds to save.",
-    "The heads learned from synthetic speech read by flite voices; accented or noisy speech may accept fewer "
-    "drafted tokens. The transcript itself is still the base model's.",
+    "The speed-up depends on the device, the dtype and the speech; short clips have few rounds to save.",
+    "The heads learned from synthetic speech; accented or noisy speech may accept fewer drafted tokens, never "
+    "changing the transcript.",
     "The base model's own limitations apply unchanged: its errors, languages and biases.",
 ]
 
@@ -149,7 +147,7 @@ def snippet(model_path: str, gpu: bool = False) -> str:
     """Transcribe ``speech.wav`` with the artifact at ``model_path``: audio read, resampled, decoded, printed."""
     load = (f'model = AutoModel.from_pretrained("{model_path}", trust_remote_code=True,\n'
             '                                  dtype=torch.bfloat16, device_map="cuda")' if gpu else
-            f'model = AutoModel.from_pretrained("{model_path}", trust_remote_code=True)  # loads base + heads')
+            f'model = AutoModel.from_pretrained("{model_path}", trust_remote_code=True)')
     return "\n".join([
         "import soundfile as sf",
         "import soxr",
@@ -188,10 +186,10 @@ def _training_sentence(cfg: dict) -> str:
 
 
 def render_model_card(config, rows: list[dict] | None = None, plot: str | None = None, repo_id: str | None = None,
-                      license: str | None = None, trained: bool = True) -> str:
+                      license: str | None = None, trained: bool = True, recipe_cost: dict | None = None) -> str:
     """README.md text for an artifact; ``config`` is a MedusaConfig or its dict, ``rows`` its benchmark rows
     (for an artifact without trained heads, ``trained=False``: the shipped artifacts' rows), ``plot`` the file
-    name of its speed-up plot."""
+    name of its speed-up plot, ``recipe_cost`` what training its heads cost where measured (``tools.recipe_cost``)."""
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     base, family = cfg.get("base_model_name_or_path", ""), cfg.get("base_family", "")
     licence = {"license": license} if license else licence_fields(base)
@@ -228,8 +226,8 @@ def render_model_card(config, rows: list[dict] | None = None, plot: str | None =
                if untrained else "From the command line: `python example_inference.py speech.wav` prints the "
                "same transcript.")
     plot_md = f"![Speed-up by device]({plot})" if plot else ""
-    source = ("Each row's command is in `results.json` in its artifact folder; `docs/RESULTS.md` holds all the "
-              "runs." if rows else "No benchmark rows are recorded yet.")
+    source = ("Each row's command is in its artifact's `results.json`; `docs/RESULTS.md` holds every run."
+              if rows else "No benchmark rows are recorded yet.")
     citations = [CITATIONS["medusa"]] + ([CITATIONS["path"]] if cfg.get("head_kind") == "path" else [])
     citations += [CITATIONS["whisper"]] if family == "whisper" or untrained else []
     citations += [CITATIONS["meralion2"]] if family == "meralion2" else []
@@ -238,7 +236,7 @@ def render_model_card(config, rows: list[dict] | None = None, plot: str | None =
         where_to_run=where, snippet=snippet(model_path), gpu_snippet=snippet(model_path, gpu=True),
         command_line=command, results_intro=RESULTS_INTRO if rows else "", results_table=results_table(rows) if rows
         else "", plot=plot_md + ("\n\n" if plot_md else "") + source, lossless=LOSSLESS,
-        limitations="\n".join(f"- {line}" for line in LIMITATIONS), extra=_extra(cfg, untrained),
+        limitations="\n".join(f"- {line}" for line in LIMITATIONS), extra=_extra(cfg, untrained, recipe_cost),
         licence=_licence_text(base, licence, untrained), citation="\n\n".join(citations))
 
 
@@ -264,9 +262,25 @@ def vllm_section(base: str, k: int) -> str:
             "base's greedy output.\n")
 
 
-def _extra(cfg: dict, untrained: bool) -> str:
-    """Extra sections: serving residual-block heads with vLLM; the root card's commands, training the heads, and
-    running past one process."""
+def recipe_cost_sentence(cost: dict | None) -> str:
+    """What one hour of audio cost the recipe, from a ``tools.recipe_cost`` run (" ..."); "" without one."""
+    if not cost:
+        return ""
+    steps = {s["step"]: s for s in cost["steps"]}
+    per_hour = " and ".join(f"{name} {s['seconds_per_audio_hour'] / 60:.1f} min" for name, s in steps.items()
+                            if s["seconds_per_audio_hour"] is not None)
+    peak = max(s["gpu_memory_peak_gib"] or 0 for s in cost["steps"])
+    collected = sum(s["disk_gib_per_audio_hour"] or 0 for s in cost["steps"])
+    kept = (steps["train"]["disk_mib"] + steps["export"]["disk_mib"]) / 1024
+    return (f" At the 3B shape ({device_label(cost)}, random weights, {cost['env']['MAX_NEW_TOKENS']} tokens a clip, "
+            f"{cost['env']['EPOCHS']} epochs) an hour of audio took {per_hour}, then export "
+            f"{steps['export']['seconds'] / 60:.1f} min: at most {peak:.0f} GiB of GPU memory, {collected:.1f} GiB "
+            f"of collected states an hour and {kept:.1f} GiB of checkpoints (`benchmarks/recipe/`).")
+
+
+def _extra(cfg: dict, untrained: bool, recipe_cost: dict | None = None) -> str:
+    """Extra sections: serving residual-block heads with vLLM; the root card's commands, training the heads (with
+    what it cost where measured), and running past one process."""
     if not untrained:
         if cfg.get("head_kind", "medusa") == "medusa":
             return vllm_section(cfg.get("base_model_name_or_path", ""), cfg.get("medusa_num_heads", 0))
@@ -275,14 +289,16 @@ def _extra(cfg: dict, untrained: bool) -> str:
     return f"""
 ## Train the heads
 
-Train MERaLiON-2's heads with one command, on transformers 4.51 (`requirements-meralion2.txt`) and a GPU:
+Train MERaLiON-2's heads on your own recordings (a folder, a `manifest.jsonl` or an HF dataset; no transcripts) with
+one command, on transformers 4.51 (`requirements-meralion2.txt`) and a GPU; `TRUST_BASE_CODE=1` lets MERaLiON-2's own code run:
 
 ```bash
-HEADS=path DEVICE=cuda pipeline/train_heads.sh {base}
+AUDIO=recordings/ HEADS=path DEVICE=cuda TRUST_BASE_CODE=1 pipeline/train_heads.sh {base}
 ```
 
-It synthesises speech, collects the base's hidden states, trains path heads and exports the artifact to
-`work_data/artifacts/{base.split('/')[-1]}`. [`docs/DEVELOPING.md`](docs/DEVELOPING.md) explains each step.
+It collects the base's own transcripts and hidden states (without `AUDIO`, of synthesised English speech), trains path
+heads and exports the artifact to `work_data/artifacts/{base.split('/')[-1]}`.{recipe_cost_sentence(recipe_cost)}
+[`docs/DEVELOPING.md`](docs/DEVELOPING.md) explains each step.
 
 ## Commands
 
@@ -291,8 +307,8 @@ make demo   # transcribe a generated clip with the tiny.en heads; print the spee
 make test   # the tests under transformers 5.x (Whisper) and 4.51.3 (MERaLiON-2), and the linter
 ```
 
-`python -m tools.transcribe FILES --format srt --output subs/` transcribes files and folders; its `--help`
-lists the options, and [`docs/USAGE.md`](docs/USAGE.md) describes them. [`docs/RESULTS.md`](docs/RESULTS.md) also times
+`python -m tools.transcribe FILES --format srt --output subs/` transcribes files and folders (options: `--help`,
+[`docs/USAGE.md`](docs/USAGE.md)). [`docs/RESULTS.md`](docs/RESULTS.md) also times
 MERaLiON-2-3B and -10B at full size on random weights, for speed only.
 
 ## Past one process

@@ -12,7 +12,9 @@
 # ARTIFACT_DIR defaults to WORK_DIR/artifacts/<base name>: a shipped (git-tracked) artifact such as
 # heads/whisper-tiny.en is replaced only when named and forced (FORCE=1).
 #
-# Environment: NUM_UTTERANCES (10000), WORKERS (2), DEVICE (cpu), BATCH (16), EPOCHS (15), TRAIN_BATCH (64),
+# Environment: AUDIO (your own speech instead of synthesised: a folder, a manifest.jsonl or an HF dataset NAME[:CONFIG];
+# no transcripts needed), NUM_UTTERANCES (10000), WORKERS (2), DEVICE (cpu), BATCH (16), EPOCHS (15), TRAIN_BATCH (64),
+# MAX_NEW_TOKENS (the family's default), STEP_LOG (a file each step appends its name, start, end and output folder to),
 # LR (2e-3), HEADS (path-speech | path | medusa), EVAL_DATA (a collect folder of real speech to replay on), BASE_ID (Hub id
 # recorded in the artifact when BASE is a local folder), FLITE_BIN, TEXT_FILE + TEXT_LICENCE, PYTHON,
 # LANGUAGE / TASK (multilingual Whisper; default: detect the language, transcribe), FORCE (export over anything),
@@ -40,34 +42,50 @@ N=${NUM_UTTERANCES:-10000}
 TS=${TIMESTAMP_UTTERANCES:-0}
 TEXTS=${TEXT_DIR:-$WORK/texts}
 LANGS=${LANGUAGES:-}
-$PY -m pipeline.synth_speech --out "$WORK/train_speech" --num-utterances "$N" \
-    --workers "${WORKERS:-2}" ${FLITE_BIN:+--flite-bin "$FLITE_BIN"} \
-    ${TEXT_FILE:+--text-file "$TEXT_FILE" --text-licence "$TEXT_LICENCE"}
+step() {  # NAME OUTPUT_FOLDER COMMAND...: run one step; with STEP_LOG set, append its wall-clock span as a JSON line
+  local name=$1 out=$2 start
+  shift 2
+  start=$(date +%s.%N)
+  "$@"
+  [ -z "${STEP_LOG:-}" ] || printf '{"step": "%s", "start": %s, "end": %s, "out": "%s"}\n' \
+      "$name" "$start" "$(date +%s.%N)" "$out" >> "$STEP_LOG"
+}
+SPEECH_IN=${AUDIO:-$WORK/train_speech}
+if [ -z "${AUDIO:-}" ]; then
+  step synthesise "$WORK/train_speech" $PY -m pipeline.synth_speech --out "$WORK/train_speech" --num-utterances "$N" \
+      --workers "${WORKERS:-2}" ${FLITE_BIN:+--flite-bin "$FLITE_BIN"} \
+      ${TEXT_FILE:+--text-file "$TEXT_FILE" --text-licence "$TEXT_LICENCE"}
+fi
 for L in ${LANGS//,/ }; do
   [ -f "$TEXTS/$L.txt" ] || $PY -m pipeline.multilingual_texts --source gnome-help --languages "$L" --out "$TEXTS"
-  $PY -m pipeline.synth_speech --out "$WORK/speech_$L" --num-utterances "${LANGUAGE_UTTERANCES:-1000}" \
-      --workers "${WORKERS:-2}" --voices "espeak-$L" ${ESPEAK_BIN:+--espeak-bin "$ESPEAK_BIN"} --text-file "$TEXTS/$L.txt" \
+  step "synthesise_$L" "$WORK/speech_$L" $PY -m pipeline.synth_speech --out "$WORK/speech_$L" \
+      --num-utterances "${LANGUAGE_UTTERANCES:-1000}" --workers "${WORKERS:-2}" --voices "espeak-$L" \
+      ${ESPEAK_BIN:+--espeak-bin "$ESPEAK_BIN"} --text-file "$TEXTS/$L.txt" \
       ${FLITE_BIN:+--flite-bin "$FLITE_BIN"}
 done
 
-COLLECT=(--base "$BASE" $TRUST --batch-size "${BATCH:-16}" --device "${DEVICE:-cpu}" ${TASK:+--task "$TASK"} $SPEECH)
-$PY -m pipeline.collect "${COLLECT[@]}" --audio "$WORK/train_speech" --out "$WORK/collect" --limit $((N - TS)) \
-    ${LANGUAGE:+--language "$LANGUAGE"}
+COLLECT=(--base "$BASE" $TRUST --batch-size "${BATCH:-16}" --device "${DEVICE:-cpu}" ${TASK:+--task "$TASK"} $SPEECH
+         ${MAX_NEW_TOKENS:+--max-new-tokens "$MAX_NEW_TOKENS"})
+step collect "$WORK/collect" $PY -m pipeline.collect "${COLLECT[@]}" --audio "$SPEECH_IN" --out "$WORK/collect" \
+    --limit $((N - TS)) ${LANGUAGE:+--language "$LANGUAGE"}
 DATA=(--data "$WORK/collect")
-INFO=(--data-info "$WORK/train_speech/manifest.jsonl")
+INFO=()
+if [ -z "${AUDIO:-}" ]; then INFO+=(--data-info "$WORK/train_speech/manifest.jsonl"); fi
 if [ "$TS" -gt 0 ]; then
-  $PY -m pipeline.collect "${COLLECT[@]}" --audio "$WORK/train_speech" --out "$WORK/collect_timestamps" \
+  step collect_timestamps "$WORK/collect_timestamps" \
+      $PY -m pipeline.collect "${COLLECT[@]}" --audio "$SPEECH_IN" --out "$WORK/collect_timestamps" \
       --skip $((N - TS)) --timestamps ${LANGUAGE:+--language "$LANGUAGE"}
   DATA+=(--data "$WORK/collect_timestamps")
 fi
 for L in ${LANGS//,/ }; do
-  $PY -m pipeline.collect "${COLLECT[@]}" --audio "$WORK/speech_$L" --out "$WORK/collect_$L" --language "$L"
+  step "collect_$L" "$WORK/collect_$L" \
+      $PY -m pipeline.collect "${COLLECT[@]}" --audio "$WORK/speech_$L" --out "$WORK/collect_$L" --language "$L"
   DATA+=(--data "$WORK/collect_$L")
   INFO+=(--data-info "$WORK/speech_$L/manifest.jsonl")
 done
 # shellcheck disable=SC2086  # RECIPE is a list of options
-$PY -m pipeline.train "${DATA[@]}" --base "$BASE" $TRUST --out "$WORK/ckpt" $RECIPE \
+step train "$WORK/ckpt" $PY -m pipeline.train "${DATA[@]}" --base "$BASE" $TRUST --out "$WORK/ckpt" $RECIPE \
     --epochs "${EPOCHS:-15}" --batch-size "${TRAIN_BATCH:-64}" --lr "${LR:-2e-3}" --device "${DEVICE:-cpu}" \
     ${EVAL_DATA:+--eval-data "$EVAL_DATA"} ${INIT_HEADS:+--init-heads "$INIT_HEADS"}
-$PY -m pipeline.export --base "$BASE" $TRUST ${BASE_ID:+--base-id "$BASE_ID"} \
-    --heads "$WORK/ckpt/best.safetensors" --out "$OUT" "${INFO[@]}" ${FORCE:+--force}
+step export "$OUT" $PY -m pipeline.export --base "$BASE" $TRUST ${BASE_ID:+--base-id "$BASE_ID"} \
+    --heads "$WORK/ckpt/best.safetensors" --out "$OUT" ${INFO[@]+"${INFO[@]}"} ${FORCE:+--force}

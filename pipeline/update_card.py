@@ -24,6 +24,7 @@ from tools.files import replace_rows, write_atomic, write_json_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE, PLOT_FILE = "results.json", "speedup.png"
+RECIPE_COST = ROOT / "benchmarks" / "recipe" / "meralion2-3b.json"  # tools.recipe_cost at the 3B shape: the root card
 HEADS_FILE = "medusa_heads.safetensors"
 
 
@@ -135,7 +136,8 @@ def update_card(artifact: Path, results: list[Path], summary: Path | None = None
     else:
         rows = shipped_rows()
     plot = draw_speedup(rows, artifact / PLOT_FILE) if rows else None
-    card = render_model_card(config, rows, plot, trained=trained)
+    recipe_cost = None if trained or not RECIPE_COST.is_file() else json.loads(RECIPE_COST.read_text())
+    card = render_model_card(config, rows, plot, trained=trained, recipe_cost=recipe_cost)
     write_atomic(artifact / "README.md", card)
     return rows
 

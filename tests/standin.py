@@ -177,6 +177,9 @@ def _layout(vocab_size: int):
     return free[:256], free[256:]
 
 
+MAX_SPECIAL_UNUSED = 4096
+
+
 def build_meralion2_tokenizer(vocab_size: int = 300):
     """Byte-level tokenizer with Gemma's special ids, built offline.
 
@@ -202,7 +205,9 @@ def build_meralion2_tokenizer(vocab_size: int = 300):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    special_strings = [specials[i] for i in sorted(specials)] + unused
+    # the library adds special tokens one by one, far too slowly for a real vocabulary's ~255 000 unused ids: past a
+    # few thousand they stay plain vocabulary entries (no text encodes to them; they decode to their own names)
+    special_strings = [specials[i] for i in sorted(specials)] + (unused if len(unused) <= MAX_SPECIAL_UNUSED else [])
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in special_strings])
     tok.post_processor = processors.TemplateProcessing(
         single="<bos> $A", pair="<bos> $A <bos> $B:1", special_tokens=[("<bos>", BOS_ID)]
@@ -343,10 +348,10 @@ def _init_weights(model, seed: int):
     model.tie_weights()
 
 
-def build_meralion2_standin(folder: Union[str, Path], seed: int = 0, **size_overrides) -> Path:
+def build_meralion2_standin(folder: Union[str, Path], seed: int = 0, dtype=None, **size_overrides) -> Path:
     """Write a tiny random MERaLiON-2 (model, remote code, processor) into ``folder`` and return it.
 
-    Deterministic in ``seed``. ``size_overrides`` are keys of ``MERALION2_STANDIN_DEFAULTS``
+    Deterministic in ``seed``; the weights are saved in ``dtype`` (a torch dtype; default float32). ``size_overrides`` are keys of ``MERALION2_STANDIN_DEFAULTS``
     (e.g. ``sliding_window=64``, ``num_hidden_layers=2``, ``vocab_size=400``).
     The speech placeholder is ``vocab_size - 1``; generation stops on ``[1, 107]``.
     """
@@ -370,6 +375,8 @@ def build_meralion2_standin(folder: Union[str, Path], seed: int = 0, **size_over
     model = model_cls(config)
     _init_weights(model, seed)
     model.eval()
+    if dtype is not None:
+        model.to(dtype)
     model.generation_config = GenerationConfig(
         bos_token_id=BOS_ID, eos_token_id=list(GENERATION_EOS_IDS), pad_token_id=PAD_ID
     )
@@ -432,3 +439,41 @@ def make_meralion2_inputs(
     prompt = processor.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     batch = processor(text=[prompt] * len(audios), audios=audios, sampling_rate=SAMPLING_RATE)
     return dict(batch)
+
+
+# ----------------------------------------------------------------------------- full size, from the command line
+WHISPER_LARGE_V3_ENCODER = {"speech_d_model": 1280, "speech_layers": 32, "speech_heads": 20, "speech_ffn_dim": 5120}
+
+
+def full_size_overrides(shape: str) -> Dict[str, Any]:
+    """The stand-in's sizes at a real MERaLiON-2 shape (``tools.meralion2_shaped.SHAPES``): Whisper-large-v3's
+    encoder and that shape's Gemma2 decoder (head_dim 256, 256 000 tokens, a 4 096-token sliding window)."""
+    from tools.meralion2_shaped import GEMMA2_HEAD_DIM, GEMMA2_VOCAB, SHAPES
+
+    return {**WHISPER_LARGE_V3_ENCODER, **SHAPES[shape], "head_dim": GEMMA2_HEAD_DIM, "vocab_size": GEMMA2_VOCAB,
+            "sliding_window": 4096, "query_pre_attn_scalar": GEMMA2_HEAD_DIM}
+
+
+def main(argv=None) -> None:
+    """``python tests/standin.py --shape meralion2-3b --out DIR``: the stand-in at full size with random weights, for
+    what the recipe and the engine cost at that size (never for quality: random weights transcribe nothing)."""
+    import argparse
+
+    import torch
+
+    from tools.meralion2_shaped import SHAPES
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    parser.add_argument("--out", required=True, help="folder to write (a MERaLiON-2 Hub snapshot's layout)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    folder = build_meralion2_standin(args.out, seed=args.seed, dtype=getattr(torch, args.dtype),
+                                     **full_size_overrides(args.shape))
+    print(f"{args.shape} stand-in with random weights ({args.dtype}) written to {folder}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's tools
+    main()

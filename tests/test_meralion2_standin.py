@@ -393,3 +393,16 @@ def test_hybridcache_window_crossed_during_decode_drifts_in_4_51(tmp_path, proce
     first_bad = window - 1 - (prompt_len - 1)  # score index whose query sits at position window - 1
     assert diff[:first_bad].max() < 1e-4
     assert diff[first_bad:].max() > 1e-3
+
+
+def test_full_size_is_the_documented_3b_shape():
+    """``python tests/standin.py --shape meralion2-3b``: Whisper-large-v3's encoder and Gemma2's 3B decoder, as
+    docs/meralion2.md gives them (every size one the stand-in takes)."""
+    from standin import MERALION2_STANDIN_DEFAULTS, full_size_overrides
+
+    sizes = full_size_overrides("meralion2-3b")
+    assert set(sizes) <= set(MERALION2_STANDIN_DEFAULTS)
+    assert sizes == {"speech_d_model": 1280, "speech_layers": 32, "speech_heads": 20, "speech_ffn_dim": 5120,
+                     "vocab_size": 256000, "hidden_size": 2304, "num_hidden_layers": 26, "num_attention_heads": 8,
+                     "num_key_value_heads": 4, "head_dim": 256, "intermediate_size": 9216, "sliding_window": 4096,
+                     "query_pre_attn_scalar": 256}

@@ -220,6 +220,9 @@ def test_collect_shards_resume_and_info(clips, shards, tmp_path):
     assert info["audio_source"]["licence"] == ["CC0-1.0"]
     on_disk = json.load(open(os.path.join(out, "collect_info.json")))
     assert on_disk["n_tokens"] == info["n_tokens"]
+    durations = [json.loads(line)["duration"] for line in open(os.path.join(clips, "manifest.jsonl"))]
+    assert info["audio_seconds"] == pytest.approx(sum(durations), abs=0.01)  # over both runs' clips
+    assert info["runs"][-1]["audio_seconds"] == pytest.approx(sum(durations[10:]), abs=0.01)
     # a third run has nothing to do and loads no model
     info = collect.main(["--base", "fake/base", "--audio", clips, "--out", out])
     assert info["runs"][-1]["clips"] == 0
@@ -773,6 +776,30 @@ def test_train_heads_sh_runs_the_shipped_recipe_by_default(tmp_path):
     assert ["--speech" in c for c in collects] == [True, False]
     assert [("--speech-attention" in c, "path" in c) for c in trains] == [(True, True), (False, False)]
 
+
+
+def test_train_heads_sh_collects_your_own_audio_and_logs_each_step(tmp_path):
+    """AUDIO=folder collects from it without synthesising speech (and claims no synthetic manifest);
+    MAX_NEW_TOKENS reaches the collect; STEP_LOG gets one JSON line per step, in order, naming its output."""
+    import subprocess
+
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
+    fake_python.chmod(0o755)
+    script = os.path.join(ROOT, "pipeline", "train_heads.sh")
+    subprocess.run(["bash", script, "/models/MERaLiON-2-3B", "work"], cwd=tmp_path, check=True,
+                   env={**os.environ, "PYTHON": str(fake_python), "AUDIO": "/data/my_calls", "HEADS": "path",
+                        "MAX_NEW_TOKENS": "96", "STEP_LOG": str(tmp_path / "steps.jsonl")})
+    calls = [c.split() for c in (tmp_path / "calls").read_text().splitlines()]
+    assert not [c for c in calls if "pipeline.synth_speech" in c]
+    collect_call = next(c for c in calls if "pipeline.collect" in c)
+    assert collect_call[collect_call.index("--audio") + 1] == "/data/my_calls"
+    assert collect_call[collect_call.index("--max-new-tokens") + 1] == "96"
+    assert "--data-info" not in next(c for c in calls if "pipeline.export" in c)
+    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [(s["step"], s["out"]) for s in steps] == [
+        ("collect", "work/collect"), ("train", "work/ckpt"), ("export", "work/artifacts/MERaLiON-2-3B")]
+    assert all(s["start"] <= s["end"] for s in steps)
 
 def test_model_card_minimal_config():
     """A card with nothing measured yet names no local path as a Hub link and no licence it cannot know."""
