@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools import cli_args
 from tools.files import command_line, write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +138,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
     p.add_argument("--work", required=True, help="the recipe's work folder (its artifact goes to WORK/artifact)")
     p.add_argument("--audio", help="your own speech instead of synthesised (train_heads.sh's AUDIO)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="a train_heads.sh setting")
-    p.add_argument("--sample-seconds", type=float, default=0.5, help="how often GPU memory is read")
+    p.add_argument("--sample-seconds", type=cli_args.Number(float, 0.0, open_low=True), default=0.5,
+                   help="how often GPU memory is read")
     p.add_argument("--out", required=True, help="the JSON to write")
     args = p.parse_args(argv)
     bad = [e for e in args.env if "=" not in e]
