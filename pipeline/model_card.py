@@ -297,7 +297,8 @@ AUDIO=recordings/ HEADS=path DEVICE=cuda TRUST_BASE_CODE=1 pipeline/train_heads.
 ```
 
 It collects the base's own transcripts and hidden states (without `AUDIO`, of synthesised English speech), trains path
-heads and exports the artifact to `work_data/artifacts/{base.split('/')[-1]}`.{recipe_cost_sentence(recipe_cost)}
+heads and exports the artifact to `work_data/artifacts/{base.split('/')[-1]}`. It has run end to end at the 3B shape
+with random weights, the artifact decoding exactly as its base (`benchmarks/recipe/`).{recipe_cost_sentence(recipe_cost)}
 [`docs/DEVELOPING.md`](docs/DEVELOPING.md) explains each step.
 
 ## Commands

@@ -24,7 +24,7 @@ from tools.files import replace_rows, write_atomic, write_json_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE, PLOT_FILE = "results.json", "speedup.png"
-RECIPE_COST = ROOT / "benchmarks" / "recipe" / "meralion2-3b.json"  # tools.recipe_cost at the 3B shape: the root card
+RECIPE_COST = ROOT / "benchmarks" / "recipe" / "meralion2-3b_gpu.json"  # tools.recipe_cost at the 3B shape on a GPU
 HEADS_FILE = "medusa_heads.safetensors"
 
 

@@ -64,3 +64,20 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(recipe_cost.shutil, "which", lambda name: None if name == "nvidia-smi" else real_which(name))
     yield
     assert os.environ.get("STEP_LOG") is None  # the recipe's settings never leak into this process
+
+
+def test_the_root_card_reads_a_gpu_run_per_hour_of_audio():
+    from pipeline.model_card import recipe_cost_sentence
+
+    cost = {"gpu": "NVIDIA H100 80GB HBM3", "env": {"MAX_NEW_TOKENS": "32", "EPOCHS": "15"}, "steps": [
+        {"step": "collect", "seconds": 60.0, "seconds_per_audio_hour": 240.0, "gpu_memory_peak_gib": 9.5,
+         "disk_mib": 100.0, "disk_gib_per_audio_hour": 0.2},
+        {"step": "train", "seconds": 30.0, "seconds_per_audio_hour": 120.0, "gpu_memory_peak_gib": 12.2,
+         "disk_mib": 972.0, "disk_gib_per_audio_hour": None},
+        {"step": "export", "seconds": 30.0, "seconds_per_audio_hour": None, "gpu_memory_peak_gib": None,
+         "disk_mib": 254.0, "disk_gib_per_audio_hour": None}]}
+    assert recipe_cost_sentence(cost) == (
+        " At the 3B shape (H100, random weights, 32 tokens a clip, 15 epochs) an hour of audio took collect 4.0 min and"
+        " train 2.0 min, then export 0.5 min: at most 12 GiB of GPU memory, 0.2 GiB of collected states an hour and"
+        " 1.2 GiB of checkpoints (`benchmarks/recipe/`).")
+    assert recipe_cost_sentence(None) == ""

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tools import cli_args
+from tools.benchmark_environment import cpu_name
 from tools.files import command_line, write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +128,8 @@ def measure(opts: Options, argv: list[str] | None = None) -> dict:
     data = collected(steps)
     audio_hours = data["audio_seconds"] / 3600
     return {"command": command_line("tools.recipe_cost", argv), "env": opts.env, "date": time.strftime("%Y-%m-%d"),
-            "gpu": gpu_name(), "base": opts.base, "clips": data["clips"], "tokens": data["tokens"],
+            "gpu": gpu_name(), "cpu": cpu_name(), "cpus": os.cpu_count(), "base": opts.base, "clips": data["clips"],
+            "tokens": data["tokens"],
             "audio_hours": round(audio_hours, 4), "tokens_per_audio_hour": round(data["tokens"] / audio_hours),
             "steps": step_rows(steps, sampler, audio_hours)}
 
