@@ -98,18 +98,15 @@ def collected(steps: list[dict]) -> dict:
             "audio_seconds": sum(i["audio_seconds"] for i in infos)}
 
 
-def step_rows(steps: list[dict], sampler: GpuMemorySampler, audio_hours: float) -> list[dict]:
-    rows = []
-    for step in steps:
-        seconds, peak, disk = step["end"] - step["start"], sampler.peak_mib(step["start"], step["end"]), \
-            folder_bytes(step["out"])
-        rows.append({"step": step["step"], "seconds": round(seconds, 1),
-                     "seconds_per_audio_hour": round(seconds / audio_hours, 1) if step["step"].startswith(TIME_GROWS) else None,
-                     "gpu_memory_peak_gib": None if peak is None else round(peak / 1024, 2),
-                     "disk_mib": round(disk / MIB, 1),
-                     "disk_gib_per_audio_hour": round(disk / GIB / audio_hours, 3) if step["step"].startswith(DISK_GROWS)
-                     else None})
-    return rows
+def step_row(step: dict, sampler: GpuMemorySampler, audio_hours: float) -> dict:
+    """One logged step: its time, GPU memory peak and output size, per audio hour where they grow with the audio."""
+    name, seconds, disk = step["step"], step["end"] - step["start"], folder_bytes(step["out"])
+    peak = sampler.peak_mib(step["start"], step["end"])
+    return {"step": name, "seconds": round(seconds, 1),
+            "seconds_per_audio_hour": round(seconds / audio_hours, 1) if name.startswith(TIME_GROWS) else None,
+            "gpu_memory_peak_gib": None if peak is None else round(peak / 1024, 2),
+            "disk_mib": round(disk / MIB, 1),
+            "disk_gib_per_audio_hour": round(disk / GIB / audio_hours, 3) if name.startswith(DISK_GROWS) else None}
 
 
 def gpu_name() -> str | None:
@@ -129,9 +126,9 @@ def measure(opts: Options, argv: list[str] | None = None) -> dict:
     audio_hours = data["audio_seconds"] / 3600
     return {"command": command_line("tools.recipe_cost", argv), "env": opts.env, "date": time.strftime("%Y-%m-%d"),
             "gpu": gpu_name(), "cpu": cpu_name(), "cpus": os.cpu_count(), "base": opts.base, "clips": data["clips"],
-            "tokens": data["tokens"],
-            "audio_hours": round(audio_hours, 4), "tokens_per_audio_hour": round(data["tokens"] / audio_hours),
-            "steps": step_rows(steps, sampler, audio_hours)}
+            "tokens": data["tokens"], "audio_hours": round(audio_hours, 4),
+            "tokens_per_audio_hour": round(data["tokens"] / audio_hours),
+            "steps": [step_row(step, sampler, audio_hours) for step in steps]}
 
 
 def parse_args(argv: list[str] | None = None) -> Options:
