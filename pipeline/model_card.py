@@ -272,8 +272,10 @@ def recipe_cost_sentence(cost: dict | None) -> str:
     peak = max(s["gpu_memory_peak_gib"] or 0 for s in cost["steps"])
     collected = sum(s["disk_gib_per_audio_hour"] or 0 for s in cost["steps"])
     kept = (steps["train"]["disk_mib"] + steps["export"]["disk_mib"]) / 1024
-    return (f" At the 3B shape ({device_label(cost)}, random weights, {cost['env']['MAX_NEW_TOKENS']} tokens a clip, "
-            f"{cost['env']['EPOCHS']} epochs) an hour of audio took {per_hour}, then export "
+    tokens, epochs = cost["env"].get("MAX_NEW_TOKENS"), cost["env"].get("EPOCHS")
+    run = ", ".join([device_label(cost), "random weights"] + ([f"{tokens} tokens a clip"] if tokens else [])
+                    + ([f"{epochs} epochs"] if epochs else []))
+    return (f" At the 3B shape ({run}) an hour of audio took {per_hour}, then export "
             f"{steps['export']['seconds'] / 60:.1f} min: at most {peak:.0f} GiB of GPU memory, {collected:.1f} GiB "
             f"of collected states an hour and {kept:.1f} GiB of checkpoints (`benchmarks/recipe/`).")
 
@@ -290,7 +292,8 @@ def _extra(cfg: dict, untrained: bool, recipe_cost: dict | None = None) -> str:
 ## Train the heads
 
 Train MERaLiON-2's heads on your own recordings (a folder, a `manifest.jsonl` or an HF dataset; no transcripts) with
-one command, on transformers 4.51 (`requirements-meralion2.txt`) and a GPU; `TRUST_BASE_CODE=1` lets MERaLiON-2's own code run:
+one command, on transformers 4.51 (`requirements-meralion2.txt`) and a GPU; `TRUST_BASE_CODE=1` lets MERaLiON-2's
+own code run:
 
 ```bash
 AUDIO=recordings/ HEADS=path DEVICE=cuda TRUST_BASE_CODE=1 pipeline/train_heads.sh {base}

@@ -80,4 +80,5 @@ def test_the_root_card_reads_a_gpu_run_per_hour_of_audio():
         " At the 3B shape (H100, random weights, 32 tokens a clip, 15 epochs) an hour of audio took collect 4.0 min and"
         " train 2.0 min, then export 0.5 min: at most 12 GiB of GPU memory, 0.2 GiB of collected states an hour and"
         " 1.2 GiB of checkpoints (`benchmarks/recipe/`).")
+    assert recipe_cost_sentence({**cost, "env": {}}).startswith(" At the 3B shape (H100, random weights) an hour")
     assert recipe_cost_sentence(None) == ""
