@@ -349,10 +349,12 @@ def _init_weights(model, seed: int):
 
 
 def build_meralion2_standin(folder: Union[str, Path], seed: int = 0, dtype=None, **size_overrides) -> Path:
-    """Write a tiny random MERaLiON-2 (model, remote code, processor) into ``folder`` and return it.
+    """Write a random MERaLiON-2 (model, remote code, processor; tiny unless sized otherwise) into ``folder`` and
+    return it.
 
-    Deterministic in ``seed``; the weights are saved in ``dtype`` (a torch dtype; default float32). ``size_overrides`` are keys of ``MERALION2_STANDIN_DEFAULTS``
-    (e.g. ``sliding_window=64``, ``num_hidden_layers=2``, ``vocab_size=400``).
+    Deterministic in ``seed``; the weights are saved in ``dtype`` (a torch dtype; default float32).
+    ``size_overrides`` are keys of ``MERALION2_STANDIN_DEFAULTS`` (e.g. ``sliding_window=64``,
+    ``num_hidden_layers=2``, ``vocab_size=400``; ``full_size_overrides`` gives a real shape's).
     The speech placeholder is ``vocab_size - 1``; generation stops on ``[1, 107]``.
     """
     _require_transformers_451()
