@@ -43,6 +43,15 @@ class Options:
     sample_seconds: float = 0.5
 
 
+def nvidia_smi(field: str) -> str | None:
+    """One field of the first GPU as nvidia-smi reads it (not torch: a CUDA context of this process's own would show
+    in the recipe's memory readings); None without one."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    query = ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits", "-i", "0"]
+    return subprocess.run(query, capture_output=True, text=True).stdout.strip() or None
+
+
 class GpuMemorySampler:
     """``nvidia-smi``'s memory in use on the first GPU, every ``interval`` seconds, in a thread: (time, MiB)."""
 
@@ -62,10 +71,9 @@ class GpuMemorySampler:
             self._thread.join()
 
     def _run(self):
-        query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"]
         while not self._stop.is_set():
-            used = subprocess.run(query, capture_output=True, text=True).stdout.strip()
-            if used.isdigit():
+            used = nvidia_smi("memory.used")
+            if used and used.isdigit():
                 self.samples.append((time.time(), int(used)))
             self._stop.wait(self.interval)
 
@@ -84,10 +92,7 @@ def run_recipe(opts: Options, steps_log: Path) -> GpuMemorySampler:
 
 
 def folder_bytes(path: str | Path) -> int:
-    path = Path(path)
-    if path.is_file():
-        return path.stat().st_size
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 def collected(steps: list[dict]) -> dict:
@@ -109,13 +114,6 @@ def step_row(step: dict, sampler: GpuMemorySampler, audio_hours: float) -> dict:
             "disk_gib_per_audio_hour": round(disk / GIB / audio_hours, 3) if name.startswith(DISK_GROWS) else None}
 
 
-def gpu_name() -> str | None:
-    if not shutil.which("nvidia-smi"):
-        return None
-    return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
-                          capture_output=True, text=True).stdout.strip() or None
-
-
 def measure(opts: Options, argv: list[str] | None = None) -> dict:
     opts.work.mkdir(parents=True, exist_ok=True)
     steps_log = opts.work / "steps.jsonl"
@@ -125,7 +123,7 @@ def measure(opts: Options, argv: list[str] | None = None) -> dict:
     data = collected(steps)
     audio_hours = data["audio_seconds"] / 3600
     return {"command": command_line("tools.recipe_cost", argv), "env": opts.env, "date": time.strftime("%Y-%m-%d"),
-            "gpu": gpu_name(), "cpu": cpu_name(), "cpus": os.cpu_count(), "base": opts.base, "clips": data["clips"],
+            "gpu": nvidia_smi("name"), "cpu": cpu_name(), "cpus": os.cpu_count(), "base": opts.base, "clips": data["clips"],
             "tokens": data["tokens"], "audio_hours": round(audio_hours, 4),
             "tokens_per_audio_hour": round(data["tokens"] / audio_hours),
             "steps": [step_row(step, sampler, audio_hours) for step in steps]}
