@@ -53,11 +53,11 @@ CITATIONS = {
 }""",
 }
 
-TERMS = ("A *draft* is the heads' guess of the next few tokens. A *verify pass* is one forward pass of the base "
-         "decoder over the last token plus the whole draft. A *round* is one draft and its verify pass: it keeps "
-         "the longest draft prefix equal to the base's own choices, plus one token of the base.")
-TREE_TERMS = ("A *tree* drafts several candidates per position and verifies them together under a tree-shaped "
-              "attention mask; a *chain* is a tree with one candidate per position.")
+TERMS = ("A *draft* is the heads' guess of the next few tokens. A *verify pass* runs the base decoder once over the "
+         "last token and the draft. A *round* is a draft and its verify pass: it keeps the longest draft prefix "
+         "equal to the base's own choices, plus one token of the base.")
+TREE_TERMS = ("A *tree* drafts several candidates per position, verified together under a tree-shaped mask; a "
+              "*chain* has one per position.")
 PATH_TERMS = ("*Path heads* (Hydra-style) each see the token drafted before them, so every branch of the tree "
               "gets its own continuation.")
 RESULTS_INTRO = ("Measured on 28 real recordings with references, batch 1 unless the device says otherwise. "
@@ -69,8 +69,8 @@ LOSSLESS = ("Every emitted token is the base model's own greedy choice. A round 
             "it equals the base's own top-scoring token in the verify pass, then adds the base's next token. "
             "The verify pass runs the base's own weights over a key-value cache written by position, so a rejected "
             "draft leaves nothing behind. "
-            "The tests compare the ids with the base's greedy `generate` in float32, token for token, on random "
-            "and real inputs. "
+            "Tests compare the ids with the base's float32 greedy `generate`, token for token, on random and real "
+            "inputs. "
             "In bfloat16 the ids can part at a *near-tie*: a step where the base's two best scores lie within "
             "bfloat16's rounding. The exact column counts those recordings, each checked to be such a tie.")
 LIMITATIONS = [
@@ -245,8 +245,8 @@ def _licence_text(base: str, licence: dict, untrained: bool) -> str:
         return (f"MIT. The base weights ({base}) are MIT-licensed by OpenAI; the heads, distilled from the base's "
                 "own outputs, and the code are MIT too.")
     if licence.get("license_name") == "meralion-public-license":
-        return (f"The code is MIT. The base weights ({base}) are under the MERaLiON Public Licence, named on the "
-                "base's model page; heads you train from them follow that licence. "
+        return (f"The code is MIT. The base weights ({base}) are under the MERaLiON Public Licence; heads you "
+                "train from them follow that licence. "
                 "The Whisper artifacts in `heads/` are MIT, as OpenAI's Whisper weights are.")
     return f"The code is MIT; the base ({base}) and heads trained from it are under the base's own licence."
 
@@ -273,11 +273,11 @@ def recipe_cost_sentence(cost: dict | None) -> str:
     collected = sum(s["disk_gib_per_audio_hour"] or 0 for s in cost["steps"])
     kept = (steps["train"]["disk_mib"] + steps["export"]["disk_mib"]) / 1024
     tokens, epochs = cost["env"].get("MAX_NEW_TOKENS"), cost["env"].get("EPOCHS")
-    run = ", ".join([device_label(cost), "random weights"] + ([f"{tokens} tokens a clip"] if tokens else [])
-                    + ([f"{epochs} epochs"] if epochs else []))
-    return (f" At the 3B shape ({run}) an hour of audio took {per_hour}, then export "
-            f"{steps['export']['seconds'] / 60:.1f} min: at most {peak:.0f} GiB of GPU memory, {collected:.1f} GiB "
-            f"of collected states an hour and {kept:.1f} GiB of checkpoints (`benchmarks/recipe/`).")
+    settings = ([f"{tokens} tokens a clip"] if tokens else []) + ([f"{epochs} epochs"] if epochs else [])
+    run = device_label(cost) + (f" ({', '.join(settings)})" if settings else "")
+    return (f" On an {run} an hour of audio took {per_hour}, export {steps['export']['seconds'] / 60:.1f} min. "
+            f"It peaked at {peak:.0f} GiB of GPU memory, writing {collected:.1f} GiB an hour plus {kept:.1f} GiB of "
+            "checkpoints.")
 
 
 def _extra(cfg: dict, untrained: bool, recipe_cost: dict | None = None) -> str:
@@ -299,15 +299,15 @@ own code run:
 AUDIO=recordings/ HEADS=path DEVICE=cuda TRUST_BASE_CODE=1 pipeline/train_heads.sh {base}
 ```
 
-It collects the base's own transcripts and hidden states (without `AUDIO`, of synthesised English speech), trains path
-heads and exports the artifact to `work_data/artifacts/{base.split('/')[-1]}`. It has run end to end at the 3B shape
-with random weights, the artifact decoding exactly as its base (`benchmarks/recipe/`).{recipe_cost_sentence(recipe_cost)}
+It collects the base's own outputs (without `AUDIO`, on synthesised English speech), trains path heads and
+exports the artifact to `work_data/artifacts/{base.split('/')[-1]}`. At the 3B shape with random weights, its artifact
+decodes exactly as its base (`benchmarks/recipe/`).{recipe_cost_sentence(recipe_cost)}
 [`docs/DEVELOPING.md`](docs/DEVELOPING.md) explains each step.
 
 ## Commands
 
 ```bash
-make demo   # transcribe a generated clip with the tiny.en heads; print the speed-up and the spread
+make demo   # transcribe a generated clip with the tiny.en heads, print the speed-up
 make test   # the tests under transformers 5.x (Whisper) and 4.51.3 (MERaLiON-2), and the linter
 ```
 

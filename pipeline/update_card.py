@@ -114,6 +114,11 @@ def write_results(folder: Path, rows: list[dict], command: str) -> None:
     write_json_atomic(Path(folder) / RESULTS_FILE, {"command": command, "rows": rows}, indent=1)
 
 
+def recipe_cost() -> dict | None:
+    """The committed GPU run of the head recipe at the 3B shape (the root card's cost sentence), if there is one."""
+    return json.loads(RECIPE_COST.read_text(encoding="utf-8")) if RECIPE_COST.is_file() else None
+
+
 def update_card(artifact: Path, results: list[Path], summary: Path | None = None) -> list[dict]:
     """Write ``artifact``'s results.json, speedup.png and README.md; returns the card's rows."""
     config_path = artifact / "config.json"
@@ -136,8 +141,7 @@ def update_card(artifact: Path, results: list[Path], summary: Path | None = None
     else:
         rows = shipped_rows()
     plot = draw_speedup(rows, artifact / PLOT_FILE) if rows else None
-    recipe_cost = None if trained or not RECIPE_COST.is_file() else json.loads(RECIPE_COST.read_text())
-    card = render_model_card(config, rows, plot, trained=trained, recipe_cost=recipe_cost)
+    card = render_model_card(config, rows, plot, trained=trained, recipe_cost=None if trained else recipe_cost())
     write_atomic(artifact / "README.md", card)
     return rows
 

@@ -42,13 +42,14 @@ def sentences(body: str) -> list[str]:
 def test_card_is_rendered_from_the_template_and_its_committed_results(folder):
     """README.md is what ``python -m pipeline.update_card FOLDER`` renders today: no hand edits, no stale rows."""
     from pipeline.model_card import render_model_card
-    from pipeline.update_card import PLOT_FILE, read_rows, shipped_rows
+    from pipeline.update_card import PLOT_FILE, read_rows, recipe_cost, shipped_rows
 
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     rows = read_rows(folder) if folder in ARTIFACTS else shipped_rows()
     assert rows or config.get("card_note"), f"{folder}: no benchmark rows, and no card_note saying why"
     assert (folder / "README.md").read_text(encoding="utf-8") == render_model_card(
-        config, rows, PLOT_FILE if rows else None, trained=folder in ARTIFACTS)
+        config, rows, PLOT_FILE if rows else None, trained=folder in ARTIFACTS,
+        recipe_cost=None if folder in ARTIFACTS else recipe_cost())
     assert "benchmark" not in config or not config["benchmark"]  # the record lives in results.json
     if folder in ARTIFACTS and rows:
         results = json.loads((folder / "results.json").read_text(encoding="utf-8"))

@@ -77,8 +77,7 @@ def test_the_root_card_reads_a_gpu_run_per_hour_of_audio():
         {"step": "export", "seconds": 30.0, "seconds_per_audio_hour": None, "gpu_memory_peak_gib": None,
          "disk_mib": 254.0, "disk_gib_per_audio_hour": None}]}
     assert recipe_cost_sentence(cost) == (
-        " At the 3B shape (H100, random weights, 32 tokens a clip, 15 epochs) an hour of audio took collect 4.0 min and"
-        " train 2.0 min, then export 0.5 min: at most 12 GiB of GPU memory, 0.2 GiB of collected states an hour and"
-        " 1.2 GiB of checkpoints (`benchmarks/recipe/`).")
-    assert recipe_cost_sentence({**cost, "env": {}}).startswith(" At the 3B shape (H100, random weights) an hour")
+        " On an H100 (32 tokens a clip, 15 epochs) an hour of audio took collect 4.0 min and train 2.0 min, export"
+        " 0.5 min. It peaked at 12 GiB of GPU memory, writing 0.2 GiB an hour plus 1.2 GiB of checkpoints.")
+    assert recipe_cost_sentence({**cost, "env": {}}).startswith(" On an H100 an hour of audio took collect")
     assert recipe_cost_sentence(None) == ""
