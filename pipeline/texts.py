@@ -38,7 +38,7 @@ AUDIO_LICENCE = "synthetic audio (flite/festival voices, BSD-style)"
 
 
 def cache_root() -> Path:
-    from modeling_medusa import cache_dir  # the project's one cache folder
+    from medusa_options import cache_dir  # the project's one cache folder
 
     return cache_dir()
 

@@ -35,3 +35,14 @@ def test_a_test_file_runs_without_warnings():
     result = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_structure.py"])
     assert result.returncode == 0, result.stdout
     assert notices(result.stdout + result.stderr) == []
+
+
+def test_the_data_tools_find_the_cache_folder_without_loading_model_code():
+    """Synthesis workers and the text normaliser ask for the project's cache folder only: importing the model code
+    for it loads transformers (seconds a worker) and whatever quantisation libraries it finds, with their notices."""
+    code = ("import sys; from pipeline.texts import cache_root; from tools.text_normalizer import spelling_table_path;"
+            " cache_root(); spelling_table_path(); print(sorted(m for m in ('transformers', 'modeling_medusa', 'torch')"
+            " if m in sys.modules))")
+    result = run(["-c", code])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[]"]

@@ -92,7 +92,7 @@ def cache_root(cache_dir: Path | None = None) -> Path:
     artifact looks for converted bases."""
     if cache_dir is not None:
         return Path(cache_dir)
-    from modeling_medusa import cache_dir as project_cache_dir
+    from medusa_options import cache_dir as project_cache_dir
 
     return project_cache_dir()
 

@@ -25,7 +25,7 @@ SPELLING_FILE = "whisper-english-spelling.json"
 
 
 def spelling_table_path() -> Path:
-    from modeling_medusa import cache_dir
+    from medusa_options import cache_dir
 
     return cache_dir() / SPELLING_FILE
 

@@ -72,7 +72,7 @@ def default_clip_path() -> Path:
     bundled = REPO_ROOT / BUNDLED_CLIP
     if bundled.is_file():
         return bundled
-    from modeling_medusa import cache_dir  # the project's one cache folder
+    from medusa_options import cache_dir  # the project's one cache folder
 
     cached = cache_dir() / "default_clip.wav"
     if not cached.is_file():
