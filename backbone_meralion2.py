@@ -149,7 +149,11 @@ class MERaLiON2Backbone(Backbone):
         """Give every layer one q/k/v weight and one gate/up weight, so a verify pass runs two GEMMs
         where it ran five. The base's own layers keep working: their weights become views of the
         fused tensors (no extra memory). Returns False (and changes nothing) when the layers cannot
-        share a tensor, e.g. quantised or offloaded weights."""
+        share a tensor, e.g. quantised or offloaded weights, or with ``layer_regions``: a reused region given views
+        of one tensor as its weights is refused (Higher order ops do not support aliasing), and given the fused
+        tensors instead, it read wrong values in single-token passes."""
+        if self.kernels.layer_regions:
+            return False
         fused = []
         for layer in self.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -284,14 +288,23 @@ class MERaLiON2Backbone(Backbone):
         full_mask = attention_mask(state, depths, ancestors, upto)
         sliding_mask = attention_mask(state, depths, ancestors, upto, window) if window else full_mask
         slots = state.slots(n)
-        regions = self.kernels.layer_regions and torch.compiler.is_compiling()
-        attend, finish = (self._layer_qkv_region, self._layer_rest_region) if regions else (self._layer_qkv, self._layer_rest)
+        compiling = torch.compiler.is_compiling()
+        regions = self.kernels.layer_regions and compiling and self.fused is None  # (see fuse_projections)
+        qkv, rest = (layer_qkv_region, layer_rest_region) if regions else (layer_qkv, layer_rest)
+        broadcast = compiling and self.kernels.grouped_attention == "broadcast"
         for i, layer in enumerate(self.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
             fused = self.fused[i] if self.fused is not None else None
-            query, key, value = attend(layer, hidden, cos, sin, fused)
+            projections, feed = (attn, mlp) if fused is None else (fused[0], (fused[1], mlp.down_proj, mlp.act_fn))
+            norms = (layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
+                     layer.post_feedforward_layernorm)
+            query, key, value = qkv(norms[0], projections, hidden, cos, sin, self.num_heads, self.num_kv_heads,
+                                    self.head_dim)
             state.cache.write(i, slots, key, value)
             keys, values = state.cache.layer(i, upto)
-            hidden = finish(layer, hidden, query, keys, values, sliding_mask if self.sliding[i] else full_mask, fused)
+            mask = sliding_mask if self.sliding[i] else full_mask
+            hidden = rest(norms[1:], attn.o_proj, feed, hidden, query, keys, values, mask, self.scaling, self.attn_softcap,
+                          broadcast)
         return self.model.norm(hidden)
 
     def _prepare_rope_table(self, positions: int, device, dtype):
@@ -319,40 +332,6 @@ class MERaLiON2Backbone(Backbone):
             return self.model.rotary_emb(hidden, positions)
         positions = positions.clamp(min=0)
         return table[0][positions], table[1][positions]
-
-    @staticmethod
-    def _mlp(mlp, x, fused):
-        if fused is None:
-            return mlp(x)
-        gate, up = weight_product(x, fused[1]).chunk(2, dim=-1)
-        return mlp.down_proj(mlp.act_fn(gate) * up)
-
-    def _layer_qkv(self, layer, hidden, cos, sin, fused):
-        """A layer's query, key and value heads [B, heads, T, D], rotated."""
-        attn, x = layer.self_attn, layer.input_layernorm(hidden)
-        batch, n, _ = x.shape
-        if fused is None:
-            query, key, value = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-        else:
-            kv_width = self.num_kv_heads * self.head_dim
-            widths = [self.num_heads * self.head_dim, kv_width, kv_width]
-            query, key, value = weight_product(x, fused[0]).split(widths, dim=-1)
-        query = query.view(batch, n, self.num_heads, self.head_dim).transpose(1, 2)
-        key = key.view(batch, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        value = value.reshape(batch, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return _rotate(query, cos, sin), _rotate(key, cos, sin), value
-
-    def _layer_rest(self, layer, hidden, query, keys, values, mask, fused):
-        """The rest of a layer once its keys and values are in the cache: attention, output projection, MLP."""
-        out = grouped_attention(query, keys, values, mask, self.scaling, self.attn_softcap,
-                                broadcast_cache=torch.compiler.is_compiling() and self.kernels.grouped_attention == "broadcast")
-        hidden = hidden + layer.post_attention_layernorm(layer.self_attn.o_proj(out))
-        return hidden + layer.post_feedforward_layernorm(self._mlp(layer.mlp, layer.pre_feedforward_layernorm(hidden), fused))
-
-    # Compiled, every layer is the same code over other weights: traced and compiled once, then reused for all
-    # (hierarchical compilation). The cache write stays outside: a region that mutates its inputs is functionalised.
-    _layer_qkv_region = torch.compiler.nested_compile_region(_layer_qkv)
-    _layer_rest_region = torch.compiler.nested_compile_region(_layer_rest)
 
     # ------------------------------------------------------------------ output format
     def format_output(self, generated: list[list[int]], prompt: torch.Tensor) -> torch.Tensor:
@@ -410,3 +389,44 @@ def _rotate(x, cos, sin):
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def _feed_forward(feed, x):
+    """Gemma2's MLP: ``feed`` is the module, or (its fused gate/up weight, down projection, activation)."""
+    if isinstance(feed, torch.nn.Module):
+        return feed(x)
+    gate_up, down, act = feed
+    gate, up = weight_product(x, gate_up).chunk(2, dim=-1)
+    return down(act(gate) * up)
+
+
+def layer_qkv(norm, projections, hidden, cos, sin, heads: int, kv_heads: int, head_dim: int):
+    """A Gemma2 layer's query, key and value heads [B, heads, T, D], rotated; ``projections``: its attention module,
+    or one fused q/k/v weight."""
+    x = norm(hidden)
+    batch, n, _ = x.shape
+    if isinstance(projections, torch.nn.Module):
+        query, key, value = projections.q_proj(x), projections.k_proj(x), projections.v_proj(x)
+    else:
+        widths = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+        query, key, value = weight_product(x, projections).split(widths, dim=-1)
+    query = query.view(batch, n, heads, head_dim).transpose(1, 2)
+    key = key.view(batch, n, kv_heads, head_dim).transpose(1, 2)
+    value = value.reshape(batch, n, kv_heads, head_dim).transpose(1, 2)
+    return _rotate(query, cos, sin), _rotate(key, cos, sin), value
+
+
+def layer_rest(norms, o_proj, feed, hidden, query, keys, values, mask, scaling: float, softcap: float | None,
+               broadcast_cache: bool):
+    """The rest of a Gemma2 layer once its keys and values are in the cache: attention, output projection, MLP
+    (``norms``: post-attention, pre- and post-feed-forward)."""
+    out = grouped_attention(query, keys, values, mask, scaling, softcap, broadcast_cache=broadcast_cache)
+    hidden = hidden + norms[0](o_proj(out))
+    return hidden + norms[2](_feed_forward(feed, norms[1](hidden)))
+
+
+# Compiled, every layer is the same code over other weights: traced and compiled once, then reused for all
+# (hierarchical compilation), which Dynamo does only for inputs it can compare (tensors, constants, modules; not
+# the backbone object). The cache write stays outside: a region that mutates its inputs is functionalised.
+layer_qkv_region = torch.compiler.nested_compile_region(layer_qkv)
+layer_rest_region = torch.compiler.nested_compile_region(layer_rest)

@@ -1,6 +1,7 @@
 """MERaLiON-2 (tiny faithful stand-in, transformers 4.51): Medusa output == the base's own greedy
 generate over many random cases, including prompts far past the sliding window."""
 
+import logging
 import random
 
 import numpy as np
@@ -104,6 +105,31 @@ def test_compiled_prefill_and_rounds_equal_the_base_greedy(meralion_medusa):
     hidden = {compiled: backbone.prefill(inputs, 4, 4, process, cache_pool=CachePool(), compile=compiled)[0].hidden
               for compiled in (False, True)}
     torch.testing.assert_close(hidden[True], hidden[False], rtol=1e-4, atol=1e-4)
+
+
+def test_layer_regions_trace_one_layer_for_all_and_equal_the_base_greedy(meralion_medusa, caplog):
+    """``KernelOptions(layer_regions=True)``, compiled: Dynamo traces a decoder layer once and reuses it for the
+    others (the 3B shape's compile time), which it does only for inputs it can compare: tensors, constants, modules,
+    never views of one tensor (so the projections stay unfused). The ids stay the base's, one token a pass and more."""
+    import dataclasses
+
+    from modeling_medusa import MedusaForASR
+
+    model = MedusaForASR.from_base(meralion_medusa.config.base_model_name_or_path, family="meralion2",
+                                   trust_base_remote_code=True, medusa_num_heads=4)
+    model.backbone.kernels = dataclasses.replace(model.backbone.kernels, layer_regions=True)
+    inputs = make_inputs(model, random.Random(7), 1)
+    expected = model.generate(**inputs, use_medusa=False, max_new_tokens=8)
+    torch._logging.set_logs(hierarchical_compile=True)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            for draft in ("none", "chain"):
+                got = model.generate(**inputs, max_new_tokens=8, draft=draft, compile=True, cuda_graph=False)
+                assert torch.equal(expected, got), f"{draft}: base {expected.tolist()} regions {got.tolist()}"
+    finally:
+        torch._logging.set_logs()
+    assert model.backbone.fused is None
+    assert "reusing subgraph" in caplog.text and "not eligible" not in caplog.text
 
 
 def test_bfloat16_equals_the_base_bfloat16_greedy_up_to_its_own_near_ties(meralion_medusa, tmp_path):
