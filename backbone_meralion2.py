@@ -296,14 +296,13 @@ class MERaLiON2Backbone(Backbone):
             attn, mlp = layer.self_attn, layer.mlp
             fused = self.fused[i] if self.fused is not None else None
             projections, feed = (attn, mlp) if fused is None else (fused[0], (fused[1], mlp.down_proj, mlp.act_fn))
-            norms = (layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
-                     layer.post_feedforward_layernorm)
-            query, key, value = qkv(norms[0], projections, hidden, cos, sin, self.num_heads, self.num_kv_heads,
-                                    self.head_dim)
+            query, key, value = qkv(layer.input_layernorm, projections, hidden, cos, sin, self.num_heads,
+                                    self.num_kv_heads, self.head_dim)
             state.cache.write(i, slots, key, value)
             keys, values = state.cache.layer(i, upto)
             mask = sliding_mask if self.sliding[i] else full_mask
-            hidden = rest(norms[1:], attn.o_proj, feed, hidden, query, keys, values, mask, self.scaling, self.attn_softcap,
+            norms = (layer.post_attention_layernorm, layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm)
+            hidden = rest(norms, attn.o_proj, feed, hidden, query, keys, values, mask, self.scaling, self.attn_softcap,
                           broadcast)
         return self.model.norm(hidden)
 

@@ -45,7 +45,7 @@ try:
     from .medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
                                FusedPathDrafter, FusedPathWeights, build_heads, int8_drafting_copy,
                                int8_drafting_supported)
-    from .medusa_options import MedusaOptions, cache_dir  # noqa: F401
+    from .medusa_options import MedusaOptions
     from .speech_io import SpeechIO
 except ImportError:
     from backbone import Backbone  # noqa: F401
@@ -69,7 +69,7 @@ except ImportError:
     from medusa_heads import (DraftProjection, MedusaDrafter, MedusaHeads, PathDrafter,  # noqa: F401
                               FusedPathDrafter, FusedPathWeights, build_heads, int8_drafting_copy,
                               int8_drafting_supported)
-    from medusa_options import MedusaOptions, cache_dir  # noqa: F401
+    from medusa_options import MedusaOptions
     from speech_io import SpeechIO
 
 HEADS_FILE = "medusa_heads.safetensors"
