@@ -67,9 +67,8 @@ class KernelOptions:
     rounds): the query heads of a key/value head as ``"rows"`` of one product, or the cache ``"broadcast"`` over
     them. ``rope_table_devices``: device types whose MERaLiON-2 passes gather cos/sin from a table made at prefill
     (elsewhere computed). ``layer_regions`` (MERaLiON-2, compiled passes): each decoder layer traced and compiled once
-    and reused for every layer (``torch.compiler.nested_compile_region``; the projections then stay unfused); off
-    until a GPU has timed it with the layers reused: on a CPU it shortened compiles, cold and warm, and slowed the
-    rounds (``benchmarks/first_call/cpu_meralion2-3b_tiny.json``)."""
+    and reused for every layer (``torch.compiler.nested_compile_region``; the projections then stay unfused); off: it
+    shortens a cold compile, but on a GPU not a warm one, and it slows the rounds (``benchmarks/first_call/``)."""
 
     cache_index_put: bool = True
     gpu_argmax_block: int = 2048
