@@ -223,6 +223,7 @@ class DraftPolicy:
         self.untrusted: set = set()  # keys whose timings stayed implausible: used here, never kept, auto falls back
         self.recalled: set = set()  # keys whose timings came from the store (re-checked once by ``update``)
         self.not_recalled: set = set()  # keys whose kept timings the loop disagreed with: timed afresh, then replaced
+        self.warm: set = set()  # keys whose rounds ran in this process before (a first call's run cold)
         self.observed: dict = {}  # tree -> [tokens emitted, rounds] in this process
         self.chosen: dict = {}  # key -> the draft last chosen for it
         self.rates: dict = {}  # key -> {candidate: the rate it was chosen by}, as last chosen
@@ -447,11 +448,15 @@ class DraftPolicy:
         easier than the artifact's own measurement) and, under ``key``, the seconds they took. Where ``tree``'s timing
         came from the store and the loop's seconds per round differ from it by more than ``RECHECK_FACTOR`` either way,
         the key's timings are forgotten: the next call times them afresh and replaces the kept entry (once a
-        process)."""
+        process). A process's first rounds under a key are not compared: they run cold (first kernels, products
+        timed as the loop runs them), often twice as slow as later ones."""
         if tree.num_nodes > 1 and stats.row_rounds:
             emitted, rounds = self.observed.get(tree, (0, 0))
             self.observed[tree] = (emitted + stats.emitted_tokens, rounds + stats.row_rounds)
         if key not in self.recalled or (key, tree) not in self.timings or not stats.rounds or not rounds_seconds:
+            return
+        if key not in self.warm:
+            self.warm.add(key)
             return
         ratio = rounds_seconds / stats.rounds / self.seconds(key, tree)
         if not 1 / RECHECK_FACTOR <= ratio <= RECHECK_FACTOR:
