@@ -223,7 +223,7 @@ class DraftPolicy:
         self.untrusted: set = set()  # keys whose timings stayed implausible: used here, never kept, auto falls back
         self.recalled: set = set()  # keys whose timings came from the store (re-checked once by ``update``)
         self.not_recalled: set = set()  # keys whose kept timings the loop disagreed with: timed afresh, then replaced
-        self.warm: set = set()  # keys whose rounds ran in this process before (a first call's run cold)
+        self.warm: set = set()  # keys whose rounds have run in this process (a process's first rounds run cold)
         self.observed: dict = {}  # tree -> [tokens emitted, rounds] in this process
         self.chosen: dict = {}  # key -> the draft last chosen for it
         self.rates: dict = {}  # key -> {candidate: the rate it was chosen by}, as last chosen
