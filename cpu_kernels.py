@@ -349,20 +349,34 @@ class FastestForm:
     def __init__(self, in_use: bool = False, **forms):
         self.forms, self.in_use = forms, in_use
         self.chosen: dict = {}
+        self.kept: dict = {}  # key text -> the form an earlier process on this machine chose (``recall_forms``)
+        self.new: dict = {}  # key text -> a form chosen here, not yet handed to ``keep_new_forms``
         self._timings: dict = {}  # key -> {form: [seconds, ...]} while the key is timed in use
 
     def __call__(self, key, *operands, without: tuple = ()):
-        name = self.chosen.get(key)
+        name = self.chosen.get(key) or self._recalled(key, without)
         if name is not None:
             return self.forms[name](*operands)
         if not self.in_use:
-            name = self.chosen[key] = self._fastest(operands, without)
+            name = self._choose(key, self._fastest(operands, without))
             return self.forms[name](*operands)
         return self._timed_in_use(key, operands, without)
 
     def may_choose(self, key, name: str) -> bool:
         """Whether ``name`` is this key's form or may still become it."""
-        return self.chosen.get(key, name) == name
+        chosen = self.chosen.get(key) or (self.kept.get(repr(key)) if self.kept else None)
+        return chosen is None or chosen == name
+
+    def _recalled(self, key, without: tuple) -> str | None:
+        name = self.kept.get(repr(key)) if self.kept else None
+        if name not in self.forms or name in without:
+            return None
+        self.chosen[key] = name
+        return name
+
+    def _choose(self, key, name: str) -> str:
+        self.chosen[key] = self.new[repr(key)] = name
+        return name
 
     def _fastest(self, operands, without: tuple = ()) -> str:
         seconds = {name: [] for name in self.forms if name not in without}
@@ -383,7 +397,7 @@ class FastestForm:
         out = self.forms[name](*operands)
         seconds[name].append(time.perf_counter() - start)
         if all(len(times) >= FORM_TIMING_TURNS for times in seconds.values()):
-            self.chosen[key] = self._least(self._timings.pop(key))
+            self._choose(key, self._least(self._timings.pop(key)))
         return out
 
     @staticmethod
@@ -435,6 +449,29 @@ CPU_FEW_ROWS = 64  # rows of a product on a CPU that ``FEW_ROWS_PRODUCT`` times 
 SPEECH_SCORES = FastestForm(in_use=True, keys_right=lambda query, keys: torch.matmul(query, keys.transpose(-1, -2)),
                             keys_left=lambda query, keys: torch.matmul(keys, query.transpose(-1, -2)).transpose(-1, -2))
 PACKED_WEIGHTS = PackedCopies()
+TIMED_FORMS = {"few_rows_product": FEW_ROWS_PRODUCT, "screen_product": SCREEN_PRODUCT, "speech_scores": SPEECH_SCORES}
+_RECALLED_CONTEXTS: set = set()
+
+
+def recall_forms(store, context: str) -> None:
+    """The product forms earlier processes chose on this machine (kept in ``store`` under ``context``: the machine,
+    torch, this code, the model), used where this process has not chosen one: a new process's first call then
+    times none of them (once a process and context)."""
+    if context in _RECALLED_CONTEXTS:
+        return
+    _RECALLED_CONTEXTS.add(context)
+    for name, choices in store.recall_forms(context).items():
+        if name in TIMED_FORMS and isinstance(choices, dict):
+            TIMED_FORMS[name].kept.update(choices)
+
+
+def keep_new_forms(store, context: str) -> None:
+    """The forms chosen in this process since the last call, kept in ``store`` for later processes."""
+    new = {name: dict(forms.new) for name, forms in TIMED_FORMS.items() if forms.new}
+    if new:
+        for forms in TIMED_FORMS.values():
+            forms.new.clear()
+        store.remember_forms(context, new)
 
 
 def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:

@@ -165,6 +165,24 @@ class TimingStore:
         seconds.update({tree_name(tree): timing.seconds for tree, timing in timings.items()})
         spread.update({tree_name(tree): timing.spread for tree, timing in timings.items()})
         entries[name] = {"seconds": seconds, "spread": spread, "written": time.time()}
+        self._write(entries)
+
+    def recall_forms(self, context: str) -> dict:
+        """The CPU product forms kept under ``context``: {product: {key text: form}} (``cpu_kernels.recall_forms``)."""
+        entry = self._entries().get(self._forms_name(context))
+        forms = entry.get("forms") if isinstance(entry, dict) else None
+        return forms if isinstance(forms, dict) else {}
+
+    def remember_forms(self, context: str, forms: dict) -> None:
+        """Keep the CPU product forms a process chose (``cpu_kernels.keep_new_forms``) beside those kept before."""
+        name, entries = self._forms_name(context), self._entries()
+        kept = self.recall_forms(context)
+        for product, choices in forms.items():
+            kept[product] = {**kept.get(product, {}), **choices}
+        entries[name] = {"forms": kept, "written": time.time()}
+        self._write(entries)
+
+    def _write(self, entries: dict) -> None:
         newest = sorted(entries, key=lambda n: entries[n].get("written", 0), reverse=True)[: self.MAX_ENTRIES]
         # (a file of its own, renamed over the store: a reader sees the old file or the new one; written with the
         # umask's permissions, where a NamedTemporaryFile's 0600 would hide a shared cache's timings from others)
@@ -178,12 +196,16 @@ class TimingStore:
                 temporary.unlink()
             if not self._warned:
                 warnings.warn(f"draft timings not kept in {self.path} ({error}); set {TIMINGS_ENV}=off or a writable "
-                              "file to silence this", stacklevel=2)
+                              "file to silence this", stacklevel=3)
                 self._warned = True
 
     @staticmethod
     def _entry_name(context: str, key: TimingKey) -> str:
         return json.dumps([context, list(key)])
+
+    @staticmethod
+    def _forms_name(context: str) -> str:
+        return json.dumps([context, "product forms"])
 
     def _entries(self) -> dict:
         try:

@@ -31,7 +31,7 @@ try:
                                converted_base_folder, detect_family, first_line, hub_silence, load_base_model,
                                resolve_base, _undo_compressed_tensors_offloading)
     from .configuration_medusa import MedusaConfig
-    from .cpu_kernels import Projection  # noqa: F401
+    from .cpu_kernels import Projection, keep_new_forms, recall_forms  # noqa: F401
     from .draft_policy import CREDITED_CHAIN_STOP, DraftPolicy, TimingKey, TimingStore, processor_name
     from .draft_timing import PhaseTimer, loop_round_timer, time_drafts, verify_pass_timer
     from .draft_trees import DraftTree
@@ -55,7 +55,7 @@ except ImportError:
                               converted_base_folder, detect_family, first_line, hub_silence, load_base_model,
                               resolve_base, _undo_compressed_tensors_offloading)
     from configuration_medusa import MedusaConfig
-    from cpu_kernels import Projection  # noqa: F401
+    from cpu_kernels import Projection, keep_new_forms, recall_forms  # noqa: F401
     from draft_policy import CREDITED_CHAIN_STOP, DraftPolicy, TimingKey, TimingStore, processor_name
     from draft_timing import PhaseTimer, loop_round_timer, time_drafts, verify_pass_timer
     from draft_trees import DraftTree
@@ -284,6 +284,10 @@ class MedusaForASR(SpeechIO, PreTrainedModel):
         _suggest_bfloat16(on_cuda, self.dtype)
         captured = on_cuda if options.cuda_graph is None else options.cuda_graph  # off CUDA: fixed shapes, no capture
         fixed_shape = captured or options.compile
+        store = self.draft_policy.store
+        forms_context = None if on_cuda or store is None else self.timing_context(options)
+        if forms_context is not None:
+            recall_forms(store, forms_context)  # (the CPU product forms earlier processes timed)
         candidates = self.draft_policy.candidates(options.draft)
         slack = self.draft_policy.cache_slack(candidates)
         pool = self.round_cache.pool if fixed_shape else None
@@ -305,6 +309,8 @@ class MedusaForASR(SpeechIO, PreTrainedModel):
         timer.lap("rounds_seconds")
         if len(candidates) > 1:
             self.draft_policy.update(tree, window, key, time.perf_counter() - start)
+        if forms_context is not None:
+            keep_new_forms(store, forms_context)
         stats.add(window)
         return generated, prompt
 

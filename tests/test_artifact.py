@@ -554,3 +554,34 @@ def test_auto_draft_timings_are_kept_for_a_later_process(artifact, tmp_path, mon
     assert later.timing_context() != context
     later.drafter = lambda hidden: torch.zeros(*hidden.shape[:-1], 4, later.config.vocab_size)
     assert later.timing_context() is None
+
+@requires_transformers5
+def test_a_later_process_recalls_the_cpu_product_forms_instead_of_timing_them(artifact, tmp_path, monkeypatch):
+    """The few-row product forms a process timed on this CPU are kept beside the draft timings: a model made later
+    (as a new process makes it, the forms' choices forgotten) times none of them and decodes the same ids."""
+    import cpu_kernels
+    from modeling_medusa import MedusaForASR
+
+    monkeypatch.setenv("MEDUSA_ASR_DRAFT_TIMINGS", str(tmp_path / "timings.json"))
+
+    def forget_forms():  # (what a new process starts from)
+        for forms in cpu_kernels.TIMED_FORMS.values():
+            for state in ("chosen", "kept", "new", "_timings"):
+                monkeypatch.setattr(forms, state, {})
+        monkeypatch.setattr(cpu_kernels, "_RECALLED_CONTEXTS", set())
+
+    features = random_features(1, 6)
+    forget_forms()
+    expected = MedusaForASR.from_pretrained(str(artifact)).generate(input_features=features, max_new_tokens=12,
+                                                                    draft="chain")
+    few_rows = cpu_kernels.FEW_ROWS_PRODUCT
+    chosen = dict(few_rows.chosen)
+    assert chosen and not few_rows.new  # timed in use, chosen, kept
+    forget_forms()
+    timed, own = [], few_rows._timed_in_use
+    monkeypatch.setattr(few_rows, "_timed_in_use", lambda key, *rest: timed.append(key) or own(key, *rest))
+    got = MedusaForASR.from_pretrained(str(artifact)).generate(input_features=features, max_new_tokens=12,
+                                                               draft="chain")
+    assert not set(timed) & set(chosen)  # (a product the first call had not finished timing is timed on)
+    assert {key: few_rows.chosen[key] for key in chosen} == chosen and torch.equal(got, expected)
+

@@ -277,3 +277,17 @@ def test_suppression_blocks_the_screens_scores_in_place_as_its_call_blocks_a_cop
     expected = rules(logits, num_generated)
     assert not torch.equal(expected, logits)  # (the call leaves its input as it is)
     assert masks(logits, num_generated) is logits and torch.equal(logits, expected)
+
+
+def test_a_form_kept_by_an_earlier_process_is_used_untimed_and_new_choices_are_handed_out_once():
+    from cpu_kernels import FORM_TIMING_TURNS, FastestForm
+
+    ran = []
+    forms = FastestForm(a=lambda x: ran.append("a") or x, b=lambda x: ran.append("b") or x)
+    forms.kept = {repr(("k", 1)): "b"}
+    assert forms.may_choose(("k", 1), "b") and not forms.may_choose(("k", 1), "a")
+    assert forms(("k", 1), 5) == 5 and ran == ["b"] and forms.chosen == {("k", 1): "b"} and not forms.new
+    ran.clear()
+    forms(("k", 2), 5)  # not kept: timed
+    assert sorted(set(ran)) == ["a", "b"] and len(ran) == 2 * FORM_TIMING_TURNS + 1
+    assert forms.new == {repr(("k", 2)): forms.chosen[("k", 2)]}
