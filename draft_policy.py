@@ -129,7 +129,8 @@ class TimingStore:
     machine and model, not once per process (a new process's first call then skips most of its set-up). An entry is
     found by a context (what a pass's time depends on besides the draft: the machine, torch, the artifact's code, the
     model's shapes; see ``MedusaForASR.timing_context``) and the ``TimingKey``; where either changes, the candidates
-    are timed afresh. Each timing is kept with its spread; only timings ``implausible`` lets pass are written."""
+    are timed afresh. Each timing is kept with its spread; only timings ``implausible`` lets pass are written. The
+    CPU product forms chosen by timing (``cpu_kernels.TIMED_FORMS``) are kept under the context too."""
 
     MAX_ENTRIES = 256  # the most recently written are kept
 

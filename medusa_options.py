@@ -93,9 +93,9 @@ class MedusaOptions:
     the full chain. ``int8_cpu_drafting``: draft on a CPU with int8 weight-only copies of the heads and the draft
     projection (drafts only propose: verification stays in the base's precision). ``fused_path_drafting``: device
     types whose path heads draft through fewer, larger products per depth (a GPU's drafting is otherwise a chain of
-    small kernels). ``draft_timings``: the file ``auto``'s timings are kept in between processes, ``"off"``, or None
-    for the cache folder's (default: ``$MEDUSA_ASR_DRAFT_TIMINGS``). ``kernels``: the rounds' kernel forms
-    (``KernelOptions``; a model's own, set with ``set_options``)."""
+    small kernels). ``draft_timings``: the file ``auto``'s timings (and a CPU's product forms) are kept in between
+    processes, ``"off"``, or None for the cache folder's (default: ``$MEDUSA_ASR_DRAFT_TIMINGS``). ``kernels``: the
+    rounds' kernel forms (``KernelOptions``; a model's own, set with ``set_options``)."""
 
     draft: str | list | tuple = "auto"
     cuda_graph: bool | None = None
