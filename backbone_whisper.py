@@ -15,13 +15,13 @@ import torch.nn.functional as F
 
 try:
     from .backbone import Backbone, backs, contiguous_stream, encoder_output, fusable, fuse_linears
-    from .cpu_kernels import Projection, attend_memory, linear, speech_scores, weight_product
+    from .cpu_kernels import Projection, attend_memory, is_dense, linear, speech_scores, weight_product
     from .kv_cache import DecodeState, StaticKVCache, attention_mask
     from .logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules, device_ids
     from .medusa_decoding import WindowPlan
 except ImportError:
     from backbone import Backbone, backs, contiguous_stream, encoder_output, fusable, fuse_linears
-    from cpu_kernels import Projection, attend_memory, linear, speech_scores, weight_product
+    from cpu_kernels import Projection, attend_memory, is_dense, linear, speech_scores, weight_product
     from kv_cache import DecodeState, StaticKVCache, attention_mask
     from logits_rules import ChainedRules, ChunkPath, LogitsRules, SuppressionRules, device_ids
     from medusa_decoding import WindowPlan
@@ -409,9 +409,18 @@ class WhisperBackbone(Backbone):
         batch = prompt.shape[0]
         start = torch.full((batch, 1), self.gen.decoder_start_token_id, device=self.device)
         state = self._empty_state(encoder_kv, batch, capacity=1)
-        logits = self.logits(self._forward(state, start))[:, -1]
-        detected = language_ids[logits[:, language_ids].argmax(-1)]
+        hidden = self._forward(state, start)[:, -1]
+        detected = language_ids[self._language_logits(hidden, language_ids).argmax(-1)]
         return torch.where(prompt == LANGUAGE_SLOT, detected[:, None], prompt)
+
+    def _language_logits(self, hidden: torch.Tensor, language_ids: torch.Tensor) -> torch.Tensor:
+        """The output projection's scores of the language tokens alone [B, languages] (the same dot products as
+        the full projection's: on a CPU that one row over the whole vocabulary cost more than the decoder's step,
+        and its first call a transposed copy of the weight); a quantised weight's from the full projection."""
+        weight, bias = self._projection.weight_of(), self._projection.bias_of()
+        if not is_dense(weight):
+            return self.logits(hidden)[:, language_ids]
+        return F.linear(hidden, weight[language_ids], None if bias is None else bias[language_ids])
 
     def make_logits_processor(self, min_new_tokens: int | None):
         return SuppressionRules(

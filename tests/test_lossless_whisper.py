@@ -127,6 +127,19 @@ def test_multilingual_prompt_language_and_task_match_the_base(kwargs, hub_prompt
         assert torch.equal(model.generate(input_features=features, max_new_tokens=12, **kwargs), expected)
 
 
+def test_language_detection_scores_only_the_language_tokens_as_the_full_projection_does(tmp_path_factory):
+    """Detection projects onto the language tokens alone: the full projection's columns, up to float rounding."""
+    from modeling_medusa import MedusaForASR
+
+    model = MedusaForASR.from_base(str(build_tiny_whisper(tmp_path_factory.mktemp("ml"), seed=6, multilingual=True)))
+    backbone, generator = model.backbone, torch.Generator().manual_seed(0)
+    ids = backbone.language_ids()
+    hidden = torch.randn(32, backbone.hidden_size, generator=generator) * 4
+    with torch.no_grad():
+        alone, full = backbone._language_logits(hidden, ids), backbone.logits(hidden[:, None])[:, -1][:, ids]
+    assert torch.allclose(alone, full, rtol=1e-5, atol=1e-5) and torch.equal(alone.argmax(-1), full.argmax(-1))
+
+
 def test_auto_drafts_only_in_the_languages_the_heads_were_trained_on(tmp_path_factory):
     """English-trained heads: a French call decodes without drafts (same ids as the base), an English one may
     draft; heads that name no languages draft in any."""
