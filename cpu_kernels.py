@@ -364,11 +364,14 @@ class FastestForm:
 
     def may_choose(self, key, name: str) -> bool:
         """Whether ``name`` is this key's form or may still become it."""
-        chosen = self.chosen.get(key) or (self.kept.get(repr(key)) if self.kept else None)
+        chosen = self.chosen.get(key) or self._kept(key)
         return chosen is None or chosen == name
 
+    def _kept(self, key) -> str | None:
+        return self.kept.get(repr(key)) if self.kept else None
+
     def _recalled(self, key, without: tuple) -> str | None:
-        name = self.kept.get(repr(key)) if self.kept else None
+        name = self._kept(key)
         if name not in self.forms or name in without:
             return None
         self.chosen[key] = name

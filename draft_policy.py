@@ -170,14 +170,12 @@ class TimingStore:
 
     def recall_forms(self, context: str) -> dict:
         """The CPU product forms kept under ``context``: {product: {key text: form}} (``cpu_kernels.recall_forms``)."""
-        entry = self._entries().get(self._forms_name(context))
-        forms = entry.get("forms") if isinstance(entry, dict) else None
-        return forms if isinstance(forms, dict) else {}
+        return self._forms(self._entries(), context)
 
     def remember_forms(self, context: str, forms: dict) -> None:
         """Keep the CPU product forms a process chose (``cpu_kernels.keep_new_forms``) beside those kept before."""
         name, entries = self._forms_name(context), self._entries()
-        kept = self.recall_forms(context)
+        kept = self._forms(entries, context)
         for product, choices in forms.items():
             kept[product] = {**kept.get(product, {}), **choices}
         entries[name] = {"forms": kept, "written": time.time()}
@@ -207,6 +205,12 @@ class TimingStore:
     @staticmethod
     def _forms_name(context: str) -> str:
         return json.dumps([context, "product forms"])
+
+    @classmethod
+    def _forms(cls, entries: dict, context: str) -> dict:
+        entry = entries.get(cls._forms_name(context))
+        forms = entry.get("forms") if isinstance(entry, dict) else None
+        return forms if isinstance(forms, dict) else {}
 
     def _entries(self) -> dict:
         try:
