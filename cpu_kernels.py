@@ -527,8 +527,8 @@ MEMORY_CHUNKS, MIN_MEMORY_CHUNK = 16, 64
 def _memory_chunks(length: int) -> int:
     """How many slices the memory's positions are summed in: the largest divisor of ``length`` up to
     ``MEMORY_CHUNKS`` that leaves slices of at least ``MIN_MEMORY_CHUNK`` positions (1: one product)."""
-    return max((c for c in range(1, MEMORY_CHUNKS + 1) if length % c == 0 and length // c >= MIN_MEMORY_CHUNK),
-               default=1)
+    fitting = [c for c in range(1, MEMORY_CHUNKS + 1) if length % c == 0 and length // c >= MIN_MEMORY_CHUNK]
+    return max(fitting) if fitting else 1  # (not max(..., default=): Dynamo breaks the compiled round's graph there)
 
 
 def _attend_memory_float32(query, keys, values, scale: float) -> torch.Tensor:

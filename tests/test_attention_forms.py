@@ -65,3 +65,15 @@ def test_float32_attention_to_the_speech_sums_slices_of_frames_to_the_same_resul
     want = torch.nn.functional.scaled_dot_product_attention(query, keys, values, scale=0.125)
     assert torch.allclose(got, want, atol=2e-5, rtol=1e-5)
     assert _memory_chunks(1500) == 15 and _memory_chunks(97) == 1
+
+
+def test_float32_attention_to_the_speech_traces_as_one_graph():
+    """A compiled float32 GPU round runs this form: a graph break inside it left the whole decoder pass eager
+    (unfused layer norms and adds in the round's kernels). Dynamo traces the same Python on the CPU."""
+    import torch._dynamo
+
+    from cpu_kernels import _attend_memory_float32
+
+    query, keys, values = torch.randn(1, 6, 5, 64), torch.randn(1, 6, 1500, 64), torch.randn(1, 6, 1500, 64)
+    explained = torch._dynamo.explain(_attend_memory_float32)(query, keys, values, 0.125)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
