@@ -82,3 +82,35 @@ def test_kept_compiled_timings_let_a_later_model_compile_only_the_draft_it_runs(
     assert torch.equal(got, expected) and stats["draft"] == first_stats["draft"]
     assert not timed and len(later.round_cache.runners) == 1
 
+
+def test_a_capture_survives_a_collectable_cycle_that_holds_another_graph():
+    """The cyclic GC is paused while a graph is captured: collecting a dead cycle that holds another captured graph
+    mid-capture would invalidate the capture (and collecting before every capture made first calls slow)."""
+    import gc
+
+    from medusa_fast import capture_cuda_graph
+
+    class Holder:
+        pass
+
+    x = torch.arange(8.0, device="cuda")
+    held = Holder()
+    held.graph, held.me = capture_cuda_graph(lambda: x * 2), held  # a cycle, dead once `held` is dropped
+    del held
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)  # (a collection at almost every allocation of a container)
+    try:
+        out = {}
+
+        def body():
+            out["containers"] = [[i] for i in range(100)]  # (with these thresholds the cyclic GC would run here)
+            out["y"] = x + 1
+
+        graph = capture_cuda_graph(body)
+    finally:
+        gc.set_threshold(*thresholds)
+    x.copy_(torch.arange(8.0, device="cuda") * 10)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out["y"], torch.arange(8.0, device="cuda") * 10 + 1)
+    assert gc.isenabled()
