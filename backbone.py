@@ -44,7 +44,10 @@ def compile_fixed_shape(fn):
 
 def encoder_output(encoder: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
     """``encoder(features).last_hidden_state`` of a Whisper speech encoder, its residual stream contiguous
-    (``contiguous_stream``)."""
+    (``contiguous_stream``; compiled, Inductor lays the stream out itself, and registering the hook there would
+    break the graph)."""
+    if torch.compiler.is_compiling():
+        return encoder(features).last_hidden_state
     with contiguous_stream(encoder):
         return encoder(features).last_hidden_state
 

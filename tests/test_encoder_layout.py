@@ -46,3 +46,16 @@ def test_a_stream_passed_by_name_is_made_contiguous_too():
     args, kwargs = _contiguous_first_argument(None, (), {"hidden_states": stream, "attention_mask": None})
     assert args == () and kwargs["hidden_states"].is_contiguous() and torch.equal(kwargs["hidden_states"], stream)
     assert _contiguous_first_argument(None, (), {}) is None
+
+
+@torch.no_grad()
+def test_a_compiled_encoder_output_traces_as_one_graph():
+    """Compiled (the MERaLiON-2 prompt pass compiles ``encoder_output``), registering the layout hook broke the graph
+    and left the function eager; there Inductor lays the stream out itself."""
+    import torch._dynamo
+
+    encoder, features = tiny_encoder(), torch.randn(1, 80, 3000)
+    torch._dynamo.reset()
+    compiled = torch.compile(encoder_output, backend="eager", fullgraph=True)  # (a graph break raises)
+    assert torch.equal(compiled(encoder, features), encoder_output(encoder, features))
+    assert not encoder.layers[0]._forward_pre_hooks

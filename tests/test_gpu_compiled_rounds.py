@@ -29,6 +29,8 @@ def test_a_compiled_call_with_fused_path_drafting_traces_without_graph_breaks(tm
     torch._dynamo.reset()
     counters.clear()
     out = model.generate(input_features=features, max_new_tokens=16, draft=draft, compile=True)
-    assert not counters["graph_break"], dict(counters["graph_break"])
+    # (a break that makes Dynamo skip a whole frame is counted as "unimplemented" only)
+    assert not counters["graph_break"] and not counters["unimplemented"], (dict(counters["graph_break"]),
+                                                                         dict(counters["unimplemented"]))
     if dtype == torch.float32:  # (bf16 may part at the base's near-ties: test_lossless_whisper)
         assert torch.equal(out, expected)
