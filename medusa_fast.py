@@ -54,7 +54,7 @@ def capture_cuda_graph(fn, warmups: int = 1, reset=None) -> torch.cuda.CUDAGraph
 @contextlib.contextmanager
 def cyclic_gc_paused():
     """No cyclic-GC pass inside: one freeing another graph's memory during a capture would invalidate it (and a
-    ``gc.collect()`` before each capture costs a large process a fifth of a second)."""
+    ``gc.collect()`` before each capture walks every object of a large process: docs/DEVELOPING.md, first calls)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
