@@ -44,10 +44,7 @@ def compile_fixed_shape(fn):
 
 def encoder_output(encoder: torch.nn.Module, features: torch.Tensor) -> torch.Tensor:
     """``encoder(features).last_hidden_state`` of a Whisper speech encoder, its residual stream contiguous
-    (``contiguous_stream``; compiled, Inductor lays the stream out itself, and registering the hook there would
-    break the graph)."""
-    if torch.compiler.is_compiling():
-        return encoder(features).last_hidden_state
+    (``contiguous_stream``)."""
     with contiguous_stream(encoder):
         return encoder(features).last_hidden_state
 
@@ -60,7 +57,9 @@ def contiguous_stream(encoder: torch.nn.Module):
     strided, a sizeable share of the encoder on a GPU and a CPU alike (``benchmarks/round_cost/encoder_layout.py``).
     The same values in the same order: only the layout the first layer receives changes."""
     layers = getattr(encoder, "layers", None)
-    handle = layers[0].register_forward_pre_hook(_contiguous_first_argument, with_kwargs=True) if layers else None
+    # compiled, Inductor lays the stream out itself, and registering a hook there would break the graph
+    hooked = bool(layers) and not torch.compiler.is_compiling()
+    handle = layers[0].register_forward_pre_hook(_contiguous_first_argument, with_kwargs=True) if hooked else None
     try:
         yield
     finally:
