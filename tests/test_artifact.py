@@ -555,6 +555,7 @@ def test_auto_draft_timings_are_kept_for_a_later_process(artifact, tmp_path, mon
     later.drafter = lambda hidden: torch.zeros(*hidden.shape[:-1], 4, later.config.vocab_size)
     assert later.timing_context() is None
 
+
 @requires_transformers5
 def test_a_later_process_recalls_the_cpu_product_forms_instead_of_timing_them(artifact, tmp_path, monkeypatch):
     """The few-row product forms a process timed on this CPU are kept beside the draft timings: a model made later
@@ -584,4 +585,3 @@ def test_a_later_process_recalls_the_cpu_product_forms_instead_of_timing_them(ar
                                                                draft="chain")
     assert not set(timed) & set(chosen)  # (a product the first call had not finished timing is timed on)
     assert {key: few_rows.chosen[key] for key in chosen} == chosen and torch.equal(got, expected)
-
