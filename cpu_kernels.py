@@ -518,7 +518,10 @@ def speech_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     return SPEECH_SCORES((tuple(keys.shape), keys.dtype, query.shape[-2]), query, keys)
 
 
-MAX_FOLDED_QUERIES = 96  # batch x queries past which FlashAttention beats the folded form
+# FlashAttention beats queries folded into heads only where both the rows' queries and the folded heads are many
+# (benchmarks/round_cost/h100_memory_attention_batches.json)
+MAX_FOLDED_QUERIES = 96  # batch x queries up to which the folded form is the faster whatever the heads
+MAX_FOLDED_HEADS = 400  # heads x queries up to which it is the faster whatever the batch
 
 
 MEMORY_CHUNKS, MIN_MEMORY_CHUNK = 16, 64
@@ -548,17 +551,23 @@ def _attend_memory_float32(query, keys, values, scale: float) -> torch.Tensor:
     return partial.view(rows, chunks, n, width).sum(1).view(batch, heads, n, width)
 
 
+def folds_queries(batch: int, heads: int, n: int) -> bool:
+    """Whether ``attend_memory`` runs ``n`` queries a row over the speech as heads of their own (else FlashAttention)."""
+    return batch * n <= MAX_FOLDED_QUERIES or heads * n <= MAX_FOLDED_HEADS
+
+
 def attend_memory(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None = None):
     """Attention of a few queries over a long unmasked memory (the speech), [B, heads, n, D] -> same.
     Half precision on a GPU, several queries: each query becomes a head of its own over its head's keys and
     values (grouped-query attention), so SDPA runs cuDNN's kernel for one query, which for a few queries is faster
-    than FlashAttention's split-KV kernel and its combine or cuDNN's kernel for several queries. Past
-    ``MAX_FOLDED_QUERIES`` folded queries in all FlashAttention is the faster again."""
+    than FlashAttention's split-KV kernel and its combine or cuDNN's kernel for several queries, and at large
+    batches than FlashAttention's one block per head and query block. Past both ``MAX_FOLDED_QUERIES`` queries
+    in all and ``MAX_FOLDED_HEADS`` folded heads FlashAttention is the faster again."""
     batch, heads, n, width = query.shape
     if query.is_cuda and query.dtype == torch.float32:
         return _attend_memory_float32(query, keys, values, width ** -0.5 if scale is None else scale)
     if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and n > 1:
-        if batch * n > MAX_FOLDED_QUERIES:
+        if not folds_queries(batch, heads, n):
             return torch.ops.aten._scaled_dot_product_flash_attention(query, keys, values, scale=scale)[0]
         folded = query.reshape(batch, heads * n, 1, width)
         out = torch.nn.functional.scaled_dot_product_attention(folded, keys, values, scale=scale, enable_gqa=True)

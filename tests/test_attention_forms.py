@@ -1,10 +1,15 @@
 """MERaLiON-2's grouped-query attention in its two forms (query heads as rows of one product, or the cache broadcast
 over them: what compiled rounds run) against a reference that repeats every key/value head for its query heads."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 from backbone_meralion2 import grouped_attention
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def reference(query, keys, values, mask, scaling, softcap):
@@ -35,19 +40,32 @@ def test_grouped_attention_equals_attention_with_repeated_heads(broadcast_cache,
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the folded form runs on a CUDA GPU in half precision")
-@pytest.mark.parametrize("batch,n", [(1, 1), (1, 2), (1, 33), (4, 17), (4, 33)])
-def test_attention_to_the_speech_folds_queries_into_heads_without_changing_it(batch, n):
-    """attend_memory: queries folded into grouped-query heads (or, past cpu_kernels.MAX_FOLDED_QUERIES, FlashAttention: 4 x 33) give
-    SDPA's attention, [B, heads, n, D] as a verify pass makes it."""
+@pytest.mark.parametrize("batch,heads,n", [(1, 6, 1), (1, 6, 2), (1, 6, 33), (4, 6, 17), (4, 6, 33), (64, 6, 17),
+                                           (4, 8, 65)])
+def test_attention_to_the_speech_folds_queries_into_heads_without_changing_it(batch, heads, n):
+    """attend_memory: queries folded into grouped-query heads (or FlashAttention where cpu_kernels.folds_queries
+    says no: 4 x 8 heads x 65) give SDPA's attention, [B, heads, n, D] as a verify pass makes it."""
     from cpu_kernels import attend_memory
 
     torch.manual_seed(n)
-    query = torch.randn(batch, n, 6, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    keys, values = (torch.randn(batch, 6, 1500, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    query = torch.randn(batch, n, heads, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    keys, values = (torch.randn(batch, heads, 1500, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     want = torch.nn.functional.scaled_dot_product_attention(query.float(), keys.float(), values.float(), scale=0.125)
     got = attend_memory(query, keys, values, scale=0.125)
     assert got.shape == query.shape
     assert torch.allclose(got.float(), want, atol=2e-3, rtol=2e-2)
+
+
+def test_the_folding_rule_picks_the_faster_form_measured_on_the_gpu():
+    """cpu_kernels.folds_queries against the committed timings of both forms (tools.memory_attention): wherever one
+    form was clearly the faster (by more than a tenth), the rule picks it."""
+    from cpu_kernels import folds_queries
+
+    rows = json.loads((ROOT / "benchmarks/round_cost/h100_memory_attention_batches.json").read_text())["rows"]
+    clear = [r for r in rows if r["queries"] > 1 and abs(r["folded"]["us"] / r["flash"]["us"] - 1) > 0.1]
+    assert len(clear) >= 20
+    for r in clear:
+        assert folds_queries(r["batch"], r["heads"], r["queries"]) == (r["folded"]["us"] < r["flash"]["us"]), r
 
 
 @pytest.mark.parametrize("batch,heads,n,length", [(1, 6, 1, 1500), (1, 6, 5, 1500), (2, 8, 33, 1500), (1, 4, 3, 100),
