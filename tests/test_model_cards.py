@@ -160,6 +160,17 @@ def test_results_page_is_rendered_from_the_committed_summaries_and_fits_5000_wor
     assert "python -m tools.benchmark --audio" in page and "| date" in page.replace("  ", "")
 
 
+def test_gpu_tables_show_a_measurement_compiled_where_it_was_also_run_as_cuda_graphs():
+    from tools.results_tables import shown_decode_rows
+
+    def row(method, mode, batch=16, draft="chain-4"):
+        return {"shape": "meralion2-3b", "batch": batch, "method": method, "rounds_mode": mode, "draft": draft,
+                "new_tokens": 64}
+
+    rows = [row("ours", "graph"), row("ours", "compiled"), row("ours", "graph", batch=4), row("hf_dynamic", None)]
+    assert shown_decode_rows(rows) == [rows[1], rows[2]]
+
+
 def test_benchmarks_hold_results_and_one_index_no_scripts():
     found = [p for p in (ROOT / "benchmarks").rglob("*") if p.suffix in (".sh", ".py")]
     assert not found, found

@@ -64,11 +64,11 @@ def _beside_auto(row: dict, rows: list[dict]) -> bool:
 def side_by_side(rows: list[dict], beside: list[dict]) -> str:
     """One line per run of several drafts: each fixed draft's × ``generate`` (its own row is in summary.json)."""
     runs = [a for a in rows if a["requested_draft"] == "auto" and any(r["command"] == a["command"] for r in beside)]
-    body = [[a["model"], _device(a), a["dtype"], a["rounds_mode"], ", ".join(
+    body = [[a["model"], _device(a), a["dtype"], a["rounds_mode"], a.get("batch") or 1, ", ".join(
         f"{r['requested_draft']} {_ratio(r.get('speedup_vs_hf_generate'))}" for r in beside
         if r["command"] == a["command"]), a["date"]] for a in runs]
     return ("\n\nThe fixed drafts timed beside `auto` in the same run (× `generate`):\n\n"
-            + markdown_table(["model", "device", "dtype", "rounds", "fixed drafts", "date"], body))
+            + markdown_table(["model", "device", "dtype", "rounds", "batch", "fixed drafts", "date"], body))
 
 
 def quantised(rows: list[dict]) -> str:
@@ -98,8 +98,23 @@ def gpu_decode(summary: dict) -> str:
              r.get("new_tokens", ""), number_cell(r.get("call_tok_per_s"), 0), number_cell(r.get("loop_tok_per_s"), 0),
              number_cell(r.get("tokens_per_round")),
              {True: "yes", False: "no"}.get(r.get("exact", r.get("matches_our_greedy")), "")]
-            for r in summary["decode"] if r["method"] in SHOWN_METHODS]
+            for r in shown_decode_rows(summary["decode"])]
     return markdown_table(header, body)
+
+
+def shown_decode_rows(rows: list[dict]) -> list[dict]:
+    """The rows of ``SHOWN_METHODS``, less those run as CUDA graphs where the same measurement was also compiled
+    (they stay in the JSON)."""
+    def measurement(r):
+        return r["shape"], r.get("batch", 1), r["method"], r.get("draft"), r.get("new_tokens")
+
+    compiled = {measurement(r) for r in rows if r.get("rounds_mode") == "compiled"}
+    return [r for r in rows if r["method"] in SHOWN_METHODS
+            and not (r.get("rounds_mode") == "graph" and measurement(r) in compiled)]
+
+
+def _hides_graph_rows(summary: dict) -> bool:
+    return len(shown_decode_rows(summary["decode"])) < sum(r["method"] in SHOWN_METHODS for r in summary["decode"])
 
 
 def gpu_verify(summary: dict) -> str:
@@ -256,7 +271,8 @@ def render() -> str:
         shown.add(BENCHMARKS / relative)
         text = (f"## {title}\n\n`benchmarks/{relative}` ({summary['gpu']}, torch {summary['torch']}, "
                 f"transformers {summary['transformers']}, {summary['date']}). {summary.get('note', '')}".rstrip()
-                + "\n\n" + gpu_decode(summary))
+                + (" Rows run as CUDA graphs and also compiled are shown compiled." if _hides_graph_rows(summary)
+                   else "") + "\n\n" + gpu_decode(summary))
         if summary["verify"]:
             text += ("\n\nMilliseconds of one verify pass by tokens verified (floor: the weights' bytes at the "
                      "measured copy bandwidth):\n\n" + gpu_verify(summary))
