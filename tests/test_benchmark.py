@@ -187,6 +187,8 @@ def test_a_run_of_several_drafts_times_them_on_the_same_clips_and_rows_say_autos
     assert rows["auto"]["best_fixed_draft"] == best
     assert rows["auto"]["auto_gap_vs_best_fixed"] == pytest.approx(totals["auto"] / totals[best] - 1)
     assert "auto_gap_vs_best_fixed" not in rows["chain"] and "best_fixed_draft" not in rows["none"]
+    assert rows["chain"]["clips_per_s"] == pytest.approx(2 * 1000 / totals["chain"])  # each clip one request
+    assert rows["none"]["clips_per_s"] == pytest.approx(rows["chain"]["own_greedy_clips_per_s"])
     assert rows["auto"]["results"] == "out/auto/results.json"
     remade = tmp_path / "remade.json"
     assert merge_summaries([out / "auto/results.json"], remade) == 1

@@ -510,6 +510,7 @@ def summary_row(results: dict, command: str) -> dict:
         "mean_accepted_per_round": summary["mean_accepted_per_round"],
         "tokens_per_s": summary["medusa_tokens_per_s"], "baseline_hf_tokens_per_s": summary["baseline_tokens_per_s"],
         "own_greedy_tokens_per_s": summary["greedy_tokens_per_s"],
+        **clips_per_s_fields(summary),
         "speedup_vs_hf_generate": summary["speedup_sum_latency"],
         "decode_speedup_vs_own_greedy": summary["decode_speedup_vs_own_greedy"],
         "e2e_speedup_vs_own_greedy": summary["e2e_speedup_vs_own_greedy"],
@@ -522,6 +523,14 @@ def summary_row(results: dict, command: str) -> dict:
         "date": str(env["date"])[:10], "torch": env["torch_version"], "transformers": env["transformers_version"],
         "results": None, "command": command,
     }
+
+
+def clips_per_s_fields(summary: dict) -> dict:
+    """Clips a second (each clip one request) of ours, our greedy loop and ``generate``: the run's clips over each
+    decoder's total latency (a batched run's batches one after another)."""
+    fields = {"clips_per_s": "medusa_latency_ms_total", "own_greedy_clips_per_s": "greedy_latency_ms_total",
+              "baseline_hf_clips_per_s": "baseline_latency_ms_total"}
+    return {name: ratio(1000 * summary["clips"], summary.get(total)) for name, total in fields.items()}
 
 
 def auto_gap_fields(draft: str, comparison: dict | None) -> dict:
