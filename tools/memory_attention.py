@@ -66,7 +66,8 @@ def measure(form, batch, heads, n, length, width, dtype, device) -> dict:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m tools.memory_attention", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batches", default="1,16,64")
     p.add_argument("--heads", default="6,8", help="attention heads (whisper tiny.en 6, base 8)")
     p.add_argument("--queries", default="1,5,17", help="queries a row (1: greedy; chain of 4: 5; tree of 16: 17)")
