@@ -68,9 +68,10 @@ def measure(form, batch, heads, n, length, width, dtype, device) -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m tools.memory_attention", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batches", default="1,16,64")
-    p.add_argument("--heads", default="6,8", help="attention heads (whisper tiny.en 6, base 8)")
-    p.add_argument("--queries", default="1,5,17", help="queries a row (1: greedy; chain of 4: 5; tree of 16: 17)")
+    p.add_argument("--batches", type=cli_args.positive_ints, default="1,16,64")
+    p.add_argument("--heads", type=cli_args.positive_ints, default="6,8", help="attention heads (tiny.en 6, base 8)")
+    p.add_argument("--queries", type=cli_args.positive_ints, default="1,5,17",
+                   help="queries a row (1: greedy; chain of 4: 5; tree of 16: 17)")
     p.add_argument("--length", type=cli_args.Number(int, 1, 100_000), default=1500)
     p.add_argument("--width", type=cli_args.Number(int, 8, 256), default=64)
     p.add_argument("--dtype", default="bfloat16")
@@ -82,9 +83,9 @@ def main(argv=None):
     device, dtype = torch.device("cuda"), getattr(torch, args.dtype)
     rows = []
     with torch.no_grad():
-        for batch in map(int, args.batches.split(",")):
-            for heads in map(int, args.heads.split(",")):
-                for n in map(int, args.queries.split(",")):
+        for batch in args.batches:
+            for heads in args.heads:
+                for n in args.queries:
                     row = {"batch": batch, "heads": heads, "queries": n, "length": args.length, "width": args.width}
                     for form in args.forms.split(","):
                         row[form] = measure(form, batch, heads, n, args.length, args.width, dtype, device)
