@@ -567,12 +567,21 @@ def attend_memory(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     if query.is_cuda and query.dtype == torch.float32:
         return _attend_memory_float32(query, keys, values, width ** -0.5 if scale is None else scale)
     if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and n > 1:
-        if not folds_queries(batch, heads, n):
-            return torch.ops.aten._scaled_dot_product_flash_attention(query, keys, values, scale=scale)[0]
-        folded = query.reshape(batch, heads * n, 1, width)
-        out = torch.nn.functional.scaled_dot_product_attention(folded, keys, values, scale=scale, enable_gqa=True)
-        return out.view(batch, heads, n, width)
+        form = attend_folded if folds_queries(batch, heads, n) else attend_flash
+        return form(query, keys, values, scale)
     return torch.nn.functional.scaled_dot_product_attention(query, keys, values, scale=scale)
+
+
+def attend_folded(query, keys, values, scale: float | None = None) -> torch.Tensor:
+    """Each of a row's queries as a head of its own over its head's keys and values (grouped-query attention)."""
+    batch, heads, n, width = query.shape
+    folded = query.reshape(batch, heads * n, 1, width)
+    out = torch.nn.functional.scaled_dot_product_attention(folded, keys, values, scale=scale, enable_gqa=True)
+    return out.view(batch, heads, n, width)
+
+
+def attend_flash(query, keys, values, scale: float | None = None) -> torch.Tensor:
+    return torch.ops.aten._scaled_dot_product_flash_attention(query, keys, values, scale=scale)[0]
 
 
 def is_dense(weight) -> bool:

@@ -2,14 +2,12 @@
 over them: what compiled rounds run) against a reference that repeats every key/value head for its query heads."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from backbone_meralion2 import grouped_attention
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
 
 
 def reference(query, keys, values, mask, scaling, softcap):

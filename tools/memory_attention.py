@@ -11,23 +11,12 @@ import argparse
 import platform
 
 import torch
-import torch.nn.functional as F
 
-from cpu_kernels import attend_memory
+from cpu_kernels import attend_flash, attend_folded, attend_memory
 from medusa_fast import capture_cuda_graph
 from tools import cli_args
 from tools.files import command_line, write_json_atomic
 from tools.profile_rounds import timed
-
-
-def flash(query, keys, values):
-    return torch.ops.aten._scaled_dot_product_flash_attention(query, keys, values)[0]
-
-
-def folded(query, keys, values):
-    batch, heads, n, width = query.shape
-    out = F.scaled_dot_product_attention(query.reshape(batch, heads * n, 1, width), keys, values, enable_gqa=True)
-    return out.view(batch, heads, n, width)
 
 
 def products(query, keys, values):
@@ -41,7 +30,7 @@ def products(query, keys, values):
     return torch.bmm(probs, values.reshape(-1, length, width)).view(batch, heads, n, width)
 
 
-FORMS = {"attend_memory": attend_memory, "flash": flash, "folded": folded, "products": products}
+FORMS = {"attend_memory": attend_memory, "flash": attend_flash, "folded": attend_folded, "products": products}
 
 
 def reference(query, keys, values):
