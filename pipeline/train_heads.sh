@@ -15,7 +15,7 @@
 # Environment: AUDIO (your own speech instead of synthesised: a folder, a manifest.jsonl or an HF dataset NAME[:CONFIG];
 # no transcripts needed), NUM_UTTERANCES (10000), WORKERS (2), DEVICE (cpu), BATCH (16), EPOCHS (15), TRAIN_BATCH (64),
 # MAX_NEW_TOKENS (the family's default), STEP_LOG (a file each step appends its name, start, end and output folder to),
-# LR (2e-3), HEADS (path-speech | path | medusa), EVAL_DATA (a collect folder of real speech to replay on), BASE_ID (Hub id
+# LR (2e-3), HEADS (path-speech | path | medusa), EVAL_DATA (collect folders of real speech to replay on, comma-separated), BASE_ID (Hub id
 # recorded in the artifact when BASE is a local folder), FLITE_BIN, TEXT_FILE + TEXT_LICENCE, PYTHON,
 # LANGUAGE / TASK (multilingual Whisper; default: detect the language, transcribe), FORCE (export over anything),
 # TRUST_BASE_CODE=1 (run a MERaLiON-2 base's own code: --trust-base-code).
@@ -83,9 +83,12 @@ for L in ${LANGS//,/ }; do
   DATA+=(--data "$WORK/collect_$L")
   INFO+=(--data-info "$WORK/speech_$L/manifest.jsonl")
 done
+EVALS=()
+EVAL_LIST=${EVAL_DATA:-}
+for E in ${EVAL_LIST//,/ }; do EVALS+=(--eval-data "$E"); done
 # shellcheck disable=SC2086  # RECIPE is a list of options
 step train "$WORK/ckpt" $PY -m pipeline.train "${DATA[@]}" --base "$BASE" $TRUST --out "$WORK/ckpt" $RECIPE \
     --epochs "${EPOCHS:-15}" --batch-size "${TRAIN_BATCH:-64}" --lr "${LR:-2e-3}" --device "${DEVICE:-cpu}" \
-    ${EVAL_DATA:+--eval-data "$EVAL_DATA"} ${INIT_HEADS:+--init-heads "$INIT_HEADS"}
+    ${EVALS[@]+"${EVALS[@]}"} ${INIT_HEADS:+--init-heads "$INIT_HEADS"}
 step export "$OUT" $PY -m pipeline.export --base "$BASE" $TRUST ${BASE_ID:+--base-id "$BASE_ID"} \
     --heads "$WORK/ckpt/best.safetensors" --out "$OUT" ${INFO[@]+"${INFO[@]}"} ${FORCE:+--force}

@@ -445,6 +445,54 @@ def test_segment_comparison_measures_boundaries_against_the_known_sentences():
                                                  "conditions": {"clean": rows}})
 
 
+def test_a_joined_recording_places_each_clip_where_its_text_says_reversing_the_order_on_each_pass(tmp_path):
+    """compare_segments --audio: the manifest's recorded clips joined with pauses, forward then reversed, until the
+    asked length; each sentence's text and place in samples is the clip's."""
+    import soundfile as sf
+
+    from tools import compare_segments
+    from tools.long_recording import SAMPLE_RATE, joined_recording
+
+    clips = [(f"clip {k}", np.full(SAMPLE_RATE * (k + 1), 0.1 * (k + 1), dtype=np.float32)) for k in range(3)]
+    samples, sentences = joined_recording(clips, seconds=14, pause=0.5)
+    assert [text for text, _, _ in sentences] == ["clip 0", "clip 1", "clip 2", "clip 2", "clip 1", "clip 0"]
+    assert len(samples) == sentences[-1][2] + SAMPLE_RATE // 2 >= 14 * SAMPLE_RATE
+    for text, start, end in sentences:
+        k = int(text[-1])
+        assert end - start == SAMPLE_RATE * (k + 1) and np.all(samples[start:end] == np.float32(0.1 * (k + 1)))
+        assert not samples[end:end + SAMPLE_RATE // 2].any()  # the pause after it
+    with pytest.raises(ValueError, match="no clips"):
+        joined_recording([], seconds=1)
+
+    rows = []
+    for k, (text, audio) in enumerate(clips):
+        sf.write(tmp_path / f"{k}.wav", audio, SAMPLE_RATE)
+        rows.append(json.dumps({"id": f"c{k}", "audio": f"{k}.wav", "text": text}))
+    (tmp_path / "manifest.jsonl").write_text("\n".join(rows) + "\n")
+    joined, placed, source = compare_segments.recording(str(tmp_path / "manifest.jsonl"), seconds=5)
+    assert [text for text, _, _ in placed] == ["clip 0", "clip 1", "clip 2"] and "3 recorded clips" in source
+    assert np.allclose(joined[placed[1][1]:placed[1][2]], 0.2, atol=1e-4)
+    (tmp_path / "manifest.jsonl").write_text(rows[0] + "\n" + json.dumps({"id": "x", "audio": "1.wav"}) + "\n")
+    with pytest.raises(SystemExit, match="without a text"):
+        compare_segments.recording(str(tmp_path / "manifest.jsonl"), seconds=5)
+
+
+def test_the_results_page_lists_each_long_recording_with_ours_against_the_base():
+    """RESULTS' long-form rows: the three decoders' seconds, ours against the base's generate and whether the ids
+    are equal, per recording and condition."""
+    from tools.results_tables import long_form
+
+    rows = {"ours": {"seconds": 5.0, "ids_equal_base": True, "mean_accepted_per_round": 1.9},
+            "base": {"seconds": 9.0}, "faster-whisper": {"seconds": 6.0}}
+    run = {"model": "heads/whisper-base", "seconds_of_audio": 182.4, "conditions": {"clean": rows},
+           "recording": "28 recorded clips of m.jsonl joined (40 in all)"}
+    other = dict(run, recording="flite voices", conditions={"noisy": dict(rows, ours=dict(rows["ours"],
+                                                                                          ids_equal_base=False))})
+    cells = [[cell.strip() for cell in line.split("|")[1:-1]] for line in long_form([run, other]).splitlines()[2:]]
+    assert cells == [["base", "recorded clips joined, 182 s, clean", "5.00 / 9.00 / 6.00", "1.80×, same ids", "1.90"],
+                     ["base", "flite voices, 182 s, noisy", "5.00 / 9.00 / 6.00", "1.80×, other ids", "1.90"]]
+
+
 def test_the_noise_note_counts_what_other_processes_took_not_a_load_left_by_a_run_that_ended():
     from tools.benchmark_environment import cpu_seconds, other_processes_cpus
     from tools.benchmark_report import _timings_noisy

@@ -778,6 +778,21 @@ def test_train_heads_sh_runs_the_shipped_recipe_by_default(tmp_path):
 
 
 
+def test_train_heads_sh_replays_on_every_eval_folder_named(tmp_path):
+    """EVAL_DATA=A,B (e.g. real speech collected plain and with timestamps): one --eval-data each."""
+    import subprocess
+
+    fake_python = tmp_path / "python"
+    fake_python.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
+    fake_python.chmod(0o755)
+    script = os.path.join(ROOT, "pipeline", "train_heads.sh")
+    for eval_data in ("real,real_ts", ""):
+        subprocess.run(["bash", script, "/models/whisper-base"], cwd=tmp_path, check=True,
+                       env={**os.environ, "PYTHON": str(fake_python), "EVAL_DATA": eval_data})
+    trains = [c.split() for c in (tmp_path / "calls").read_text().splitlines() if "pipeline.train" in c]
+    assert [[c[i + 1] for i, word in enumerate(c) if word == "--eval-data"] for c in trains] == [["real", "real_ts"], []]
+
+
 def test_train_heads_sh_collects_your_own_audio_and_logs_each_step(tmp_path):
     """AUDIO=folder collects from it without synthesising speech (and claims no synthetic manifest);
     MAX_NEW_TOKENS reaches the collect; STEP_LOG gets one JSON line per step, in order, naming its output."""

@@ -4,10 +4,12 @@ faster-whisper, side by side (segments, their timing, WER, speed).
 
     pip install faster-whisper        # needed by this comparison only
     python -m tools.compare_segments --model heads/whisper-tiny.en --seconds 180 --out benchmarks/segments/whisper-tiny.en
+    python -m tools.compare_segments --model heads/whisper-base --audio work_data/eval_speech/manifest.jsonl --seconds 180
 
 The recording is ``tools.long_recording``'s: public-domain sentences read by two flite voices in turn with
-0.6 s pauses, so each sentence's start and end are known; it is decoded clean and under pink noise at
-``--snr-db``. Each decoder takes the whole recording and returns its segments (start, end, text), greedy,
+0.6 s pauses, or with ``--audio MANIFEST`` that manifest's recorded clips joined with the same pauses (in order,
+then reversed, until ``--seconds``), so each sentence's start and end are known; it is decoded clean and under pink
+noise at ``--snr-db``. Each decoder takes the whole recording and returns its segments (start, end, text), greedy,
 temperature 0 only, no conditioning on the previous window's text, no VAD: ours (``draft="auto"``) and the base
 through Whisper's long-form ``generate(return_timestamps=True, return_segments=True)`` (their ids must be equal; ours also says its draft and tokens per verify pass),
 faster-whisper through its ``transcribe`` over the same weights (CTranslate2 float32, beam 1, its own features,
@@ -35,6 +37,7 @@ from tools.files import command_line, write_atomic, write_json_atomic
 from tools.markdown import markdown_table
 
 SAMPLE_RATE = 16000
+JOINED = "recorded clips of"  # (in the recording's description: a manifest's clips, joined)
 
 
 def ours_decoder(model, use_medusa: bool):
@@ -100,10 +103,34 @@ def compare(decoders: dict, samples: np.ndarray, sentences: list, repeats: int) 
     return rows
 
 
+def recording(manifest: str | None, seconds: float) -> tuple:
+    """(samples, sentences, what the recording is): flite's voices, or the manifest's clips joined."""
+    from tools.long_recording import joined_recording, long_recording_with_sentences
+
+    if manifest is None:
+        with tempfile.TemporaryDirectory() as folder:
+            return (*long_recording_with_sentences(Path(folder), seconds), "flite voices (slt, rms) reading Austen")
+    from tools.audio_io import load_audio
+    from tools.benchmark_inputs import read_manifest
+
+    rows = read_manifest(manifest)
+    untexted = [row["id"] for row in rows if not row["text"]]
+    if untexted:
+        raise SystemExit(f"{manifest}: clips without a text ({', '.join(untexted[:3])}): every joined clip needs one")
+    samples, sentences = joined_recording([(row["text"], load_audio(row["audio"])) for row in rows], seconds)
+    return samples, sentences, f"{len(rows)} {JOINED} {manifest} joined ({len(sentences)} in all)"
+
+
+def recording_kind(results: dict) -> str:
+    """What a run decoded, in a few words: the manifest's clips joined, or flite's voices."""
+    return "recorded clips joined" if JOINED in results.get("recording", "") else "flite voices"
+
+
 def render(results: dict) -> str:
     lines = ["# Long-form segments: ours, the base's generate, faster-whisper", "",
              f"Model `{results['model']}`, {results['seconds_of_audio']:.0f} s of known sentences "
-             f"({results['sentences']} sentences), {results['device']}, {results['dtype']}, medians of "
+             f"({results['sentences']} sentences; {results.get('recording', 'flite voices')}), {results['device']}, "
+             f"{results['dtype']}, medians of "
              f"{results['repeats']}. Boundary error: seconds from each segment start (end) to the nearest "
              "sentence start (end).", ""]
     for condition, rows in results["conditions"].items():
@@ -128,6 +155,8 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="heads/whisper-tiny.en", help="folder (or Hub repo) with the Medusa heads")
     parser.add_argument("--seconds", type=cli_args.positive_float, default=180.0, help="length of the recording")
+    parser.add_argument("--audio", help="a manifest of recorded clips with their texts, joined into the recording "
+                        "(default: flite's voices)")
     parser.add_argument("--snr-db", type=cli_args.any_float, default=10.0, help="the noisy condition's signal-to-noise ratio")
     parser.add_argument("--repeats", type=cli_args.positive_int, default=3)
     parser.add_argument("--threads", type=cli_args.positive_int, default=None, help="CPU threads for every decoder (default: torch's)")
@@ -136,7 +165,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from tools.long_recording import long_recording_with_sentences, with_noise
+    from tools.long_recording import with_noise
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -144,12 +173,11 @@ def main(argv=None) -> int:
     model, _, declared = load_model(artifact, torch.device("cpu"), torch.float32)
     decoders = {"ours": ours_decoder(model, True), "base": ours_decoder(model, False),
                 "faster-whisper": faster_whisper_decoder(declared, torch.get_num_threads())}
-    with tempfile.TemporaryDirectory() as folder:
-        clean, sentences = long_recording_with_sentences(Path(folder), args.seconds)
+    clean, sentences, source = recording(args.audio, args.seconds)
     conditions = {"clean": clean, f"pink noise, {args.snr_db:g} dB SNR": with_noise(clean, args.snr_db)}
     results = {"model": str(args.model), "base": declared, "device": "cpu",
                "dtype": "float32", "threads": torch.get_num_threads(), "repeats": args.repeats,
-               "seconds_of_audio": len(clean) / SAMPLE_RATE, "sentences": len(sentences),
+               "seconds_of_audio": len(clean) / SAMPLE_RATE, "sentences": len(sentences), "recording": source,
                "sentence_times": [[t, s / SAMPLE_RATE, e / SAMPLE_RATE] for t, s, e in sentences],
                "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
                "command": command_line("tools.compare_segments", argv), "conditions": {}}

@@ -1,7 +1,8 @@
 """A long recording of known sentences for long-form checks and comparisons: public-domain prose read by
-flite's voices in turn, with pauses between the sentences, clean or under noise; each sentence's text and place.
+flite's voices in turn, or recorded clips joined, with pauses between the sentences, clean or under noise; each
+sentence's text and place.
 
-Needs the ``flite`` binary (``apt-get install flite``)."""
+The flite recording needs the ``flite`` binary (``apt-get install flite``)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,25 @@ def long_recording_with_sentences(folder: Path, seconds: float = 120.0, pause: f
         audio = flite(text, Path(folder) / f"long{index}.wav", ("slt", "rms")[index % 2])
         sentences.append((text, total, total + len(audio)))
         pieces += [audio, silence]
+        total += len(audio) + len(silence)
+        index += 1
+    return np.concatenate(pieces), sentences
+
+
+def joined_recording(clips: list[tuple[str, np.ndarray]], seconds: float, pause: float = 0.6):
+    """Recorded clips ``(text, samples)`` joined with ``pause`` seconds between them, in order, then in reverse
+    order (new neighbours at every join), and so on until ``seconds`` long; and for each clip in it ``(text, first
+    sample, end sample)``. No real recording of several minutes with its text ships in a package we can reach, so
+    the long-form checks on real speech join the real clips."""
+    if not clips:
+        raise ValueError("no clips to join")
+    pieces, sentences, total, index = [], [], 0, 0
+    silence = np.zeros(int(pause * SAMPLE_RATE), dtype=np.float32)
+    while total < seconds * SAMPLE_RATE:
+        turn, place = divmod(index, len(clips))
+        text, audio = clips[place if turn % 2 == 0 else len(clips) - 1 - place]
+        sentences.append((text, total, total + len(audio)))
+        pieces += [np.asarray(audio, dtype=np.float32), silence]
         total += len(audio) + len(silence)
         index += 1
     return np.concatenate(pieces), sentences

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from tools.benchmark_report import device_label as _device, gap_cell
+from tools.compare_segments import recording_kind
 from tools.files import write_atomic
 from tools.markdown import markdown_table, number_cell
 
@@ -24,8 +25,8 @@ BENCHMARKS = ROOT / "benchmarks"
 
 INTRO = """# Results
 
-Rendered from the committed result files by `python -m tools.results_tables`; each file records its command, and
-earlier measurements live in git history. *Tokens per round*: tokens one draft-and-verify round emits.
+Rendered from the committed result files (`python -m tools.results_tables`); each records its command.
+*Tokens per round*: tokens one draft-and-verify round emits.
 *× own greedy*: against our loop decoding one token per pass (*rounds*: the decoding loop only). *× `generate`*:
 the whole call against the base's greedy `generate`. *Exact*: rows whose ids equal the base's greedy ids; in
 bfloat16 the others part at a base near-tie (its two best scores within bfloat16's rounding)."""
@@ -33,6 +34,11 @@ bfloat16 the others part at a base near-tie (its two best scores within bfloat16
 
 def _ratio(value) -> str:
     return number_cell(value, 2, "×")
+
+
+def _with_rounds(call, rounds) -> str:
+    """A whole call's speed-up with, in brackets, the decoding loop's."""
+    return " ".join(filter(None, (_ratio(call), f"({_ratio(rounds)})" if rounds is not None else "")))
 
 
 def _rate(value) -> str:
@@ -44,13 +50,14 @@ def real_speech(rows: list[dict]) -> str:
     of them, and those drafts' rows follow in one line per run (``side_by_side``)."""
     beside = [r for r in rows if _beside_auto(r, rows)]
     header = ["model", "device", "dtype", "draft (ran; auto: vs the fastest fixed)", "rounds", "batch", "tokens per round",
-              "× `generate`", "× own greedy", "× own greedy (rounds)", "exact", "WER", "date"]
+              "× `generate`", "× own greedy (rounds)", "exact", "WER", "date"]
     body = [[r["model"], _device(r), r["dtype"],
              f"{r['requested_draft']} ({r['draft']})" + (", timestamps" if r.get("timestamps") else "")
              + (f"; {gap_cell(r)}" if gap_cell(r) else ""),
              r["rounds_mode"], r.get("batch") or 1, number_cell(r["mean_accepted_per_round"]),
-             _ratio(r.get("speedup_vs_hf_generate")), _ratio(r.get("e2e_speedup_vs_own_greedy")),
-             _ratio(r.get("decode_speedup_vs_own_greedy")), _rate(r["exact_match_rate"]), _rate(r.get("wer_ours")),
+             _ratio(r.get("speedup_vs_hf_generate")),
+             _with_rounds(r.get("e2e_speedup_vs_own_greedy"), r.get("decode_speedup_vs_own_greedy")),
+             _rate(r["exact_match_rate"]), _rate(r.get("wer_ours")),
              r["date"]] for r in rows if r not in beside]
     return markdown_table(header, body) + (side_by_side(rows, beside) if beside else "")
 
@@ -66,19 +73,20 @@ def side_by_side(rows: list[dict], beside: list[dict]) -> str:
     runs = [a for a in rows if a["requested_draft"] == "auto" and any(r["command"] == a["command"] for r in beside)]
     body = [[a["model"], _device(a), a["dtype"], a["rounds_mode"], a.get("batch") or 1, ", ".join(
         f"{r['requested_draft']} {_ratio(r.get('speedup_vs_hf_generate'))}" for r in beside
-        if r["command"] == a["command"]), a["date"]] for a in runs]
+        if r["command"] == a["command"])] for a in runs]
     return ("\n\nThe fixed drafts timed beside `auto` in the same run (× `generate`):\n\n"
-            + markdown_table(["model", "device", "dtype", "rounds", "batch", "fixed drafts", "date"], body))
+            + markdown_table(["model", "device", "dtype", "rounds", "batch", "fixed drafts"], body))
 
 
 def quantised(rows: list[dict]) -> str:
     header = ["model", "precision", "kernel", "device", "batch", "draft (ran)", "rounds", "tokens per round",
-              "× own greedy", "× own greedy (rounds)", "tok/s", "exact", "WER", "date"]
+              "× own greedy (rounds)", "tok/s", "exact", "WER"]
     body = [[r["model"], r["precision"], _short(r["kernel"]), _device(r), r.get("batch") or 1,
              f"{r['requested_draft']} ({r['draft']})", r.get("rounds_mode") or "",
-             number_cell(r.get("mean_accepted_per_round")), _ratio(r.get("speedup_vs_own_greedy")),
-             _ratio(r.get("decode_speedup_vs_own_greedy")), number_cell(r.get("tokens_per_s"), 0),
-             _rate(r.get("exact_match_rate")), _rate(r.get("wer")), r["date"]] for r in rows]
+             number_cell(r.get("mean_accepted_per_round")),
+             _with_rounds(r.get("speedup_vs_own_greedy"), r.get("decode_speedup_vs_own_greedy")),
+             number_cell(r.get("tokens_per_s"), 0),
+             _rate(r.get("exact_match_rate")), _rate(r.get("wer"))] for r in rows]
     return markdown_table(header, body)
 
 
@@ -91,15 +99,27 @@ SHOWN_METHODS = ("ours", "ours_greedy", "hf_static")  # (the library's dynamic-c
 
 
 def gpu_decode(summary: dict) -> str:
+    """A row per shown measurement; the exact column only where some row is not (or not known to be) exact."""
+    rows = shown_decode_rows(summary["decode"])
     header = ["shape", "batch", "method", "draft", "new tokens", "tok/s a call", "tok/s in the rounds",
-              "tokens per round", "exact"]
+              "tokens per round"]
     body = [[r["shape"], r.get("batch", 1), ", ".join(filter(None, (r["method"], r.get("rounds_mode")))),
              r.get("draft", ""),
              r.get("new_tokens", ""), number_cell(r.get("call_tok_per_s"), 0), number_cell(r.get("loop_tok_per_s"), 0),
-             number_cell(r.get("tokens_per_round")),
-             {True: "yes", False: "no"}.get(r.get("exact", r.get("matches_our_greedy")), "")]
-            for r in shown_decode_rows(summary["decode"])]
+             number_cell(r.get("tokens_per_round"))] for r in rows]
+    if not _all_exact(summary):
+        header.append("exact")
+        for line, r in zip(body, rows):
+            line.append({True: "yes", False: "no"}.get(_exact(r), ""))
     return markdown_table(header, body)
+
+
+def _exact(row: dict):
+    return row.get("exact", row.get("matches_our_greedy"))
+
+
+def _all_exact(summary: dict) -> bool:
+    return all(_exact(r) is True for r in shown_decode_rows(summary["decode"]))
 
 
 def shown_decode_rows(rows: list[dict]) -> list[dict]:
@@ -153,11 +173,22 @@ def cpu_peers(rows: list[dict]) -> str:
 
 
 def heads_by_language(rows: list[dict], device: str = "cpu") -> str:
-    """A row per language and timestamp setting, a column per heads: tokens per verify pass (speed-up over our own
-    greedy on ``device``) (rows of the other device left out; a cell names an exact match below 100 % and the
-    bf16 near-ties among the divergences; the section's text names the drafts)."""
-    field = f"{device}_speedup_vs_own_greedy"
+    """A table per base, a row per language and timestamp setting, a column per heads: tokens per verify pass
+    (speed-up over our own greedy on ``device``) (rows of the other device left out; a cell names an exact match
+    below 100 % and the bf16 near-ties among the divergences; the section's text names the drafts). Where the base's
+    shipped heads (``heads/<base>``) are among them, a last row gives each other heads' English against theirs."""
     rows = [r for r in rows if bool(r.get("gpu")) == (device == "gpu")]
+    bases = dict.fromkeys(_base_name(r) for r in rows)
+    return "\n\n".join(_language_table([r for r in rows if _base_name(r) == base], device, f"heads/{base}")
+                       for base in bases)
+
+
+def _base_name(row: dict) -> str:
+    return row["base"].rstrip("/").rsplit("/", 1)[-1]
+
+
+def _language_table(rows: list[dict], device: str, shipped: str) -> str:
+    field = f"{device}_speedup_vs_own_greedy"
     heads = list(dict.fromkeys(r["variant"].split(" (")[0] for r in rows))
     cases = list(dict.fromkeys((r["language"], r["timestamps"], r["clips"]) for r in rows))
     found = {(r["variant"].split(" (")[0], r["language"], r["timestamps"]): r for r in rows}
@@ -175,9 +206,36 @@ def heads_by_language(rows: list[dict], device: str = "cpu") -> str:
         notes = ([_ratio(r[field])] if r[field] else []) + exact(r)
         return f"{r['tokens_per_pass']:.2f}" + (f" ({'; '.join(notes)})" if notes else "")
 
-    header = ["language", "clips"] + [f"`{h}`" for h in heads]
-    return markdown_table(header, [[case[0] + (", timestamps" if case[1] else ""), case[2]]
-                                   + [cell(h, case) for h in heads] for case in cases])
+    body = [[case[0] + (", timestamps" if case[1] else ""), case[2]] + [cell(h, case) for h in heads]
+            for case in cases]
+    english = {h: found[(h, "en", False)]["tokens_per_pass"] for h in heads if (h, "en", False) in found}
+    if shipped in english and len(english) > 1:
+        body.append([f"English against `{shipped}`", ""] + [
+            f"{english[h] / english[shipped] - 1:+.1%}" if h in english and h != shipped else "" for h in heads])
+    return markdown_table(["language", "clips"] + [f"`{h}`" for h in heads], body)
+
+
+def long_form(runs: list[dict]) -> str:
+    """A row per recording and condition: seconds for ours, the base's long-form ``generate`` and faster-whisper,
+    ours against the base (× and whether the ids are equal), our tokens per round."""
+    body = []
+    for run in runs:
+        recording = recording_kind(run)
+        for condition, rows in run["conditions"].items():
+            ours, base, peer = rows["ours"], rows["base"], rows.get("faster-whisper", {})
+            seconds = " / ".join(number_cell(r.get("seconds")) for r in (ours, base, peer))
+            equal = "same ids" if ours.get("ids_equal_base") else "other ids"
+            body.append([run["model"].rsplit("/", 1)[-1].removeprefix("whisper-"),
+                         f"{recording}, {run['seconds_of_audio']:.0f} s, {condition}", seconds,
+                         f"{_ratio(base['seconds'] / ours['seconds'])}, {equal}",
+                         number_cell(ours.get("mean_accepted_per_round"))])
+    return markdown_table(["model", "recording", "seconds: ours / `generate` / faster-whisper", "× `generate`",
+                           "tokens per round"], body)
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return text[:1].upper() + text[1:] + ("" if not text or text.endswith(".") else ".")
 
 
 def _divergent(row: dict) -> int:
@@ -236,12 +294,14 @@ def render() -> str:
     speech = _load("real_speech/summary.json")
     sections.append("## Whisper tiny.en and base on 28 real recordings\n\n"
                     "`benchmarks/real_speech/summary.json`: each row's folder holds its per-clip `results.json` and "
-                    "command; below, the commands run in this repository (GPU rows ran on lent hosts).\n\n"
+                    "command; below, those run here.\n\n"
                     + real_speech(speech)
                     + "\n\n" + _commands(r["command"] for r in speech))
     quant = _load("quantised/summary.json")
+    dates = sorted({r["date"] for r in quant})
     sections.append("## By weight precision (4-bit, 8-bit, 16-bit verifiers)\n\n"
-                    "`benchmarks/quantised/summary.json`. The MERaLiON-2 rows run its shapes on random weights with "
+                    f"`benchmarks/quantised/summary.json` ({' to '.join(dict.fromkeys([dates[0], dates[-1]]))}). "
+                    "The MERaLiON-2 rows run its shapes on random weights with "
                     "replayed acceptance: speed only, never quality.\n\n"
                     + quantised(quant) + "\n\n" + _commands(r["command"] for r in quant))
     peers = _load("cpu_peers/summary.json")
@@ -254,31 +314,45 @@ def render() -> str:
     heads = _load("heads_comparison/summary.json") if (BENCHMARKS / "heads_comparison/summary.json").is_file() else None
     if heads:
         sections.append("## Heads by language\n\n`benchmarks/heads_comparison/summary.json` (`tools.heads_summary`): "
-                        "English on the 28 real recordings, other languages on espeak-ng speech of Django's "
-                        "translations (no real non-English speech ships in packages here); draft "
+                        "English on the 28 real recordings, other languages on espeak-ng speech (no real "
+                        "non-English speech ships in a package); drafts "
                         + ", ".join(sorted({r["draft"] for r in heads["rows"]}))
-                        + "; each cell: tokens per verify pass (× our own greedy, end to end), exact match 100 % unless the cell says "
-                        "otherwise; CPU, one timed repeat.\n\n"
+                        + "; cells: tokens per verify pass (× our own greedy, end to end), exact 100 % unless noted; "
+                        "CPU, one timed repeat. Last rows: English against the base's shipped heads (a "
+                        "replacement may lose at most 2 %).\n\n"
                         + heads_by_language(heads["rows"]))
         gpus = sorted({_device(r) for r in heads["rows"] if r.get("gpu")})
         if gpus:
             sections[-1] += ("\n\nOn the GPU (bfloat16, CUDA graphs, one timed repeat; " + ", ".join(gpus)
                              + "):\n\n" + heads_by_language(heads["rows"], "gpu"))
         shown |= {BENCHMARKS / "heads_comparison/summary.json"} | {ROOT / r["results"] for r in heads["rows"]}
+    paths = sorted((BENCHMARKS / "segments").glob("*/results.json"))
+    segments = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
+    if segments:
+        settings = ", ".join(sorted({f"{run['device']}, {run['dtype']}, {run['threads']} threads, medians of "
+                                     f"{run['repeats']}" for run in segments}))
+        sections.append("## Long recordings, timestamped\n\n`benchmarks/segments/` (`tools.compare_segments`; "
+                        f"{settings}): Whisper's long-form "
+                        "`generate`; faster-whisper float32, beam 1; ours drafts "
+                        + ", ".join(sorted({rows["ours"].get("draft", "?") for run in segments
+                                            for rows in run["conditions"].values()})) + ".\n\n" + long_form(segments)
+                        + "\n\n" + _commands(run["command"] for run in segments))
+        shown |= set(paths)
     for relative, title in (("gpu/summary.json", "MERaLiON-2 shapes on an H200"),
                             ("gpu/h100/summary.json", "MERaLiON-2 shapes on an H100"),
                             ("gpu/drafter_cost_heads/summary.json", "MERaLiON-2-3B, drafts at trained heads' cost")):
         summary = _load(relative)
         shown.add(BENCHMARKS / relative)
         text = (f"## {title}\n\n`benchmarks/{relative}` ({summary['gpu']}, torch {summary['torch']}, "
-                f"transformers {summary['transformers']}, {summary['date']}). {summary.get('note', '')}".rstrip()
+                f"transformers {summary['transformers']}, {summary['date']}). {_sentence(summary.get('note', ''))}".rstrip()
                 + (" Rows run as CUDA graphs and also compiled are shown compiled." if _hides_graph_rows(summary)
-                   else "") + "\n\n" + gpu_decode(summary))
+                   else "") + (" Every row's ids equal the base's." if _all_exact(summary) else "")
+                + "\n\n" + gpu_decode(summary))
         if summary["verify"]:
             text += ("\n\nMilliseconds of one verify pass by tokens verified (floor: the weights' bytes at the "
                      "measured copy bandwidth):\n\n" + gpu_verify(summary))
         sections.append(text + "\n\n" + _commands([summary["command"]] + [r["command"] for r in summary["runs"]]))
-    sections.append("## Other result files\n\nBy folder under `benchmarks/`; each file holds its command.\n\n" + other_files(shown))
+    sections.append("## Other result files\n\nBy folder; each file holds its command.\n\n" + other_files(shown))
     return "\n\n".join(sections) + "\n"
 
 
