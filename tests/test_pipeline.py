@@ -742,70 +742,53 @@ def test_export_never_replaces_a_foreign_or_committed_folder_unless_forced(shard
     assert export_to(shipped, "--force") == 0
 
 
-def test_train_heads_sh_exports_to_a_work_folder_by_default(tmp_path):
-    """pipeline/train_heads.sh BASE wrote into heads/<base name>, replacing the shipped artifact; its default
-    is now WORK_DIR/artifacts/<base name>, and FORCE=1 passes --force."""
+def _train_heads_calls(tmp_path, runs) -> list[list[str]]:
+    """pipeline/train_heads.sh run once per ``(arguments, environment)`` with a stand-in python that records each
+    command it is given; those commands, split into words."""
     import subprocess
 
     fake_python = tmp_path / "python"
     fake_python.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
     fake_python.chmod(0o755)
     script = os.path.join(ROOT, "pipeline", "train_heads.sh")
-    for env in ({}, {"FORCE": "1"}):
-        subprocess.run(["bash", script, "/models/whisper-tiny.en"], cwd=tmp_path, check=True,
+    for arguments, env in runs:
+        subprocess.run(["bash", script, *arguments], cwd=tmp_path, check=True,
                        env={**os.environ, "PYTHON": str(fake_python), **env})
-    exports = [line.split() for line in (tmp_path / "calls").read_text().splitlines() if "pipeline.export" in line]
+    return [line.split() for line in (tmp_path / "calls").read_text().splitlines()]
+
+
+def test_train_heads_sh_exports_to_a_work_folder_by_default(tmp_path):
+    """pipeline/train_heads.sh BASE wrote into heads/<base name>, replacing the shipped artifact; its default
+    is now WORK_DIR/artifacts/<base name>, and FORCE=1 passes --force."""
+    calls = _train_heads_calls(tmp_path, [(["/models/whisper-tiny.en"], env) for env in ({}, {"FORCE": "1"})])
+    exports = [call for call in calls if "pipeline.export" in call]
     assert [call[call.index("--out") + 1] for call in exports] == ["work_data/artifacts/whisper-tiny.en"] * 2
     assert ["--force" in call for call in exports] == [False, True]
 
 
 def test_train_heads_sh_runs_the_shipped_recipe_by_default(tmp_path):
     """Path heads attending to the speech (collected with --speech) unless HEADS names another recipe."""
-    import subprocess
-
-    fake_python = tmp_path / "python"
-    fake_python.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
-    fake_python.chmod(0o755)
-    script = os.path.join(ROOT, "pipeline", "train_heads.sh")
-    for heads in ("", "medusa"):
-        subprocess.run(["bash", script, "/models/whisper-tiny.en"], cwd=tmp_path, check=True,
-                       env={**os.environ, "PYTHON": str(fake_python), **({"HEADS": heads} if heads else {})})
-    calls = (tmp_path / "calls").read_text().splitlines()
-    collects = [c.split() for c in calls if "pipeline.collect" in c]
-    trains = [c.split() for c in calls if "pipeline.train" in c]
+    calls = _train_heads_calls(tmp_path, [(["/models/whisper-tiny.en"], {"HEADS": heads} if heads else {})
+                                          for heads in ("", "medusa")])
+    collects = [c for c in calls if "pipeline.collect" in c]
+    trains = [c for c in calls if "pipeline.train" in c]
     assert ["--speech" in c for c in collects] == [True, False]
     assert [("--speech-attention" in c, "path" in c) for c in trains] == [(True, True), (False, False)]
 
 
-
 def test_train_heads_sh_replays_on_every_eval_folder_named(tmp_path):
     """EVAL_DATA=A,B (e.g. real speech collected plain and with timestamps): one --eval-data each."""
-    import subprocess
-
-    fake_python = tmp_path / "python"
-    fake_python.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
-    fake_python.chmod(0o755)
-    script = os.path.join(ROOT, "pipeline", "train_heads.sh")
-    for eval_data in ("real,real_ts", ""):
-        subprocess.run(["bash", script, "/models/whisper-base"], cwd=tmp_path, check=True,
-                       env={**os.environ, "PYTHON": str(fake_python), "EVAL_DATA": eval_data})
-    trains = [c.split() for c in (tmp_path / "calls").read_text().splitlines() if "pipeline.train" in c]
+    calls = _train_heads_calls(tmp_path, [(["/models/whisper-base"], {"EVAL_DATA": eval_data})
+                                          for eval_data in ("real,real_ts", "")])
+    trains = [c for c in calls if "pipeline.train" in c]
     assert [[c[i + 1] for i, word in enumerate(c) if word == "--eval-data"] for c in trains] == [["real", "real_ts"], []]
 
 
 def test_train_heads_sh_collects_your_own_audio_and_logs_each_step(tmp_path):
     """AUDIO=folder collects from it without synthesising speech (and claims no synthetic manifest);
     MAX_NEW_TOKENS reaches the collect; STEP_LOG gets one JSON line per step, in order, naming its output."""
-    import subprocess
-
-    fake_python = tmp_path / "python"
-    fake_python.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\n')
-    fake_python.chmod(0o755)
-    script = os.path.join(ROOT, "pipeline", "train_heads.sh")
-    subprocess.run(["bash", script, "/models/MERaLiON-2-3B", "work"], cwd=tmp_path, check=True,
-                   env={**os.environ, "PYTHON": str(fake_python), "AUDIO": "/data/my_calls", "HEADS": "path",
-                        "MAX_NEW_TOKENS": "96", "STEP_LOG": str(tmp_path / "steps.jsonl")})
-    calls = [c.split() for c in (tmp_path / "calls").read_text().splitlines()]
+    calls = _train_heads_calls(tmp_path, [(["/models/MERaLiON-2-3B", "work"], {
+        "AUDIO": "/data/my_calls", "HEADS": "path", "MAX_NEW_TOKENS": "96", "STEP_LOG": str(tmp_path / "steps.jsonl")})])
     assert not [c for c in calls if "pipeline.synth_speech" in c]
     collect_call = next(c for c in calls if "pipeline.collect" in c)
     assert collect_call[collect_call.index("--audio") + 1] == "/data/my_calls"
@@ -815,6 +798,7 @@ def test_train_heads_sh_collects_your_own_audio_and_logs_each_step(tmp_path):
     assert [(s["step"], s["out"]) for s in steps] == [
         ("collect", "work/collect"), ("train", "work/ckpt"), ("export", "work/artifacts/MERaLiON-2-3B")]
     assert all(s["start"] <= s["end"] for s in steps)
+
 
 def test_model_card_minimal_config():
     """A card with nothing measured yet names no local path as a Hub link and no licence it cannot know."""
