@@ -186,10 +186,12 @@ def _training_sentence(cfg: dict) -> str:
 
 
 def render_model_card(config, rows: list[dict] | None = None, plot: str | None = None, repo_id: str | None = None,
-                      license: str | None = None, trained: bool = True, recipe_cost: dict | None = None) -> str:
+                      license: str | None = None, trained: bool = True, recipe_cost: dict | None = None,
+                      compared: str = "") -> str:
     """README.md text for an artifact; ``config`` is a MedusaConfig or its dict, ``rows`` its benchmark rows
     (for an artifact without trained heads, ``trained=False``: the shipped artifacts' rows), ``plot`` the file
-    name of its speed-up plot, ``recipe_cost`` what training its heads cost where measured (``tools.recipe_cost``)."""
+    name of its speed-up plot, ``recipe_cost`` what training its heads cost where measured (``tools.recipe_cost``),
+    ``compared`` its base's heads side by side (``compared_heads``)."""
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     base, family = cfg.get("base_model_name_or_path", ""), cfg.get("base_family", "")
     licence = {"license": license} if license else licence_fields(base)
@@ -236,8 +238,44 @@ def render_model_card(config, rows: list[dict] | None = None, plot: str | None =
         where_to_run=where, snippet=snippet(model_path), gpu_snippet=snippet(model_path, gpu=True),
         command_line=command, results_intro=RESULTS_INTRO if rows else "", results_table=results_table(rows) if rows
         else "", plot=plot_md + ("\n\n" if plot_md else "") + source, lossless=LOSSLESS,
-        limitations="\n".join(f"- {line}" for line in LIMITATIONS), extra=_extra(cfg, untrained, recipe_cost),
+        limitations="\n".join(f"- {line}" for line in LIMITATIONS), extra=_extra(cfg, untrained, recipe_cost) + compared,
         licence=_licence_text(base, licence, untrained), citation="\n\n".join(citations))
+
+
+def compared_heads(rows: list[dict], base: str, own: str) -> str:
+    """A section comparing every heads trained for ``base`` (``tools.heads_summary`` rows, CPU): tokens per verify
+    pass on English, on timestamped English and on the other languages (their range), and the GPU minutes their
+    training took; "" when only ``own`` was measured."""
+    def name(row) -> str:
+        return row["variant"].split(" (")[0]
+
+    rows = [r for r in rows if not r.get("gpu") and _last_part(r["base"]) == _last_part(base)]
+    heads = list(dict.fromkeys(name(r) for r in rows))
+    if len(heads) < 2:
+        return ""
+
+    def passes(head, keep) -> str:
+        found = sorted(r["tokens_per_pass"] for r in rows if name(r) == head and keep(r))
+        return "" if not found else "–".join(dict.fromkeys(f"{v:.2f}" for v in (found[0], found[-1])))
+
+    def minutes(head) -> str:
+        return number_cell(next((r["training_gpu_minutes"] for r in rows if name(r) == head), None), 1)
+
+    header = ["heads", "English", "timestamped", "other languages", "GPU minutes (where recorded)"]
+    body = [[f"`{_last_part(h)}`" + (" (these)" if h == own else ""),
+             passes(h, lambda r: r["language"] == "en" and not r["timestamps"]),
+             passes(h, lambda r: r["language"] == "en" and r["timestamps"]),
+             passes(h, lambda r: r["language"] != "en"), minutes(h)] for h in heads]
+    shown = [0] + [k for k in range(1, len(header)) if any(line[k] for line in body)]
+    others = ", other languages on synthetic speech" if 3 in shown else ""
+    drafts = ", ".join(sorted({r["draft"] for r in rows}))
+    return (f"\n## Heads compared\n\nTokens per verify pass ({drafts}, CPU) of the heads trained for this base: "
+            f"English on 28 real recordings{others}; `docs/DEVELOPING.md` gives each recipe.\n\n"
+            + markdown_table([header[k] for k in shown], [[line[k] for k in shown] for line in body]) + "\n")
+
+
+def _last_part(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _licence_text(base: str, licence: dict, untrained: bool) -> str:

@@ -19,12 +19,13 @@ import sys
 from pathlib import Path
 
 from pipeline.collect import run_cli
-from pipeline.model_card import render_model_card
+from pipeline.model_card import compared_heads, render_model_card
 from tools.files import replace_rows, write_atomic, write_json_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE, PLOT_FILE = "results.json", "speedup.png"
 RECIPE_COST = ROOT / "benchmarks" / "recipe" / "meralion2-3b_gpu.json"  # tools.recipe_cost at the 3B shape on a GPU
+HEADS_COMPARED = ROOT / "benchmarks" / "heads_comparison" / "summary.json"  # tools.heads_summary: heads by base
 HEADS_FILE = "medusa_heads.safetensors"
 
 
@@ -119,6 +120,14 @@ def recipe_cost() -> dict | None:
     return json.loads(RECIPE_COST.read_text(encoding="utf-8")) if RECIPE_COST.is_file() else None
 
 
+def compared_section(artifact: Path, config: dict) -> str:
+    """The card's comparison of the heads trained for its base, from the committed heads comparison ("" without)."""
+    if not HEADS_COMPARED.is_file():
+        return ""
+    rows = json.loads(HEADS_COMPARED.read_text(encoding="utf-8"))["rows"]
+    return compared_heads(rows, config.get("base_model_name_or_path", ""), _heads_name(artifact))
+
+
 def update_card(artifact: Path, results: list[Path], summary: Path | None = None) -> list[dict]:
     """Write ``artifact``'s results.json, speedup.png and README.md; returns the card's rows."""
     config_path = artifact / "config.json"
@@ -141,7 +150,8 @@ def update_card(artifact: Path, results: list[Path], summary: Path | None = None
     else:
         rows = shipped_rows()
     plot = draw_speedup(rows, artifact / PLOT_FILE) if rows else None
-    card = render_model_card(config, rows, plot, trained=trained, recipe_cost=None if trained else recipe_cost())
+    card = render_model_card(config, rows, plot, trained=trained, recipe_cost=None if trained else recipe_cost(),
+                             compared=compared_section(artifact, config) if trained else "")
     write_atomic(artifact / "README.md", card)
     return rows
 

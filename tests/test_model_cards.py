@@ -42,19 +42,46 @@ def sentences(body: str) -> list[str]:
 def test_card_is_rendered_from_the_template_and_its_committed_results(folder):
     """README.md is what ``python -m pipeline.update_card FOLDER`` renders today: no hand edits, no stale rows."""
     from pipeline.model_card import render_model_card
-    from pipeline.update_card import PLOT_FILE, read_rows, recipe_cost, shipped_rows
+    from pipeline.update_card import PLOT_FILE, compared_section, read_rows, recipe_cost, shipped_rows
 
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     rows = read_rows(folder) if folder in ARTIFACTS else shipped_rows()
     assert rows or config.get("card_note"), f"{folder}: no benchmark rows, and no card_note saying why"
     assert (folder / "README.md").read_text(encoding="utf-8") == render_model_card(
         config, rows, PLOT_FILE if rows else None, trained=folder in ARTIFACTS,
-        recipe_cost=None if folder in ARTIFACTS else recipe_cost())
+        recipe_cost=None if folder in ARTIFACTS else recipe_cost(),
+        compared=compared_section(folder, config) if folder in ARTIFACTS else "")
     assert "benchmark" not in config or not config["benchmark"]  # the record lives in results.json
     if folder in ARTIFACTS and rows:
         results = json.loads((folder / "results.json").read_text(encoding="utf-8"))
         assert results["command"].startswith("python -m pipeline.update_card")
         assert all(row["command"].startswith("python -m tools.benchmark") for row in results["rows"])
+
+
+def test_a_card_compares_every_heads_trained_for_its_base():
+    """``compared_heads``: one row per heads trained for the card's base (CPU rows; other bases and GPU rows left
+    out), its own marked, each language group's tokens per pass as a range, empty columns dropped; nothing when
+    only its own heads were measured."""
+    from pipeline.model_card import compared_heads
+
+    def row(variant, language, passes, timestamps=False, base="openai/whisper-base", gpu=None, minutes=None):
+        return {"variant": f"{variant} (path-speech, 1 layer)", "base": base, "language": language, "gpu": gpu,
+                "timestamps": timestamps, "tokens_per_pass": passes, "draft": "tree-32", "training_gpu_minutes": minutes}
+
+    rows = [row("heads/whisper-base", "en", 3.1), row("heads/whisper-base", "de", 1.2),
+            row("heads/whisper-base", "fr", 1.4), row("heads/whisper-base", "en", 9.9, gpu="H100"),
+            row("work/b2", "en", 3.0, base="/cache/whisper-base", minutes=9.6),
+            row("work/b2", "en", 2.7, timestamps=True, minutes=9.6), row("heads/whisper-tiny.en", "en", 2.8,
+                                                                        base="openai/whisper-tiny.en")]
+    section = compared_heads(rows, "openai/whisper-base", "heads/whisper-base")
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in section.splitlines() if line.startswith("|")]
+    assert cells[0] == ["heads", "English", "timestamped", "other languages", "GPU minutes (where recorded)"]
+    assert cells[2:] == [["`whisper-base` (these)", "3.10", "", "1.20–1.40", ""], ["`b2`", "3.00", "2.70", "", "9.6"]]
+    assert "tree-32, CPU" in section and "other languages on synthetic speech" in section
+    tiny = compared_heads(rows + [row("work/t2", "en", 2.9, base="openai/whisper-tiny.en")], "openai/whisper-tiny.en",
+                          "heads/whisper-tiny.en")
+    assert "other languages" not in tiny and "timestamped" not in tiny and "GPU minutes" not in tiny
+    assert compared_heads(rows, "openai/whisper-tiny.en", "heads/whisper-tiny.en") == ""
 
 
 @pytest.mark.parametrize("folder", CARDS, ids=lambda p: p.name)
