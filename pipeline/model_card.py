@@ -269,8 +269,9 @@ def compared_heads(rows: list[dict], base: str, own: str) -> str:
     shown = [0] + [k for k in range(1, len(header)) if any(line[k] for line in body)]
     others = ", other languages on synthetic speech" if 3 in shown else ""
     drafts = ", ".join(sorted({r["draft"] for r in rows}))
+    english = max(r["clips"] for r in rows if r["language"] == "en")
     return (f"\n## Heads compared\n\nTokens per verify pass ({drafts}, CPU) of the heads trained for this base: "
-            f"English on 28 real recordings{others}; `docs/DEVELOPING.md` gives each recipe.\n\n"
+            f"English on {english} real recordings{others}; `docs/DEVELOPING.md` gives each recipe.\n\n"
             + markdown_table([header[k] for k in shown], [[line[k] for k in shown] for line in body]) + "\n")
 
 

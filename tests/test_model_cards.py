@@ -66,7 +66,8 @@ def test_a_card_compares_every_heads_trained_for_its_base():
 
     def row(variant, language, passes, timestamps=False, base="openai/whisper-base", gpu=None, minutes=None):
         return {"variant": f"{variant} (path-speech, 1 layer)", "base": base, "language": language, "gpu": gpu,
-                "timestamps": timestamps, "tokens_per_pass": passes, "draft": "tree-32", "training_gpu_minutes": minutes}
+                "timestamps": timestamps, "tokens_per_pass": passes, "draft": "tree-32", "training_gpu_minutes": minutes,
+                "clips": 28 if language == "en" else 20}
 
     rows = [row("heads/whisper-base", "en", 3.1), row("heads/whisper-base", "de", 1.2),
             row("heads/whisper-base", "fr", 1.4), row("heads/whisper-base", "en", 9.9, gpu="H100"),
@@ -77,7 +78,7 @@ def test_a_card_compares_every_heads_trained_for_its_base():
     cells = [[c.strip() for c in line.split("|")[1:-1]] for line in section.splitlines() if line.startswith("|")]
     assert cells[0] == ["heads", "English", "timestamped", "other languages", "GPU minutes (where recorded)"]
     assert cells[2:] == [["`whisper-base` (these)", "3.10", "", "1.20–1.40", ""], ["`b2`", "3.00", "2.70", "", "9.6"]]
-    assert "tree-32, CPU" in section and "other languages on synthetic speech" in section
+    assert "tree-32, CPU" in section and "English on 28 real recordings, other languages on synthetic" in section
     tiny = compared_heads(rows + [row("work/t2", "en", 2.9, base="openai/whisper-tiny.en")], "openai/whisper-tiny.en",
                           "heads/whisper-tiny.en")
     assert "other languages" not in tiny and "timestamped" not in tiny and "GPU minutes" not in tiny
