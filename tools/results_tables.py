@@ -333,7 +333,7 @@ def render() -> str:
                                      f"{run['repeats']}" for run in segments}))
         sections.append("## Long recordings, timestamped\n\n`benchmarks/segments/` (`tools.compare_segments`; "
                         f"{settings}): Whisper's long-form "
-                        "`generate`; faster-whisper float32, beam 1; ours drafts "
+                        "`generate`; faster-whisper float32, beam 1; our draft: "
                         + ", ".join(sorted({rows["ours"].get("draft", "?") for run in segments
                                             for rows in run["conditions"].values()})) + ".\n\n" + long_form(segments)
                         + "\n\n" + _commands(run["command"] for run in segments))
