@@ -15,6 +15,7 @@ from string import Template
 from huggingface_hub import ModelCardData
 
 from tools.benchmark_report import device_label, gap_cell
+from tools.heads_summary import base_name, heads_folder
 from tools.markdown import markdown_table, number_cell
 
 CARD_TAGS = ["medusa", "speculative-decoding", "automatic-speech-recognition", "asr"]
@@ -246,37 +247,31 @@ def compared_heads(rows: list[dict], base: str, own: str) -> str:
     """A section comparing every heads trained for ``base`` (``tools.heads_summary`` rows, CPU): tokens per verify
     pass on English, on timestamped English and on the other languages (their range), and the GPU minutes their
     training took; "" when only ``own`` was measured."""
-    def name(row) -> str:
-        return row["variant"].split(" (")[0]
-
-    rows = [r for r in rows if not r.get("gpu") and _last_part(r["base"]) == _last_part(base)]
-    heads = list(dict.fromkeys(name(r) for r in rows))
+    rows = [r for r in rows if not r.get("gpu") and base_name(r) == Path(base).name]
+    heads = list(dict.fromkeys(heads_folder(r) for r in rows))
     if len(heads) < 2:
         return ""
 
     def passes(head, keep) -> str:
-        found = sorted(r["tokens_per_pass"] for r in rows if name(r) == head and keep(r))
+        found = sorted(r["tokens_per_pass"] for r in rows if heads_folder(r) == head and keep(r))
         return "" if not found else "–".join(dict.fromkeys(f"{v:.2f}" for v in (found[0], found[-1])))
 
     def minutes(head) -> str:
-        return number_cell(next((r["training_gpu_minutes"] for r in rows if name(r) == head), None), 1)
+        return number_cell(next((r["training_gpu_minutes"] for r in rows if heads_folder(r) == head), None), 1)
 
     header = ["heads", "English", "timestamped", "other languages", "GPU minutes (where recorded)"]
-    body = [[f"`{_last_part(h)}`" + (" (these)" if h == own else ""),
+    body = [[f"`{Path(h).name}`" + (" (these)" if h == own else ""),
              passes(h, lambda r: r["language"] == "en" and not r["timestamps"]),
              passes(h, lambda r: r["language"] == "en" and r["timestamps"]),
              passes(h, lambda r: r["language"] != "en"), minutes(h)] for h in heads]
     shown = [0] + [k for k in range(1, len(header)) if any(line[k] for line in body)]
-    others = ", other languages on synthetic speech" if 3 in shown else ""
+    english = max((r["clips"] for r in rows if r["language"] == "en"), default=0)
+    speech = ([f"English on {english} real recordings"] if english else []) + (
+        ["other languages on synthetic speech"] if 3 in shown else [])
     drafts = ", ".join(sorted({r["draft"] for r in rows}))
-    english = max(r["clips"] for r in rows if r["language"] == "en")
     return (f"\n## Heads compared\n\nTokens per verify pass ({drafts}, CPU) of the heads trained for this base: "
-            f"English on {english} real recordings{others}; `docs/DEVELOPING.md` gives each recipe.\n\n"
+            f"{', '.join(speech)}; `docs/DEVELOPING.md` gives each recipe.\n\n"
             + markdown_table([header[k] for k in shown], [[line[k] for k in shown] for line in body]) + "\n")
-
-
-def _last_part(path: str) -> str:
-    return path.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _licence_text(base: str, licence: dict, untrained: bool) -> str:

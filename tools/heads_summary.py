@@ -81,6 +81,16 @@ def variant_name(settings: dict, config: dict | None) -> str:
     return f"{settings['model']} ({kind}, {layers} layer{'s' if layers != 1 else ''})"
 
 
+def heads_folder(row: dict) -> str:
+    """A row's heads without their recipe (``variant_name``'s folder), e.g. ``heads/whisper-base``."""
+    return row["variant"].split(" (")[0]
+
+
+def base_name(row: dict) -> str:
+    """A row's base by its last name, whether it was given as a Hub id or a local folder (``whisper-base``)."""
+    return Path(row["base"]).name
+
+
 def summary_row(results: dict, results_path: str, manifest_lang: str | None, default_language: str | None,
                 config: dict | None = None, training_gpu_minutes: float | None = None) -> dict:
     settings, stats = results["settings"], results["summary"]

@@ -67,6 +67,9 @@ def main(argv=None):
     p.add_argument("--forms", default=",".join(FORMS))
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    unknown = set(args.forms.split(",")) - set(FORMS)
+    if unknown:
+        p.error(f"--forms: unknown {', '.join(sorted(unknown))} (choose from {', '.join(FORMS)})")
     if not torch.cuda.is_available():
         raise SystemExit("tools.memory_attention times CUDA kernels: run it on a machine with a GPU")
     device, dtype = torch.device("cuda"), getattr(torch, args.dtype)

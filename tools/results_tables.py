@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tools.benchmark_report import device_label as _device, gap_cell
 from tools.compare_segments import recording_kind
+from tools.heads_summary import base_name, heads_folder
 from tools.files import write_atomic
 from tools.markdown import markdown_table, number_cell
 
@@ -178,20 +179,16 @@ def heads_by_language(rows: list[dict], device: str = "cpu") -> str:
     below 100 % and the bf16 near-ties among the divergences; the section's text names the drafts). Where the base's
     shipped heads (``heads/<base>``) are among them, a last row gives each other heads' English against theirs."""
     rows = [r for r in rows if bool(r.get("gpu")) == (device == "gpu")]
-    bases = dict.fromkeys(_base_name(r) for r in rows)
-    return "\n\n".join(_language_table([r for r in rows if _base_name(r) == base], device, f"heads/{base}")
+    bases = dict.fromkeys(base_name(r) for r in rows)
+    return "\n\n".join(_language_table([r for r in rows if base_name(r) == base], device, f"heads/{base}")
                        for base in bases)
-
-
-def _base_name(row: dict) -> str:
-    return row["base"].rstrip("/").rsplit("/", 1)[-1]
 
 
 def _language_table(rows: list[dict], device: str, shipped: str) -> str:
     field = f"{device}_speedup_vs_own_greedy"
-    heads = list(dict.fromkeys(r["variant"].split(" (")[0] for r in rows))
+    heads = list(dict.fromkeys(heads_folder(r) for r in rows))
     cases = list(dict.fromkeys((r["language"], r["timestamps"], r["clips"]) for r in rows))
-    found = {(r["variant"].split(" (")[0], r["language"], r["timestamps"]): r for r in rows}
+    found = {(heads_folder(r), r["language"], r["timestamps"]): r for r in rows}
 
     def exact(r):
         if r["exact_match_rate"] == 1:
