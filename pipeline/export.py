@@ -301,6 +301,11 @@ def main(argv=None, model=None) -> str:
         torch.set_num_threads(args.threads)
     args.device = parse_device(args.device)
     state = load_file(args.heads)
+    from pipeline.prefix_attention import PREFIX
+
+    if any(name.startswith(PREFIX) for name in state):
+        raise SystemExit(f"{args.heads} was trained with --prefix-attention, which only training's replay runs: "
+                         "the decoder has no prefix attention yet")
     shape = heads_kind(args.heads, state)
     num_heads, num_layers = shape["medusa_num_heads"], shape["medusa_num_layers"]
     metrics_path = args.metrics or os.path.join(os.path.dirname(os.path.abspath(args.heads)), "metrics.json")

@@ -15,7 +15,7 @@ from string import Template
 from huggingface_hub import ModelCardData
 
 from tools.benchmark_report import device_label, gap_cell
-from tools.heads_summary import base_name, heads_folder
+from tools.heads_summary import base_name, heads_folder, latest_rows
 from tools.markdown import markdown_table, number_cell
 
 CARD_TAGS = ["medusa", "speculative-decoding", "automatic-speech-recognition", "asr"]
@@ -247,7 +247,7 @@ def compared_heads(rows: list[dict], base: str, own: str) -> str:
     """A section comparing every heads trained for ``base`` (``tools.heads_summary`` rows, CPU): tokens per verify
     pass on English, on timestamped English and on the other languages (their range), and the GPU minutes their
     training took; "" when only ``own`` was measured."""
-    rows = [r for r in rows if not r.get("gpu") and base_name(r) == Path(base).name]
+    rows = [r for r in latest_rows(rows) if not r.get("gpu") and base_name(r) == Path(base).name]
     heads = list(dict.fromkeys(heads_folder(r) for r in rows))
     if len(heads) < 2:
         return ""

@@ -32,6 +32,7 @@ import argparse
 import hashlib
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -202,11 +203,24 @@ def heads_state(model) -> dict:
     return state
 
 
-def load_heads_state(model, state: dict) -> None:
+def added_layers(names, state: dict) -> set:
+    """Of ``names``, what heads grown from ``state`` add: the residual layers it lacks but whose block's first layer
+    it has (``--layers``), and a prefix attention it lacks (``--prefix-attention``). Each is zero-initialised to
+    start as the identity, so the grown heads draft as before."""
+    from pipeline.prefix_attention import PREFIX
+
+    return {n for n in names if (re.search(r"layers\.[1-9]\d*\.", n) and re.sub(r"layers\.\d+\.", "layers.0.", n) in state)
+            or (n.startswith(PREFIX) and not any(k.startswith(PREFIX) for k in state))}
+
+
+def load_heads_state(model, state: dict, grow: bool = False) -> None:
+    """Load trained heads; ``grow`` also takes heads with fewer residual layers (``added_layers``)."""
     state = dict(state)
     vocab = state.pop("draft_vocab", None)
     expected = set(trainable_head_parameters(model))
     missing, unexpected = expected - set(state), set(state) - expected
+    if grow:
+        missing -= added_layers(missing, state)
     if missing or unexpected:
         raise SystemExit(f"heads checkpoint does not match the model: missing {sorted(missing)}, "
                          f"unexpected {sorted(unexpected)}")
@@ -246,8 +260,10 @@ def head_states(model, batch: UtteranceBatch):
     heads = model.medusa_heads
     if model.config.head_kind == "medusa":
         return heads(batch.hiddens)
+    from pipeline.prefix_attention import root_states
+
     speech = model.backbone.speech_memory_of(batch.speech) if model.config.speech_attention else None
-    return heads.teacher_forced(batch.hiddens, model.backbone.embed(batch.inputs), speech)
+    return heads.teacher_forced(root_states(heads, batch.hiddens), model.backbone.embed(batch.inputs), speech)
 
 
 def heads_loss(model, batch: UtteranceBatch, soft_labels: float = 0.0, amp: bool = False):
@@ -335,12 +351,14 @@ def replay_candidates(model, recordings, trees) -> list[dict]:
     import torch
 
     from pipeline.acceptance import tokens_per_round
+    from pipeline.prefix_attention import prefixed_recordings
 
     device = _device_of(model)
     dtype = next(model.medusa_heads.parameters()).dtype
     model.medusa_heads.eval()
     rows = []
     with torch.no_grad():
+        recordings = prefixed_recordings(model.medusa_heads, recordings, device, dtype)
         for tree in trees:
             replay = tokens_per_round(model.make_drafter(tree, device), tree, recordings, device=device, dtype=dtype)
             rows.append({"paths": [list(p) for p in tree.paths], "nodes": tree.num_nodes - 1, "name": tree.name,
@@ -390,11 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="heads project onto the N most frequent training tokens (0: the whole vocabulary)")
     p.add_argument("--soft-labels", type=cli_args.fraction, default=0.0,
                    help="weight of the base's own distribution in the loss (0: its argmax only; 1: only it)")
+    p.add_argument("--prefix-attention", action="store_true",
+                   help="experiment: path heads start from a causal self-attention over the base's hiddens so far "
+                        "(Hydra++); measured by replay only, the decoder does not run it (export refuses it)")
     p.add_argument("--eval-data", action="append", default=[],
                    help="another collect folder (e.g. real speech) to replay the best heads on; repeatable")
     p.add_argument("--init-heads", default=None,
                    help="start from these trained heads (a medusa_heads.safetensors or best.safetensors of the same "
-                        "shape) and their draft vocabulary, to which --draft-vocab N adds the new data's N most "
+                        "shape, or with fewer --layers: the added ones start as the identity) and their draft vocabulary, to which --draft-vocab N adds the new data's N most "
                         "frequent tokens (e.g. timestamps): fine-tune them on new data")
     p.add_argument("--epochs", type=cli_args.positive_int, default=3)
     p.add_argument("--batch-size", type=cli_args.positive_int, default=16, help="utterances per step")
@@ -422,6 +443,7 @@ def _trajectory_settings(args, data: Collected) -> dict:
     return {"base": args.base, "heads": args.heads, "layers": args.layers, "head_kind": args.head_kind,
             "speech_attention": args.speech_attention, "draft_vocab": args.draft_vocab,
             "soft_labels": args.soft_labels, "epochs": args.epochs,
+            **({"prefix_attention": True} if args.prefix_attention else {}),
             "batch_size": args.batch_size, "lr": args.lr, "warmup_steps": args.warmup_steps,
             "val_fraction": args.val_fraction, "min_tokens": args.min_tokens, "seed": args.seed,
             "dtype": args.dtype, "amp": args.amp, "data": data.fingerprint(), "init_heads": args.init_heads}
@@ -468,7 +490,7 @@ class Trainer:
         if args.init_heads:  # fine-tune trained heads: their weights and their draft vocabulary
             from safetensors.torch import load_file
 
-            load_heads_state(model, load_file(args.init_heads))
+            load_heads_state(model, load_file(args.init_heads), grow=True)
         for p in model.parameters():
             p.requires_grad_(False)
         for p in self.params.values():
@@ -633,6 +655,13 @@ def main(argv=None, model=None) -> dict:
     if (cfg.medusa_num_heads, cfg.medusa_num_layers, cfg.head_kind) != (args.heads, args.layers, args.head_kind):
         raise SystemExit(f"model has {cfg.medusa_num_heads} {cfg.head_kind} heads x {cfg.medusa_num_layers} layers, "
                          f"asked for --heads {args.heads} --layers {args.layers} --head-kind {args.head_kind}")
+    if args.prefix_attention:
+        if args.head_kind != "path":
+            raise SystemExit("--prefix-attention needs --head-kind path")
+        from pipeline.prefix_attention import PrefixAttention
+
+        heads_weight = next(model.medusa_heads.parameters())
+        model.medusa_heads.prefix = PrefixAttention(cfg.hidden_size).to(heads_weight.device, heads_weight.dtype)
     if data.hidden_size != cfg.hidden_size:
         raise SystemExit(f"shards have hidden size {data.hidden_size}, the base {cfg.hidden_size}: "
                          f"were they collected from another base?")

@@ -15,16 +15,18 @@
 # Environment: AUDIO (your own speech instead of synthesised: a folder, a manifest.jsonl or an HF dataset NAME[:CONFIG];
 # no transcripts needed), NUM_UTTERANCES (10000), WORKERS (2), DEVICE (cpu), BATCH (16), EPOCHS (15), TRAIN_BATCH (64),
 # MAX_NEW_TOKENS (the family's default), STEP_LOG (a file each step appends its name, start, end and output folder to),
-# LR (2e-3), HEADS (path-speech | path | medusa), EVAL_DATA (collect folders of real speech to replay on, comma-separated), BASE_ID (Hub id
-# recorded in the artifact when BASE is a local folder), FLITE_BIN, TEXT_FILE + TEXT_LICENCE, PYTHON,
-# LANGUAGE / TASK (multilingual Whisper; default: detect the language, transcribe), FORCE (export over anything),
-# TRUST_BASE_CODE=1 (run a MERaLiON-2 base's own code: --trust-base-code).
+# LR (2e-3), HEADS (path-speech | path | medusa), LAYERS (1: residual layers a head), SOFT_LABELS (0.5: the weight of the
+# base's own distribution in the loss, 1 = teacher only; path heads), EVAL_DATA (collect folders of real speech to
+# replay on, comma-separated), BASE_ID (Hub id recorded in the artifact when BASE is a local folder), FLITE_BIN,
+# TEXT_FILE + TEXT_LICENCE, PYTHON, LANGUAGE / TASK (multilingual Whisper; default: detect the language, transcribe),
+# FORCE (export over anything), TRUST_BASE_CODE=1 (run a MERaLiON-2 base's own code: --trust-base-code).
 # Multilingual, timestamp-aware heads (multilingual Whisper): LANGUAGES=de,fr,... also synthesises
 # LANGUAGE_UTTERANCES (1000) clips a language with espeak-ng (ESPEAK_BIN) from TEXT_DIR/<language>.txt (default: GNOME
 # help, `python -m pipeline.multilingual_texts --source gnome-help`), collected with that language forced;
 # TIMESTAMP_UTTERANCES=N collects the last N of the NUM_UTTERANCES clips with the base's timestamps on.
 # INIT_HEADS=FILE fine-tunes trained heads (their draft vocabulary plus the new data's DRAFT_VOCAB most frequent tokens)
-# instead of training new ones; DRAFT_VOCAB (8192) is the draft vocabulary otherwise.
+# instead of training new ones (with more LAYERS than they have, the added layers start as the identity); DRAFT_VOCAB
+# (8192) is the draft vocabulary otherwise.
 set -euo pipefail
 BASE=${1:?usage: pipeline/train_heads.sh BASE [WORK_DIR] [ARTIFACT_DIR]}
 TRUST=${TRUST_BASE_CODE:+--trust-base-code}
@@ -32,8 +34,8 @@ WORK=${2:-work_data}
 OUT=${3:-$WORK/artifacts/$(basename "$BASE")}
 PY=${PYTHON:-python}
 case "${HEADS:-path-speech}" in
-  path-speech) SPEECH=--speech; RECIPE="--head-kind path --speech-attention --soft-labels 0.5 --draft-vocab ${DRAFT_VOCAB:-8192}" ;;
-  path) SPEECH=; RECIPE="--head-kind path --soft-labels 0.5 --draft-vocab ${DRAFT_VOCAB:-8192}" ;;
+  path-speech) SPEECH=--speech; RECIPE="--head-kind path --speech-attention --soft-labels ${SOFT_LABELS:-0.5} --draft-vocab ${DRAFT_VOCAB:-8192}" ;;
+  path) SPEECH=; RECIPE="--head-kind path --soft-labels ${SOFT_LABELS:-0.5} --draft-vocab ${DRAFT_VOCAB:-8192}" ;;
   medusa) SPEECH=; RECIPE="" ;;
   *) echo "HEADS=${HEADS}: use path-speech, path or medusa" >&2; exit 2 ;;
 esac
@@ -88,7 +90,7 @@ EVAL_LIST=${EVAL_DATA:-}
 for E in ${EVAL_LIST//,/ }; do EVALS+=(--eval-data "$E"); done
 # shellcheck disable=SC2086  # RECIPE is a list of options
 step train "$WORK/ckpt" $PY -m pipeline.train "${DATA[@]}" --base "$BASE" $TRUST --out "$WORK/ckpt" $RECIPE \
-    --epochs "${EPOCHS:-15}" --batch-size "${TRAIN_BATCH:-64}" --lr "${LR:-2e-3}" --device "${DEVICE:-cpu}" \
+    --layers "${LAYERS:-1}" --epochs "${EPOCHS:-15}" --batch-size "${TRAIN_BATCH:-64}" --lr "${LR:-2e-3}" --device "${DEVICE:-cpu}" \
     ${EVALS[@]+"${EVALS[@]}"} ${INIT_HEADS:+--init-heads "$INIT_HEADS"}
 step export "$OUT" $PY -m pipeline.export --base "$BASE" $TRUST ${BASE_ID:+--base-id "$BASE_ID"} \
     --heads "$WORK/ckpt/best.safetensors" --out "$OUT" ${INFO[@]+"${INFO[@]}"} ${FORCE:+--force}

@@ -177,6 +177,15 @@ def test_summary_file_replaces_rows_of_the_same_key(tmp_path):
         (False, False, 1.5, str(second)), (True, True, 1.2346, str(forced))]
 
 
+def test_heads_measured_again_with_another_draft_show_the_latest_measurement():
+    config = {"head_kind": "path", "speech_attention": True, "medusa_num_layers": 1}
+    older = hs.summary_row(_results("m.jsonl", "de"), "old.json", None, None, config)
+    gpu = {**older, "gpu": "NVIDIA H100", "results": "gpu.json"}
+    timestamped = hs.summary_row(_results("m.jsonl", "de", timestamps=True), "ts.json", None, None, config)
+    newer = {**older, "draft": "tree-16", "results": "new.json"}
+    assert [r["results"] for r in hs.latest_rows([older, gpu, timestamped, newer])] == ["new.json", "gpu.json", "ts.json"]
+
+
 def _page(*paragraphs: str) -> bytes:
     body = "".join(f"<p>{p}</p>" for p in paragraphs)
     return f'<page xmlns="http://projectmallard.org/1.0/" id="x"><title>T</title>{body}</page>'.encode()

@@ -316,6 +316,54 @@ def test_train_from_trained_heads_keeps_their_weights_start_and_draft_vocabulary
     assert tuned_delta < fresh_delta  # one step from the trained heads, not from a fresh start
 
 
+def test_trained_heads_grow_by_a_layer_that_starts_as_the_identity(shards, tmp_path):
+    first = str(tmp_path / "first")
+    train.main(["--data", shards, "--out", first, "--head-kind", "path"] + TRAIN_ARGS, model=FakeMedusa(head_kind="path"))
+    trained = load_file(os.path.join(first, "best.safetensors"))
+    one, two = FakeMedusa(head_kind="path"), FakeMedusa(layers=2, head_kind="path")
+    train.load_heads_state(one, trained)
+    train.load_heads_state(two, trained, grow=True)
+    hidden, tokens = torch.randn(2, 5, H), torch.randn(2, 5, 4, H)
+    assert torch.equal(one.medusa_heads.teacher_forced(hidden, tokens), two.medusa_heads.teacher_forced(hidden, tokens))
+    with pytest.raises(SystemExit, match="missing"):
+        train.load_heads_state(FakeMedusa(layers=2, head_kind="path"), trained)  # only a fine-tune grows heads
+    grown = FakeMedusa(layers=2, head_kind="path")
+    metrics = train.main(["--data", shards, "--out", str(tmp_path / "grown"), "--head-kind", "path", "--layers", "2",
+                          "--init-heads", os.path.join(first, "best.safetensors"), "--max-steps", "2"] + TRAIN_ARGS,
+                         model=grown)
+    assert metrics["layers"] == 2
+    added = grown.medusa_heads.blocks[0].stack.layers[1].weight
+    assert added.abs().max() > 0  # trained from the identity
+    with pytest.raises(SystemExit, match="unexpected"):
+        train.load_heads_state(FakeMedusa(head_kind="path"), train.heads_state(grown))  # no shrinking
+
+
+def test_prefix_attention_heads_train_replay_and_are_refused_by_export(shards, tmp_path):
+    """--prefix-attention (an experiment): the heads start from a causal attention over the hiddens so far, which
+    starts as the identity when grown from trained heads; replay runs it, export refuses it in one line."""
+    from pipeline.prefix_attention import PrefixAttention
+
+    first = str(tmp_path / "first")
+    train.main(["--data", shards, "--out", first, "--head-kind", "path"] + TRAIN_ARGS, model=FakeMedusa(head_kind="path"))
+    ckpt = str(tmp_path / "prefix")
+    model = FakeMedusa(head_kind="path")
+    metrics = train.main(["--data", shards, "--out", ckpt, "--head-kind", "path", "--prefix-attention",
+                          "--init-heads", os.path.join(first, "best.safetensors")] + TRAIN_ARGS, model=model)
+    assert metrics["train_args"]["prefix_attention"] and metrics["draft_candidates"][0]["tokens_per_round"] >= 1
+    saved = load_file(os.path.join(ckpt, "best.safetensors"))
+    assert any(name.startswith("prefix.") for name in saved)
+    layer = PrefixAttention(H)
+    hidden = torch.randn(2, 6, H)
+    assert torch.equal(layer(hidden), hidden)  # the identity until trained
+    with torch.no_grad():
+        layer.out.weight.normal_()
+        early = layer(hidden[:, :3])
+    assert torch.allclose(layer(hidden)[:, :3], early, atol=1e-5)  # causal: later tokens change nothing before
+    with pytest.raises(SystemExit, match="prefix-attention"):
+        export.main(["--base", "fake/base", "--heads", os.path.join(ckpt, "best.safetensors"),
+                     "--out", str(tmp_path / "artifact")], model=FakeMedusa(head_kind="path"))
+
+
 def test_train_on_several_collect_folders_records_each_in_the_artifact(clips, tmp_path):
     english, french = str(tmp_path / "collect_en"), str(tmp_path / "collect_fr")
     common = ["--base", "fake/base", "--audio", clips, "--batch-size", "8"]
@@ -782,6 +830,14 @@ def test_train_heads_sh_replays_on_every_eval_folder_named(tmp_path):
                                           for eval_data in ("real,real_ts", "")])
     trains = [c for c in calls if "pipeline.train" in c]
     assert [[c[i + 1] for i, word in enumerate(c) if word == "--eval-data"] for c in trains] == [["real", "real_ts"], []]
+
+
+def test_train_heads_sh_passes_layers_and_soft_labels(tmp_path):
+    """LAYERS and SOFT_LABELS reach the training step (defaults: one layer, half the base's own distribution)."""
+    calls = _train_heads_calls(tmp_path, [(["/models/whisper-base"], env)
+                                          for env in ({}, {"LAYERS": "2", "SOFT_LABELS": "1.0"})])
+    trains = [c for c in calls if "pipeline.train" in c]
+    assert [(c[c.index("--layers") + 1], c[c.index("--soft-labels") + 1]) for c in trains] == [("1", "0.5"), ("2", "1.0")]
 
 
 def test_train_heads_sh_collects_your_own_audio_and_logs_each_step(tmp_path):

@@ -113,6 +113,15 @@ def summary_row(results: dict, results_path: str, manifest_lang: str | None, def
             "command": settings["command"], "results": results_path}
 
 
+def latest_rows(rows: list[dict]) -> list[dict]:
+    """One row per heads, base, language, timestamp setting and device kind: the last added (a heads measured again
+    with another draft shows that measurement only), in the order the first of each came."""
+    latest = {}
+    for row in rows:
+        latest[(heads_folder(row), base_name(row), row["language"], row["timestamps"], bool(row.get("gpu")))] = row
+    return list(latest.values())
+
+
 def _rounded(value, digits: int = 4):
     return None if value is None else round(float(value), digits)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tools.benchmark_report import device_label as _device, gap_cell
 from tools.compare_segments import recording_kind
-from tools.heads_summary import base_name, heads_folder
+from tools.heads_summary import base_name, heads_folder, latest_rows
 from tools.files import write_atomic
 from tools.markdown import markdown_table, number_cell
 
@@ -310,6 +310,7 @@ def render() -> str:
              BENCHMARKS / "cpu_peers/summary.json"}
     heads = _load("heads_comparison/summary.json") if (BENCHMARKS / "heads_comparison/summary.json").is_file() else None
     if heads:
+        heads["rows"] = latest_rows(heads["rows"])
         sections.append("## Heads by language\n\n`benchmarks/heads_comparison/summary.json` (`tools.heads_summary`): "
                         "English on the 28 real recordings, other languages on espeak-ng speech (no real "
                         "non-English speech ships in a package); drafts "
