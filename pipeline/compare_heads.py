@@ -29,6 +29,8 @@ VARIANTS = {
     "path-speech": PATH_SPEECH,
     "path-speech-2l": PATH_SPEECH + ["--layers", "2"],
     "path-speech-3l": PATH_SPEECH + ["--layers", "3"],
+    "path-speech-prefix": PATH_SPEECH + ["--prefix-attention"],  # Hydra++'s prefix attention (replay only)
+    "path-speech-teacher": PATH_SPEECH + ["--soft-labels", "1.0"],  # the base's distribution only
 }
 
 
@@ -45,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=cli_args.AsText(cli_args.positive_int), default="8")
     p.add_argument("--batch-size", type=cli_args.AsText(cli_args.positive_int), default="32")
     p.add_argument("--lr", type=cli_args.AsText(cli_args.positive_float), default="2e-3")
+    p.add_argument("--init-heads", default=None,
+                   help="fine-tune every variant from these trained heads (pipeline.train --init-heads)")
+    p.add_argument("--draft-vocab", type=cli_args.AsText(cli_args.non_negative_int), default=None,
+                   help="the draft vocabulary size instead of the variants' 8192 (added to --init-heads' own)")
     p.add_argument("--device", default=None)
     p.add_argument("--keep-going", action="store_true", help="report a failing variant and go on with the next")
     return p
@@ -55,7 +61,10 @@ def train_args(args, name: str) -> list[str]:
               "--epochs", args.epochs, "--batch-size", args.batch_size, "--lr", args.lr]
     common += [x for d in args.eval_data for x in ("--eval-data", d)]
     common += ["--trust-base-code"] if args.trust_base_code else []
-    return common + (["--device", args.device] if args.device else []) + VARIANTS[name]
+    common += ["--device", args.device] if args.device else []
+    own = (["--init-heads", args.init_heads] if args.init_heads else []) + (
+        ["--draft-vocab", args.draft_vocab] if args.draft_vocab is not None else [])
+    return common + VARIANTS[name] + own  # (the last of a repeated option counts)
 
 
 def comparison_row(name: str, metrics: dict) -> dict:

@@ -1132,3 +1132,8 @@ def test_every_compare_heads_variant_is_a_valid_training_recipe():
         if name.startswith("path-speech"):
             assert recipe.head_kind == "path" and recipe.speech_attention
     assert [parsed[name].layers for name in ("path-speech", "path-speech-2l", "path-speech-3l")] == [1, 2, 3]
+    assert parsed["path-speech-prefix"].prefix_attention and parsed["path-speech-teacher"].soft_labels == 1.0
+    tuned = compare_heads.build_parser().parse_args(["--base", "B", "--data", "D", "--init-heads", "H.safetensors",
+                                                     "--draft-vocab", "1024"])
+    recipe = train.build_parser().parse_args(compare_heads.train_args(tuned, "path-speech-2l"))
+    assert (recipe.init_heads, recipe.draft_vocab, recipe.layers) == ("H.safetensors", 1024, 2)
