@@ -82,7 +82,7 @@ def comparison_row(name: str, metrics: dict) -> dict:
 
 def render(rows: list[dict], eval_names: list[str]) -> str:
     header = (["variant", "top-1 per head (held out)", "top-5 per head"]
-              + [f"tokens/round on {n}: chain / best tree" for n in ["held out"] + eval_names])
+              + [f"tokens/round on {n}: chain / 32 nodes / best tree" for n in ["held out"] + eval_names])
     return markdown_table(header, [_comparison_cells(row, eval_names) for row in rows]) + "\n"
 
 
@@ -91,8 +91,10 @@ def _comparison_cells(row: dict, eval_names: list[str]) -> list[str]:
     for key in ["held_out"] + eval_names:
         found = row.get(key) or {}
         chain = next((v for k, v in found.items() if k.startswith("chain")), None)
+        tree_32 = found.get("tree of 32 nodes")
         best = max(((v, k) for k, v in found.items()), default=(None, None))
-        cells.append(f"{chain:.3f} / {best[0]:.3f} ({best[1]})" if chain is not None else "n/a")
+        cells.append(f"{chain:.3f} / {'n/a' if tree_32 is None else f'{tree_32:.3f}'} / {best[0]:.3f} ({best[1]})"
+                     if chain is not None else "n/a")
     return cells
 
 

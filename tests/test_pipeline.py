@@ -1121,6 +1121,15 @@ def test_quantise_says_where_llm_compressor_lives_and_keeps_a_finished_folder(tm
     assert quantise.calibration_clips(manifest, 4)[0]["audio"] == str((tmp_path / "a.wav").resolve())
 
 
+def test_compare_heads_table_gives_the_chain_the_32_node_tree_and_the_best_tree():
+    from pipeline import compare_heads
+
+    row = {"variant": "v", "top1": [0.5], "top5": [0.9], "real": {"chain of 4": 1.5},
+           "held_out": {"chain of 4": 2.0, "tree of 32 nodes": 3.0, "tree of 64 nodes": 3.1}}
+    cells = compare_heads.render([row], ["real"]).splitlines()[2].split("|")
+    assert [c.strip() for c in cells[4:6]] == ["2.000 / 3.000 / 3.100 (tree of 64 nodes)", "1.500 / n/a / 1.500 (chain of 4)"]
+
+
 def test_every_compare_heads_variant_is_a_valid_training_recipe():
     from pipeline import compare_heads
 
