@@ -203,24 +203,27 @@ def heads_state(model) -> dict:
     return state
 
 
-def added_layers(names, state: dict) -> set:
+def grown_parameters(names, state: dict) -> set:
     """Of ``names``, what heads grown from ``state`` add: the residual layers it lacks but whose block's first layer
     it has (``--layers``), and a prefix attention it lacks (``--prefix-attention``). Each is zero-initialised to
     start as the identity, so the grown heads draft as before."""
     from pipeline.prefix_attention import PREFIX
 
-    return {n for n in names if (re.search(r"layers\.[1-9]\d*\.", n) and re.sub(r"layers\.\d+\.", "layers.0.", n) in state)
-            or (n.startswith(PREFIX) and not any(k.startswith(PREFIX) for k in state))}
+    def added_layer(name):
+        return re.search(r"layers\.[1-9]\d*\.", name) and re.sub(r"layers\.\d+\.", "layers.0.", name) in state
+
+    has_prefix = any(k.startswith(PREFIX) for k in state)
+    return {n for n in names if added_layer(n) or (n.startswith(PREFIX) and not has_prefix)}
 
 
 def load_heads_state(model, state: dict, grow: bool = False) -> None:
-    """Load trained heads; ``grow`` also takes heads with fewer residual layers (``added_layers``)."""
+    """Load trained heads; ``grow`` also takes smaller heads that these grow from (``grown_parameters``)."""
     state = dict(state)
     vocab = state.pop("draft_vocab", None)
     expected = set(trainable_head_parameters(model))
     missing, unexpected = expected - set(state), set(state) - expected
     if grow:
-        missing -= added_layers(missing, state)
+        missing -= grown_parameters(missing, state)
     if missing or unexpected:
         raise SystemExit(f"heads checkpoint does not match the model: missing {sorted(missing)}, "
                          f"unexpected {sorted(unexpected)}")
@@ -415,8 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="another collect folder (e.g. real speech) to replay the best heads on; repeatable")
     p.add_argument("--init-heads", default=None,
                    help="start from these trained heads (a medusa_heads.safetensors or best.safetensors of the same "
-                        "shape, or with fewer --layers: the added ones start as the identity) and their draft vocabulary, to which --draft-vocab N adds the new data's N most "
-                        "frequent tokens (e.g. timestamps): fine-tune them on new data")
+                        "shape, or with fewer --layers or no prefix attention: what is added starts as the identity) "
+                        "and their draft vocabulary, to which --draft-vocab N adds the new data's N most frequent "
+                        "tokens (e.g. timestamps): fine-tune them on new data")
     p.add_argument("--epochs", type=cli_args.positive_int, default=3)
     p.add_argument("--batch-size", type=cli_args.positive_int, default=16, help="utterances per step")
     p.add_argument("--lr", type=cli_args.positive_float, default=1e-3)
