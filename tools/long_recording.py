@@ -75,16 +75,12 @@ def flite(text: str, path: Path, voice: str = "slt") -> np.ndarray:
 def long_recording_with_sentences(folder: Path, seconds: float = 120.0, pause: float = 0.6):
     """The sentences above, two voices taking turns, with ``pause`` seconds between them, until ``seconds`` long;
     and for each sentence in it ``(text, first sample, end sample)``."""
-    pieces, sentences, total, index = [], [], 0, 0
-    silence = np.zeros(int(pause * SAMPLE_RATE), dtype=np.float32)
-    while total < seconds * SAMPLE_RATE:
+
+    def spoken(index):
         text = LONG_TEXT[index % len(LONG_TEXT)]
-        audio = flite(text, Path(folder) / f"long{index}.wav", ("slt", "rms")[index % 2])
-        sentences.append((text, total, total + len(audio)))
-        pieces += [audio, silence]
-        total += len(audio) + len(silence)
-        index += 1
-    return np.concatenate(pieces), sentences
+        return text, flite(text, Path(folder) / f"long{index}.wav", ("slt", "rms")[index % 2])
+
+    return join_with_pauses(spoken, seconds, pause)
 
 
 def joined_recording(clips: list[tuple[str, np.ndarray]], seconds: float, pause: float = 0.6):
@@ -94,11 +90,21 @@ def joined_recording(clips: list[tuple[str, np.ndarray]], seconds: float, pause:
     the long-form checks on real speech join the real clips."""
     if not clips:
         raise ValueError("no clips to join")
+
+    def clip(index):
+        turn, place = divmod(index, len(clips))
+        return clips[place if turn % 2 == 0 else len(clips) - 1 - place]
+
+    return join_with_pauses(clip, seconds, pause)
+
+
+def join_with_pauses(piece, seconds: float, pause: float):
+    """``piece(0)``, ``piece(1)``, ... (each ``(text, samples)``) with ``pause`` seconds after each, until ``seconds``
+    long; and for each piece ``(text, first sample, end sample)``."""
     pieces, sentences, total, index = [], [], 0, 0
     silence = np.zeros(int(pause * SAMPLE_RATE), dtype=np.float32)
     while total < seconds * SAMPLE_RATE:
-        turn, place = divmod(index, len(clips))
-        text, audio = clips[place if turn % 2 == 0 else len(clips) - 1 - place]
+        text, audio = piece(index)
         sentences.append((text, total, total + len(audio)))
         pieces += [np.asarray(audio, dtype=np.float32), silence]
         total += len(audio) + len(silence)

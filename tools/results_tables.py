@@ -281,9 +281,13 @@ def other_files(shown: set[Path]) -> str:
             folder = folders.setdefault(path.relative_to(BENCHMARKS).parts[0], [0, set()])
             folder[0] += 1
             folder[1].update([date] if date else [])
-    return ", ".join(f"`{name}/` {count}" + (f" ({min(dates)} to {max(dates)})" if len(dates) > 1 else
-                                              f" ({min(dates)})" if dates else "")
+    return ", ".join(f"`{name}/` {count}" + (f" ({_date_range(dates)})" if dates else "")
                      for name, (count, dates) in folders.items()) + "."
+
+
+def _date_range(dates) -> str:
+    """"first to last", or the one date."""
+    return " to ".join(dict.fromkeys([min(dates), max(dates)]))
 
 
 def render() -> str:
@@ -295,9 +299,8 @@ def render() -> str:
                     + real_speech(speech)
                     + "\n\n" + _commands(r["command"] for r in speech))
     quant = _load("quantised/summary.json")
-    dates = sorted({r["date"] for r in quant})
     sections.append("## By weight precision (4-bit, 8-bit, 16-bit verifiers)\n\n"
-                    f"`benchmarks/quantised/summary.json` ({' to '.join(dict.fromkeys([dates[0], dates[-1]]))}). "
+                    f"`benchmarks/quantised/summary.json` ({_date_range([r['date'] for r in quant])}). "
                     "The MERaLiON-2 rows run its shapes on random weights with "
                     "replayed acceptance: speed only, never quality.\n\n"
                     + quantised(quant) + "\n\n" + _commands(r["command"] for r in quant))
