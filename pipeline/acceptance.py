@@ -50,8 +50,8 @@ def tokens_per_round(drafter, tree, recordings: list[Recording], batch_size: int
                      device: str | torch.device = "cpu", dtype=None) -> dict:
     """Replay ``drafter`` (``drafter(state) -> chunk [B, N]`` for ``tree``) over ``recordings``.
 
-    Returns ``{"tokens_per_round", "rounds", "tokens", "per_recording": [tokens/round, ...]}``; tokens are
-    those the rounds emit (the first token is the prefill's, not a round's)."""
+    Returns ``{"tokens_per_round", "rounds", "tokens", "per_recording": [tokens/round, ...], "rounds_per_recording",
+    "tokens_per_recording"}``; tokens are those the rounds emit (the first token is the prefill's, not a round's)."""
     tt = tree.tensors(device)
     rounds_per, tokens_per = [], []
     for start in range(0, len(recordings), batch_size):
@@ -61,7 +61,8 @@ def tokens_per_round(drafter, tree, recordings: list[Recording], batch_size: int
         tokens_per += t
     rounds, tokens = sum(rounds_per), sum(tokens_per)
     return {"tokens_per_round": tokens / rounds if rounds else 0.0, "rounds": rounds, "tokens": tokens,
-            "per_recording": [t / r if r else None for t, r in zip(tokens_per, rounds_per)]}
+            "per_recording": [t / r if r else None for t, r in zip(tokens_per, rounds_per)],
+            "rounds_per_recording": rounds_per, "tokens_per_recording": tokens_per}
 
 
 def _replay_group(drafter, tree, tt, group, device, dtype):

@@ -7,6 +7,8 @@ Each variant is one ``pipeline.train`` run into ``OUT/<variant>`` (resumable lik
 held-out split of the training data gives per-head top-1/top-5 accuracy, and every ``--eval-data`` set
 (e.g. real human speech, collected with the same base) gives the tokens per round of the chain and of the
 trees, replayed exactly (``pipeline.acceptance``). Writes ``OUT/comparison.json`` and ``OUT/comparison.md``.
+Variants trained elsewhere (e.g. by ``pipeline.train`` on a GPU) are tabulated from their own ``metrics.json``
+without training: ``--runs path-speech=A/metrics.json path-speech-2l=B/metrics.json --out OUT``.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ VARIANTS = {
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline.compare_heads", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--base", required=True)
+    p.add_argument("--base", help="the base to train on (required unless --runs)")
     cli_args.add_trust_base_code(p)
-    p.add_argument("--data", required=True, action="append",
+    p.add_argument("--data", action="append", default=[],
                    help="collect folder to train on (with --speech for speech variants); repeatable")
     p.add_argument("--eval-data", action="append", default=[], help="collect folder(s) to replay on; repeatable")
     p.add_argument("--out", default="work_data/compare")
@@ -53,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the draft vocabulary size instead of the variants' 8192 (added to --init-heads' own)")
     p.add_argument("--device", default=None)
     p.add_argument("--keep-going", action="store_true", help="report a failing variant and go on with the next")
+    p.add_argument("--runs", nargs="+", default=[], metavar="VARIANT=METRICS",
+                   help="tabulate runs already trained instead of training: each variant's metrics.json")
     return p
 
 
@@ -65,6 +69,10 @@ def train_args(args, name: str) -> list[str]:
     own = (["--init-heads", args.init_heads] if args.init_heads else []) + (
         ["--draft-vocab", args.draft_vocab] if args.draft_vocab is not None else [])
     return common + VARIANTS[name] + own  # (the last of a repeated option counts)
+
+
+COMPARISON_FIELDS = ("variant", "options", "head_kind", "layers", "speech_attention", "draft_vocab_size", "top1", "top5",
+                     "held_out", "train_args")
 
 
 def comparison_row(name: str, metrics: dict) -> dict:
@@ -106,6 +114,10 @@ def main(argv=None) -> dict:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         raise SystemExit(f"unknown variant(s) {unknown}; choose from {', '.join(VARIANTS)}")
+    if args.runs:
+        return tabulate_runs(args, argv)
+    if not args.base or not args.data:
+        raise SystemExit("--base and --data are required to train variants (or tabulate trained ones with --runs)")
     rows = []
     for name in names:
         print(f"[compare] {name}: pipeline.train {' '.join(train_args(args, name))}", flush=True)
@@ -119,6 +131,25 @@ def main(argv=None) -> dict:
         rows.append(comparison_row(name, metrics))
         write_json_atomic(os.path.join(args.out, "comparison.json"), {"command": command_line("pipeline.compare_heads", argv), "rows": rows})
     eval_names = [os.path.basename(os.path.normpath(d)) for d in args.eval_data]
+    write_atomic(os.path.join(args.out, "comparison.md"), render(rows, eval_names))
+    print(render(rows, eval_names))
+    return {"rows": rows}
+
+
+def tabulate_runs(args, argv) -> dict:
+    """The comparison of variants ``pipeline.train`` already trained: VARIANT=METRICS pairs."""
+    import json
+
+    rows = []
+    for spec in args.runs:
+        name, _, path = spec.partition("=")
+        if name not in VARIANTS or not path:
+            raise SystemExit(f"--runs {spec!r}: give VARIANT=METRICS_JSON with VARIANT from {', '.join(VARIANTS)}")
+        with open(path) as f:
+            metrics = json.load(f)
+        rows.append({**comparison_row(name, metrics), "train_args": metrics.get("train_args")})
+    eval_names = list(dict.fromkeys(name for row in rows for name in row if name not in COMPARISON_FIELDS))
+    write_json_atomic(os.path.join(args.out, "comparison.json"), {"command": command_line("pipeline.compare_heads", argv), "rows": rows})
     write_atomic(os.path.join(args.out, "comparison.md"), render(rows, eval_names))
     print(render(rows, eval_names))
     return {"rows": rows}

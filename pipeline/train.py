@@ -150,6 +150,14 @@ def draft_vocabulary(tokens, size: int, vocab_size: int):
     return torch.sort(order[counts[order] > 0]).values
 
 
+def timestamp_ids(base, vocab_size: int):
+    """Whisper's timestamp token ids (every id after ``<|notimestamps|>``), None for a base without them."""
+    import torch
+
+    no_timestamps = getattr(getattr(base, "generation_config", None), "no_timestamps_token_id", None)
+    return None if no_timestamps is None else torch.arange(int(no_timestamps) + 1, vocab_size)
+
+
 @dataclass
 class UtteranceBatch:
     """A padded batch of utterances: per position t, the root token and the true tokens after it."""
@@ -408,7 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speech-attention", action="store_true",
                    help="path heads also attend to the speech (Whisper; shards collected with --speech)")
     p.add_argument("--draft-vocab", type=cli_args.non_negative_int, default=0,
-                   help="heads project onto the N most frequent training tokens (0: the whole vocabulary)")
+                   help="heads project onto the N most frequent training tokens (0: the whole vocabulary); "
+                        "timestamped data adds every timestamp token")
     p.add_argument("--soft-labels", type=cli_args.fraction, default=0.0,
                    help="weight of the base's own distribution in the loss (0: its argmax only; 1: only it)")
     p.add_argument("--prefix-attention", action="store_true",
@@ -420,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start from these trained heads (a medusa_heads.safetensors or best.safetensors of the same "
                         "shape, or with fewer --layers or no prefix attention: what is added starts as the identity) "
                         "and their draft vocabulary, to which --draft-vocab N adds the new data's N most frequent "
-                        "tokens (e.g. timestamps): fine-tune them on new data")
+                        "tokens: fine-tune them on new data")
     p.add_argument("--epochs", type=cli_args.positive_int, default=3)
     p.add_argument("--batch-size", type=cli_args.positive_int, default=16, help="utterances per step")
     p.add_argument("--lr", type=cli_args.positive_float, default=1e-3)
@@ -513,8 +522,12 @@ class Trainer:
                                   for u in self.train_utts])
         vocab = draft_vocabulary(train_tokens, self.args.draft_vocab, vocab_size)
         kept = self.model.draft_vocab if self.args.init_heads else None
-        if kept is not None:  # the heads' own, and the new data's --draft-vocab most frequent (e.g. timestamp tokens)
+        if kept is not None:  # the heads' own, and the new data's --draft-vocab most frequent
             vocab = kept.cpu() if vocab is None or not self.args.draft_vocab else torch.unique(torch.cat([kept.cpu(), vocab]))
+        timestamps = timestamp_ids(self.model.base, vocab_size)
+        if vocab is not None and timestamps is not None and bool((train_tokens >= int(timestamps[0])).any()):
+            # a segment closes at any time: a vocabulary of the frequent ones cannot draft most of them
+            vocab = torch.unique(torch.cat([vocab, timestamps]))
         if vocab is not None:
             self.model.set_draft_vocab(vocab)
             return _index_of(vocab, vocab_size)

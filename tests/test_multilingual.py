@@ -177,6 +177,19 @@ def test_summary_file_replaces_rows_of_the_same_key(tmp_path):
         (False, False, 1.5, str(second)), (True, True, 1.2346, str(forced))]
 
 
+def test_a_results_file_measured_again_from_the_heads_new_folder_replaces_its_row(tmp_path):
+    manifest = tmp_path / "en.jsonl"
+    _manifest(manifest, [{"id": "1", "language": "en"}])
+    run, summary = tmp_path / "run.json", tmp_path / "summary.json"
+    for folder in ("work_data/artifacts/tuned", "heads/tuned"):  # the same file, measured again after shipping
+        results = _results(str(manifest), None)
+        results["settings"]["model"] = folder
+        run.write_text(json.dumps(results))
+        assert hs.main(["--results", str(run), "--summary", str(summary)]) == 0
+    [row] = json.loads(summary.read_text())["rows"]
+    assert row["variant"].startswith("heads/tuned")
+
+
 def test_heads_measured_again_with_another_draft_show_the_latest_measurement():
     config = {"head_kind": "path", "speech_attention": True, "medusa_num_layers": 1}
     older = hs.summary_row(_results("m.jsonl", "de"), "old.json", None, None, config)
@@ -184,6 +197,8 @@ def test_heads_measured_again_with_another_draft_show_the_latest_measurement():
     timestamped = hs.summary_row(_results("m.jsonl", "de", timestamps=True), "ts.json", None, None, config)
     newer = {**older, "draft": "tree-16", "results": "new.json"}
     assert [r["results"] for r in hs.latest_rows([older, gpu, timestamped, newer])] == ["new.json", "gpu.json", "ts.json"]
+    exported = {**older, "variant": "work_data/artifacts/whisper-base (path-speech, 1 layer)", "results": "w.json"}
+    assert [r["results"] for r in hs.latest_rows([exported, older])] == ["old.json"]  # shipped as heads/whisper-base
 
 
 def _page(*paragraphs: str) -> bytes:

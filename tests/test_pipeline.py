@@ -316,6 +316,22 @@ def test_train_from_trained_heads_keeps_their_weights_start_and_draft_vocabulary
     assert tuned_delta < fresh_delta  # one step from the trained heads, not from a fresh start
 
 
+def test_timestamped_data_put_every_timestamp_in_the_draft_vocabulary(shards, tmp_path):
+    """A segment may close at any time: with Whisper's timestamp ids (after <|notimestamps|>) in the data, the
+    vocabulary of the most frequent tokens gains all of them; a base without timestamps gains none."""
+    from types import SimpleNamespace
+
+    plain = FakeMedusa()
+    train.main(["--data", shards, "--out", str(tmp_path / "plain"), "--draft-vocab", "5", "--max-steps", "1"] + TRAIN_ARGS,
+               model=plain)
+    timestamped = FakeMedusa()
+    timestamped.base = SimpleNamespace(generation_config=SimpleNamespace(no_timestamps_token_id=V - 5))
+    train.main(["--data", shards, "--out", str(tmp_path / "ts"), "--draft-vocab", "5", "--max-steps", "1"] + TRAIN_ARGS,
+               model=timestamped)
+    assert len(plain.draft_vocab) == 5
+    assert set(timestamped.draft_vocab.tolist()) == set(plain.draft_vocab.tolist()) | set(range(V - 4, V))
+
+
 def test_trained_heads_grow_by_a_layer_that_starts_as_the_identity(shards, tmp_path):
     first = str(tmp_path / "first")
     train.main(["--data", shards, "--out", first, "--head-kind", "path"] + TRAIN_ARGS, model=FakeMedusa(head_kind="path"))
@@ -1146,3 +1162,43 @@ def test_every_compare_heads_variant_is_a_valid_training_recipe():
                                                      "--draft-vocab", "1024"])
     recipe = train.build_parser().parse_args(compare_heads.train_args(tuned, "path-speech-2l"))
     assert (recipe.init_heads, recipe.draft_vocab, recipe.layers) == ("H.safetensors", 1024, 2)
+
+
+def test_compare_heads_tabulates_runs_trained_elsewhere_from_their_metrics(tmp_path):
+    from pipeline import compare_heads
+
+    def metrics(top1: float, real: float) -> dict:
+        return {"head_accuracy": {"top1": [top1], "top5": [0.9]}, "layers": 1, "train_args": {"lr": 5e-4},
+                "draft_candidates": [{"name": "chain of 4", "tokens_per_round": 2.0}],
+                "eval_replay": {"collect_real": [{"name": "tree of 32 nodes", "tokens_per_round": real}]}}
+
+    runs = []
+    for name, top1, real in (("path-speech", 0.8, 2.9), ("path-speech-2l", 0.81, 3.0)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(metrics(top1, real)))
+        runs.append(f"{name}={tmp_path / name}.json")
+    out = compare_heads.main(["--runs", *runs, "--out", str(tmp_path / "cmp")])
+    assert [(r["variant"], r["collect_real"], r["train_args"]) for r in out["rows"]] == [
+        ("path-speech", {"tree of 32 nodes": 2.9}, {"lr": 5e-4}), ("path-speech-2l", {"tree of 32 nodes": 3.0}, {"lr": 5e-4})]
+    written = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    assert written["command"].startswith("python -m pipeline.compare_heads --runs") and len(written["rows"]) == 2
+    assert "collect_real" in (tmp_path / "cmp" / "comparison.md").read_text()
+    with pytest.raises(SystemExit, match="VARIANT=METRICS_JSON"):
+        compare_heads.main(["--runs", f"unknown={tmp_path}/x.json"])
+    with pytest.raises(SystemExit, match="--base and --data are required"):
+        compare_heads.main(["--out", str(tmp_path / "none")])
+
+
+def test_replay_difference_counts_each_recordings_tokens_and_rounds(shards):
+    from pipeline.acceptance import tokens_per_round
+    from pipeline.replay_difference import replayed_counts
+    from tools.wer_difference import pass_difference
+
+    model = FakeMedusa()
+    counts = replayed_counts(model, "chain", shards)
+    data = train.Collected([shards])
+    tree = model.draft_policy.resolve("chain")
+    replay = tokens_per_round(model.make_drafter(tree, "cpu"), tree, data.recordings(range(len(data.ids))))
+    assert counts.shape == (2, 48) and (counts[0].sum(), counts[1].sum()) == (replay["tokens"], replay["rounds"])
+    assert counts[0].sum() == int((data.lengths - 1).sum()) and (counts[1] <= counts[0]).all()
+    same = pass_difference(np.concatenate([counts, counts]), resamples=100)
+    assert same["difference_percent"] == 0 and same["clips"] == 48

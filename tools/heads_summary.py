@@ -26,6 +26,7 @@ from tools import cli_args
 from tools.files import command_line, write_json_atomic
 
 KEY = ("variant", "base", "language", "language_forced", "timestamps", "draft", "eval_set")
+SOURCE_KEY = ("results", "language", "timestamps")  # one results file holds one row a language
 
 
 class SummaryError(ValueError):
@@ -115,10 +116,13 @@ def summary_row(results: dict, results_path: str, manifest_lang: str | None, def
 
 def latest_rows(rows: list[dict]) -> list[dict]:
     """One row per heads, base, language, timestamp setting and device kind: the last added (a heads measured again
-    with another draft shows that measurement only), in the order the first of each came."""
+    with another draft shows that measurement only), in the order the first of each came. Heads are told apart by
+    their folder's name, as the tables name them: heads shipped as ``heads/X`` supersede the ``.../X`` they were
+    exported to before."""
     latest = {}
     for row in rows:
-        latest[(heads_folder(row), base_name(row), row["language"], row["timestamps"], bool(row.get("gpu")))] = row
+        heads = Path(heads_folder(row)).name
+        latest[(heads, base_name(row), row["language"], row["timestamps"], bool(row.get("gpu")))] = row
     return list(latest.values())
 
 
@@ -127,11 +131,13 @@ def _rounded(value, digits: int = 4):
 
 
 def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
-    """``old`` with each ``new`` row replacing the one of the same key (or appended), order kept."""
+    """``old`` with each ``new`` row replacing the one of the same key, or the one read from the same results file
+    (measured again, e.g. from the heads' new folder), or appended; order kept."""
     rows = list(old)
     for row in new:
-        key = tuple(row.get(k) for k in KEY)
-        at = next((i for i, r in enumerate(rows) if tuple(r.get(k) for k in KEY) == key), None)
+        key, source = tuple(row.get(k) for k in KEY), tuple(row.get(k) for k in SOURCE_KEY)
+        at = next((i for i, r in enumerate(rows)
+                   if tuple(r.get(k) for k in KEY) == key or tuple(r.get(k) for k in SOURCE_KEY) == source), None)
         if at is None:
             rows.append(row)
         else:

@@ -1,7 +1,9 @@
 """How far apart two runs' word error rates are on the same clips, with a paired bootstrap interval: the clips are
 resampled with replacement (each keeping both runs' transcripts), and the corpus WER difference is recomputed on
 each resample. On a few hundred words a WER difference of a point or two is a handful of words, so the interval
-says whether a bound such as "within 1 point" can be told apart from chance on these clips.
+says whether a bound such as "within 1 point" can be told apart from chance on these clips. ``--metric
+tokens_per_pass`` does the same for the tokens a verify pass of two heads' runs (all clips' tokens over all their
+rounds; the difference in per cent of the first): on 28 clips one round is about 1 %.
 
 Reads two ``tools.benchmark`` results files (the same clips; ``--method`` picks whose transcripts: the base's own
 ``generate`` by default) and adds one row to ``--out`` (rows keyed by the two files):
@@ -72,13 +74,45 @@ def wer_difference(pairs: list[tuple[str, str, str]], resamples: int = RESAMPLES
             "word_edits_first": int(first.sum()), "word_edits_second": int(second.sum())}
 
 
+def paired_rounds(first: dict, second: dict) -> np.ndarray:
+    """[4, clips]: each clip's emitted tokens and rounds in the first run, then in the second, matched by clip id."""
+    stats = {clip["id"]: clip["medusa"]["stats"] for clip in second["clips"] if (clip.get("medusa") or {}).get("stats")}
+    pairs = [(clip["medusa"]["stats"], stats[clip["id"]]) for clip in first["clips"]
+             if (clip.get("medusa") or {}).get("stats") and clip["id"] in stats]
+    if len(pairs) < 2:
+        raise SystemExit("the two results files share fewer than two clips decoded with drafts (a bootstrap needs "
+                         "two): are they runs of heads on the same clips?")
+    return np.array([[pair[run][name] for pair in pairs] for run in (0, 1) for name in ("emitted_tokens", "row_rounds")],
+                    dtype=float)
+
+
+def pass_difference(counts: np.ndarray, resamples: int = RESAMPLES, seed: int = 0) -> dict:
+    """Tokens a pass of each run, the second's relative difference (%) and its paired bootstrap interval."""
+    from scipy.stats import bootstrap
+
+    def percent(tokens_a, rounds_a, tokens_b, rounds_b, axis=-1):
+        per_pass_a = tokens_a.sum(axis=axis) / rounds_a.sum(axis=axis)
+        return 100 * (tokens_b.sum(axis=axis) / rounds_b.sum(axis=axis) / per_pass_a - 1)
+
+    interval = bootstrap(tuple(counts), percent, paired=True, vectorized=True, n_resamples=resamples,
+                         confidence_level=CONFIDENCE, method="percentile", random_state=seed).confidence_interval
+    return {"clips": counts.shape[1], "tokens_per_pass_first": float(counts[0].sum() / counts[1].sum()),
+            "tokens_per_pass_second": float(counts[2].sum() / counts[3].sum()),
+            "difference_percent": float(percent(*counts)), "interval_percent": [float(interval.low), float(interval.high)],
+            "confidence": CONFIDENCE, "resamples": resamples, "rounds_first": int(counts[1].sum()),
+            "rounds_second": int(counts[3].sum())}
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tools.wer_difference", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("first", help="results.json of the reference run (e.g. the 16-bit base)")
     parser.add_argument("second", help="results.json of the run compared with it (e.g. the W4A16 base)")
+    parser.add_argument("--metric", choices=("wer", "tokens_per_pass"), default="wer",
+                        help="the word error rate, or the tokens a verify pass of two heads' runs")
     parser.add_argument("--method", choices=METHODS, default="baseline",
-                        help="whose transcripts: the base's own generate (baseline), our plain loop or ours")
+                        help="whose transcripts for --metric wer: the base's own generate (baseline), our plain "
+                             "loop or ours")
     parser.add_argument("--resamples", type=cli_args.positive_int, default=RESAMPLES)
     parser.add_argument("--out", required=True, help="JSON list of rows; a row for the same two files is replaced")
     return parser.parse_args(argv)
@@ -89,13 +123,22 @@ def main(argv=None) -> dict:
 
     args = parse_args(argv)
     runs = [json.loads(Path(path).read_text()) for path in (args.first, args.second)]
-    row = {"first": args.first, "second": args.second, "method": args.method,
-           **wer_difference(paired_clips(*runs, args.method), args.resamples),
-           "date": time.strftime("%Y-%m-%d"), "command": command_line("tools.wer_difference", argv)}
-    update_summary(Path(args.out), row, key=("first", "second", "method"))
-    print(f"WER {100 * row['wer_first']:.1f} % -> {100 * row['wer_second']:.1f} % on {row['words']} words: "
-          f"{row['difference_points']:+.1f} points, {100 * CONFIDENCE:.0f} % interval "
-          f"[{row['interval_points'][0]:+.1f}, {row['interval_points'][1]:+.1f}]")
+    if args.metric == "tokens_per_pass":
+        row = {"first": args.first, "second": args.second, "metric": args.metric,
+               **pass_difference(paired_rounds(*runs), args.resamples)}
+        low, high = row["interval_percent"]
+        summary = (f"{row['tokens_per_pass_first']:.2f} -> {row['tokens_per_pass_second']:.2f} tokens a pass on "
+                   f"{row['clips']} clips: {row['difference_percent']:+.1f} %, {100 * CONFIDENCE:.0f} % interval "
+                   f"[{low:+.1f}, {high:+.1f}]")
+    else:
+        row = {"first": args.first, "second": args.second, "method": args.method,
+               **wer_difference(paired_clips(*runs, args.method), args.resamples)}
+        low, high = row["interval_points"]
+        summary = (f"WER {100 * row['wer_first']:.1f} % -> {100 * row['wer_second']:.1f} % on {row['words']} words: "
+                   f"{row['difference_points']:+.1f} points, {100 * CONFIDENCE:.0f} % interval [{low:+.1f}, {high:+.1f}]")
+    row.update(date=time.strftime("%Y-%m-%d"), command=command_line("tools.wer_difference", argv))
+    update_summary(Path(args.out), row, key=("first", "second", "method", "metric"))
+    print(summary)
     return row
 
 
