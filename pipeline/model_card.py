@@ -61,7 +61,7 @@ TREE_TERMS = ("A *tree* drafts several candidates per position, verified togethe
               "*chain* has one per position.")
 PATH_TERMS = ("*Path heads* (Hydra-style) each see the token drafted before them, so every branch of the tree "
               "gets its own continuation.")
-RESULTS_INTRO = ("Measured on 28 real recordings with references, batch 1 unless the device says otherwise. "
+RESULTS_INTRO = ("28 real recordings with references, batch 1 unless the device says otherwise. "
                  "*Tokens per pass*: tokens a round emits, on average. *× `generate`*: the whole call against the "
                  "base's greedy `generate`. *× own greedy*: against our loop decoding one token per pass, same "
                  "cache and kernels (*rounds*: the decoding loop only). "
@@ -70,14 +70,14 @@ LOSSLESS = ("Every emitted token is the base model's own greedy choice. A round 
             "it equals the base's own top-scoring token in the verify pass, then adds the base's next token. "
             "The verify pass runs the base's own weights over a key-value cache written by position, so a rejected "
             "draft leaves nothing behind. "
-            "Tests compare the ids with the base's float32 greedy `generate`, token for token, on random and real "
+            "Tests compare the ids with the base's float32 greedy `generate` on random and real "
             "inputs. "
             "In bfloat16 the ids can part at a *near-tie*: a step where the base's two best scores lie within "
             "bfloat16's rounding. The exact column counts those recordings, each checked to be such a tie.")
 LIMITATIONS = [
     "Greedy decoding only: no beam search and no sampling inside the rounds.",
     "The speed-up depends on the device, the dtype and the speech; short clips have few rounds to save.",
-    "The heads learned from synthetic speech; accented or noisy speech may accept fewer drafted tokens, never "
+    "The heads learned from synthetic speech; accented or noisy speech may accept fewer drafts, never "
     "changing the transcript.",
     "The base model's own limitations apply unchanged: its errors, languages and biases.",
 ]
@@ -131,7 +131,7 @@ def results_table(rows: list[dict]) -> str:
     header = ["model", "device", "dtype", "draft", "tokens per pass", "× `generate`", "× own greedy",
               "× own greedy (rounds)", *(["vs best fixed draft"] if gap else []), "exact", "date"]
     return markdown_table(header, [
-        [row_name(r), _device(r), r["dtype"], r["draft"], number_cell(r.get("mean_accepted_per_round")),
+        [row_name(r), _device(r), r["dtype"], r["draft"] + (", timestamps" if r.get("timestamps") else ""), number_cell(r.get("mean_accepted_per_round")),
          number_cell(r.get("speedup_vs_hf_generate"), 2, "×"), number_cell(r.get("e2e_speedup_vs_own_greedy"), 2, "×"),
          number_cell(r.get("decode_speedup_vs_own_greedy"), 2, "×"), *([gap_cell(r)] if gap else []),
          _exact(r), r["date"]] for r in rows])
@@ -208,7 +208,7 @@ def render_model_card(config, rows: list[dict] | None = None, plot: str | None =
                  "its config and code, without the trained *heads*, the small networks that guess the next tokens. "
                  "You train its heads with one command (below); until then, loading it fails with a message "
                  "saying how. "
-                 f"The Whisper artifacts in {', '.join(f'`{h}/`' for h in shipped)} hold real trained heads and "
+                 "The Whisper artifacts in `heads/` hold real trained heads and "
                  "work today; the snippet uses one of them.\n\n" + terms)
         where = "Run it in a clone of this repository, with any WAV file named `speech.wav`."
     else:
@@ -333,7 +333,7 @@ own code run:
 AUDIO=recordings/ HEADS=path DEVICE=cuda TRUST_BASE_CODE=1 pipeline/train_heads.sh {base}
 ```
 
-It collects the base's own outputs (without `AUDIO`, on synthesised English speech), trains path heads and
+It collects the base's own outputs (without `AUDIO`, on synthesised speech), trains path heads and
 exports the artifact to `work_data/artifacts/{base.split('/')[-1]}`. At the 3B shape with random weights, its artifact
 decodes exactly as its base (`benchmarks/recipe/`).{recipe_cost_sentence(recipe_cost)}
 [`docs/DEVELOPING.md`](docs/DEVELOPING.md) explains each step.
@@ -341,17 +341,17 @@ decodes exactly as its base (`benchmarks/recipe/`).{recipe_cost_sentence(recipe_
 ## Commands
 
 ```bash
-make demo   # transcribe a generated clip with the tiny.en heads, print the speed-up
+make demo   # transcribe a generated clip, print the speed-up
 make test   # the tests under transformers 5.x (Whisper) and 4.51.3 (MERaLiON-2), and the linter
 ```
 
-`python -m tools.transcribe FILES --format srt --output subs/` transcribes files and folders (options: `--help`,
-[`docs/USAGE.md`](docs/USAGE.md)). [`docs/RESULTS.md`](docs/RESULTS.md) also times
+`python -m tools.transcribe FILES --format srt --output subs/` transcribes files and folders
+([`docs/USAGE.md`](docs/USAGE.md)). [`docs/RESULTS.md`](docs/RESULTS.md) also times
 MERaLiON-2-3B and -10B at full size on random weights, for speed only.
 
 ## Past one process
 
-- `python -m tools.bulk --help`: many files on Ray Data, each worker loading the artifact once.
+- `python -m tools.bulk --help`: many files on Ray Data.
 - `python -m tools.serve --help`: an OpenAI-compatible `/v1/audio/transcriptions` endpoint on Ray Serve.
 - `python -m pipeline.export_vllm --help`: residual-block heads in vLLM's Medusa format.
 """

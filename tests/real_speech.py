@@ -46,9 +46,9 @@ def converted_tiny_en() -> Path:
         pytest.skip(f"tiny.en unavailable: {error}")
 
 
-def real_tiny_en_medusa():
-    """heads/whisper-tiny.en on the real converted base."""
+def real_tiny_en_medusa(heads: str = "whisper-tiny.en"):
+    """heads/whisper-tiny.en (or other tiny.en heads in heads/) on the real converted base."""
     from modeling_medusa import MedusaForASR
 
-    return MedusaForASR.from_pretrained(str(ROOT / "heads" / "whisper-tiny.en"),
+    return MedusaForASR.from_pretrained(str(ROOT / "heads" / heads),
                                         base_model_name_or_path=str(converted_tiny_en()))

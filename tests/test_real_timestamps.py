@@ -1,7 +1,7 @@
-"""Timestamps and long-form audio on the real Whisper tiny.en with its committed heads: Medusa's output equals
-the base's own generate (ids, segments, the tokenizer's offsets made from them, and token-level timestamps) on
-flite speech, short clips and a two-minute recording, clean and under noise, with and without conditioning on the
-previous window; words grouped from token times."""
+"""Timestamps and long-form audio on the real Whisper tiny.en with its committed heads (short clips also with the
+timestamp-aware heads): Medusa's output equals the base's own generate (ids, segments, the tokenizer's offsets made
+from them, and token-level timestamps) on flite speech, short clips and a two-minute recording, clean and under
+noise, with and without conditioning on the previous window; words grouped from token times."""
 
 import pytest
 import torch
@@ -19,13 +19,20 @@ def model():
 
 
 @pytest.fixture(scope="module")
+def timestamps_model():
+    return real_tiny_en_medusa("whisper-tiny.en-timestamps")
+
+
+@pytest.fixture(scope="module")
 def recordings(tmp_path_factory):
     folder = tmp_path_factory.mktemp("long")
     clean = long_recording(folder, seconds=120.0)
     return clean, with_noise(clean, snr_db=10.0)
 
 
-def test_short_clips_with_timestamps_equal_the_base(model, tmp_path):
+@pytest.mark.parametrize("heads", ["model", "timestamps_model"])
+def test_short_clips_with_timestamps_equal_the_base(heads, request, tmp_path):
+    model = request.getfixturevalue(heads)
     clips = [flite("The quick brown fox jumped over the lazy dog near the river bank.", tmp_path / "a.wav"),
              flite("Please call Stella. Ask her to bring these things with her from the store.", tmp_path / "b.wav",
                    "rms")]

@@ -194,7 +194,7 @@ def _language_table(rows: list[dict], device: str, shipped: str) -> str:
         if r["exact_match_rate"] == 1:
             return []
         ties = r.get("divergent_rows_at_base_near_ties")
-        return [_rate(r["exact_match_rate"]) + (" exact, the rest bf16 near-ties" if ties and ties == _divergent(r) else " exact")]
+        return [_rate(r["exact_match_rate"]) + (" exact, others near-ties" if ties and ties == _divergent(r) else " exact")]
 
     def cell(head, case):
         r = found.get((head, case[0], case[1]))
@@ -314,13 +314,12 @@ def render() -> str:
     heads = _load("heads_comparison/summary.json") if (BENCHMARKS / "heads_comparison/summary.json").is_file() else None
     if heads:
         heads["rows"] = latest_rows(heads["rows"])
-        sections.append("## Heads by language\n\n`benchmarks/heads_comparison/summary.json` (`tools.heads_summary`): "
-                        "English on the 28 real recordings, other languages on espeak-ng speech (no real "
-                        "non-English speech ships in a package); drafts "
+        sections.append("## Heads by language\n\n`benchmarks/heads_comparison/summary.json`: "
+                        "English on 28 real recordings, other languages on espeak-ng speech; drafts "
                         + ", ".join(sorted({r["draft"] for r in heads["rows"]}))
-                        + "; cells: tokens per verify pass (× our own greedy, end to end), exact 100 % unless noted; "
-                        "CPU, one timed repeat. Last rows: English against the base's shipped heads (a "
-                        "replacement may lose at most 2 %).\n\n"
+                        + "; cells: tokens per verify pass (× own greedy), exact 100 % unless noted; "
+                        "CPU, one repeat. Last rows: English against the shipped heads (a replacement may lose 2 % "
+                        "at most; intervals: `replay_difference.json`).\n\n"
                         + heads_by_language(heads["rows"]))
         gpus = sorted({_device(r) for r in heads["rows"] if r.get("gpu")})
         if gpus:
