@@ -129,11 +129,18 @@ def main(argv=None) -> dict:
             print(f"[compare] {name} failed: {err}", file=sys.stderr)
             continue
         rows.append(comparison_row(name, metrics))
-        write_json_atomic(os.path.join(args.out, "comparison.json"), {"command": command_line("pipeline.compare_heads", argv), "rows": rows})
-    eval_names = [os.path.basename(os.path.normpath(d)) for d in args.eval_data]
-    write_atomic(os.path.join(args.out, "comparison.md"), render(rows, eval_names))
-    print(render(rows, eval_names))
+        write_comparison(args.out, argv, rows)  # (after each variant: a stopped run keeps the finished ones)
+    write_comparison(args.out, argv, rows, [os.path.basename(os.path.normpath(d)) for d in args.eval_data])
     return {"rows": rows}
+
+
+def write_comparison(out: str, argv, rows: list[dict], eval_names: list[str] | None = None) -> None:
+    """OUT/comparison.json, and with ``eval_names`` the table OUT/comparison.md (also printed)."""
+    write_json_atomic(os.path.join(out, "comparison.json"), {"command": command_line("pipeline.compare_heads", argv),
+                                                             "rows": rows})
+    if eval_names is not None:
+        write_atomic(os.path.join(out, "comparison.md"), render(rows, eval_names))
+        print(render(rows, eval_names))
 
 
 def tabulate_runs(args, argv) -> dict:
@@ -148,10 +155,8 @@ def tabulate_runs(args, argv) -> dict:
         with open(path) as f:
             metrics = json.load(f)
         rows.append({**comparison_row(name, metrics), "train_args": metrics.get("train_args")})
-    eval_names = list(dict.fromkeys(name for row in rows for name in row if name not in COMPARISON_FIELDS))
-    write_json_atomic(os.path.join(args.out, "comparison.json"), {"command": command_line("pipeline.compare_heads", argv), "rows": rows})
-    write_atomic(os.path.join(args.out, "comparison.md"), render(rows, eval_names))
-    print(render(rows, eval_names))
+    write_comparison(args.out, argv, rows,
+                     list(dict.fromkeys(name for row in rows for name in row if name not in COMPARISON_FIELDS)))
     return {"rows": rows}
 
 

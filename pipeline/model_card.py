@@ -131,10 +131,14 @@ def results_table(rows: list[dict]) -> str:
     header = ["model", "device", "dtype", "draft", "tokens per pass", "× `generate`", "× own greedy",
               "× own greedy (rounds)", *(["vs best fixed draft"] if gap else []), "exact", "date"]
     return markdown_table(header, [
-        [row_name(r), _device(r), r["dtype"], r["draft"] + (", timestamps" if r.get("timestamps") else ""), number_cell(r.get("mean_accepted_per_round")),
+        [row_name(r), _device(r), r["dtype"], _draft(r), number_cell(r.get("mean_accepted_per_round")),
          number_cell(r.get("speedup_vs_hf_generate"), 2, "×"), number_cell(r.get("e2e_speedup_vs_own_greedy"), 2, "×"),
          number_cell(r.get("decode_speedup_vs_own_greedy"), 2, "×"), *([gap_cell(r)] if gap else []),
          _exact(r), r["date"]] for r in rows])
+
+
+def _draft(row: dict) -> str:
+    return row["draft"] + (", timestamps" if row.get("timestamps") else "")
 
 
 def _exact(row: dict) -> str:
