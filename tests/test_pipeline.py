@@ -1191,8 +1191,6 @@ def test_compare_heads_tabulates_runs_trained_elsewhere_from_their_metrics(tmp_p
 def test_replay_difference_counts_each_recordings_tokens_and_rounds(shards):
     from pipeline.acceptance import tokens_per_round
     from pipeline.replay_difference import replayed_counts
-    from tools.wer_difference import pass_difference
-
     model = FakeMedusa()
     counts = replayed_counts(model, "chain", shards)
     data = train.Collected([shards])
@@ -1200,5 +1198,3 @@ def test_replay_difference_counts_each_recordings_tokens_and_rounds(shards):
     replay = tokens_per_round(model.make_drafter(tree, "cpu"), tree, data.recordings(range(len(data.ids))))
     assert counts.shape == (2, 48) and (counts[0].sum(), counts[1].sum()) == (replay["tokens"], replay["rounds"])
     assert counts[0].sum() == int((data.lengths - 1).sum()) and (counts[1] <= counts[0]).all()
-    same = pass_difference(np.concatenate([counts, counts]), resamples=100)
-    assert same["difference_percent"] == 0 and same["clips"] == 48
