@@ -47,25 +47,28 @@ def accepted_drafts(chunk: torch.Tensor, truth: torch.Tensor, tt) -> torch.Tenso
 
 @torch.no_grad()
 def tokens_per_round(drafter, tree, recordings: list[Recording], batch_size: int = 256,
-                     device: str | torch.device = "cpu", dtype=None) -> dict:
+                     device: str | torch.device = "cpu", dtype=None, round_ends: bool = False) -> dict:
     """Replay ``drafter`` (``drafter(state) -> chunk [B, N]`` for ``tree``) over ``recordings``.
 
     Returns ``{"tokens_per_round", "rounds", "tokens", "per_recording": [tokens/round, ...], "rounds_per_recording",
-    "tokens_per_recording"}``; tokens are those the rounds emit (the first token is the prefill's, not a round's)."""
+    "tokens_per_recording"}``; tokens are those the rounds emit (the first token is the prefill's, not a round's). With
+    ``round_ends``, also ``"round_ends"``: per recording, the index of the token each round's base emitted itself."""
     tt = tree.tensors(device)
-    rounds_per, tokens_per = [], []
+    rounds_per, tokens_per, ends_per = [], [], []
     for start in range(0, len(recordings), batch_size):
         group = recordings[start:start + batch_size]
-        r, t = _replay_group(drafter, tree, tt, group, device, dtype)
+        r, t, e = _replay_group(drafter, tree, tt, group, device, dtype, round_ends)
         rounds_per += r
         tokens_per += t
+        ends_per += e
     rounds, tokens = sum(rounds_per), sum(tokens_per)
     return {"tokens_per_round": tokens / rounds if rounds else 0.0, "rounds": rounds, "tokens": tokens,
             "per_recording": [t / r if r else None for t, r in zip(tokens_per, rounds_per)],
-            "rounds_per_recording": rounds_per, "tokens_per_recording": tokens_per}
+            "rounds_per_recording": rounds_per, "tokens_per_recording": tokens_per,
+            **({"round_ends": ends_per} if round_ends else {})}
 
 
-def _replay_group(drafter, tree, tt, group, device, dtype):
+def _replay_group(drafter, tree, tt, group, device, dtype, round_ends: bool = False):
     lengths = torch.tensor([len(rec.tokens) for rec in group], device=device)
     longest = int(lengths.max())
     tokens = torch.full((len(group), longest + tree.depth + 1), -1, dtype=torch.long, device=device)
@@ -81,6 +84,7 @@ def _replay_group(drafter, tree, tt, group, device, dtype):
     rounds = torch.zeros(len(group), dtype=torch.long, device=device)
     rows = torch.arange(len(group), device=device)
     offsets = torch.arange(1, tree.depth + 1, device=device)
+    ends = [[] for _ in group]
     while True:
         active = position < lengths - 1  # the last recorded token (EOS or the limit) ends the row
         if not bool(active.any()):
@@ -95,4 +99,7 @@ def _replay_group(drafter, tree, tt, group, device, dtype):
         remaining = lengths[live] - 1 - at  # tokens still to emit; a round never emits past the end
         position[live] = at + torch.minimum(accepted + 1, remaining)
         rounds[live] += 1
-    return rounds.tolist(), (lengths - 1).tolist()
+        if round_ends:  # (a host sync a round: for analysis only)
+            for row, end in zip(live.tolist(), position[live].tolist()):
+                ends[row].append(end)
+    return rounds.tolist(), (lengths - 1).tolist(), ends

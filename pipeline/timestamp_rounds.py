@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.acceptance import _ReplayState, accepted_drafts
+from pipeline.acceptance import _ReplayState, tokens_per_round
 from pipeline.train import Collected, timestamp_ids
 
 ROUND_ENDS = ("text", "closing timestamp", "opening timestamp", "end after a closing timestamp")
@@ -43,22 +43,17 @@ def round_end(tokens: list, at: int, timestamp_begin: int, eos: set) -> str:
 def replay_round_ends(drafter, tree, recordings, timestamp_begin: int, eos: set) -> dict:
     """Rounds and tokens of the replayed draft, the rounds by the token that ended them, and how many rounds emitted
     nothing but the end after a closing timestamp."""
-    tt = tree.tensors("cpu")
-    ends, rounds, emitted, single = collections.Counter(), 0, 0, 0
-    for rec in recordings:
-        tokens, position = rec.tokens.tolist(), 0
-        while position < len(tokens) - 1:
-            state = _ReplayState(rec.hiddens[position:position + 1], rec.tokens[position:position + 1], rec.speech)
-            truth = torch.full((1, tree.depth), -1, dtype=torch.long)
-            ahead = rec.tokens[position + 1:position + 1 + tree.depth]
-            truth[0, :len(ahead)] = ahead
-            step = min(int(accepted_drafts(drafter(state), truth, tt)[0]) + 1, len(tokens) - 1 - position)
-            position += step
+    replay = tokens_per_round(drafter, tree, recordings, round_ends=True)
+    ends, single = collections.Counter(), 0
+    for rec, positions in zip(recordings, replay["round_ends"]):
+        tokens, before = rec.tokens.tolist(), 0
+        for position in positions:
             end = round_end(tokens, position, timestamp_begin, eos)
             ends[end] += 1
-            single += end == ROUND_ENDS[3] and step == 1
-            rounds, emitted = rounds + 1, emitted + step
-    return {"rounds": rounds, "tokens": emitted, "tokens_per_round": round(emitted / max(rounds, 1), 4),
+            single += end == ROUND_ENDS[3] and position - before == 1
+            before = position
+    return {"rounds": replay["rounds"], "tokens": replay["tokens"],
+            "tokens_per_round": round(replay["tokens_per_round"], 4),
             "rounds_by_end": {end: ends[end] for end in ROUND_ENDS}, "end_rounds_of_one_token": single}
 
 
