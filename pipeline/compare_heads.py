@@ -82,20 +82,22 @@ def comparison_row(name: str, metrics: dict) -> dict:
            "speech_attention": metrics.get("speech_attention", False),
            "draft_vocab_size": metrics.get("draft_vocab_size"),
            "top1": acc["top1"], "top5": acc["top5"],
-           "held_out": {c["name"]: c["tokens_per_round"] for c in metrics.get("draft_candidates", [])}}
+           "held_out": {c["name"]: c["tokens_per_round"] for c in metrics.get("draft_candidates", [])},
+           "train_args": metrics.get("train_args")}
     for eval_name, rows in (metrics.get("eval_replay") or {}).items():
         row[eval_name] = {c["name"]: c["tokens_per_round"] for c in rows}
     return row
 
 
 def render(rows: list[dict], eval_names: list[str]) -> str:
-    header = (["variant", "top-1 per head (held out)", "top-5 per head"]
+    header = (["variant", "training", "top-1 per head (held out)", "top-5 per head"]
               + [f"tokens/round on {n}: chain / 32 nodes / best tree" for n in ["held out"] + eval_names])
     return markdown_table(header, [_comparison_cells(row, eval_names) for row in rows]) + "\n"
 
 
 def _comparison_cells(row: dict, eval_names: list[str]) -> list[str]:
-    cells = [row["variant"], " / ".join(f"{a:.3f}" for a in row["top1"]), " / ".join(f"{a:.3f}" for a in row["top5"])]
+    cells = [row["variant"], _training_cell(row.get("train_args") or {}),
+             " / ".join(f"{a:.3f}" for a in row["top1"]), " / ".join(f"{a:.3f}" for a in row["top5"])]
     for key in ["held_out"] + eval_names:
         found = row.get(key) or {}
         chain = next((v for k, v in found.items() if k.startswith("chain")), None)
@@ -104,6 +106,15 @@ def _comparison_cells(row: dict, eval_names: list[str]) -> list[str]:
         cells.append(f"{chain:.3f} / {'n/a' if tree_32 is None else f'{tree_32:.3f}'} / {best[0]:.3f} ({best[1]})"
                      if chain is not None else "n/a")
     return cells
+
+
+def _training_cell(train_args: dict) -> str:
+    """What tells runs of one variant apart: learning rate, epochs, layers and the heads they started from."""
+    parts = [f"lr {train_args['lr']:g}" if "lr" in train_args else "",
+             f"{train_args['epochs']} epochs" if "epochs" in train_args else "",
+             f"{train_args['layers']} layers" if train_args.get("layers", 1) != 1 else "",
+             "from given heads" if train_args.get("init_heads") else ""]
+    return ", ".join(p for p in parts if p)
 
 
 def main(argv=None) -> dict:
@@ -154,7 +165,7 @@ def tabulate_runs(args, argv) -> dict:
             raise SystemExit(f"--runs {spec!r}: give VARIANT=METRICS_JSON with VARIANT from {', '.join(VARIANTS)}")
         with open(path) as f:
             metrics = json.load(f)
-        rows.append({**comparison_row(name, metrics), "train_args": metrics.get("train_args")})
+        rows.append(comparison_row(name, metrics))
     write_comparison(args.out, argv, rows,
                      list(dict.fromkeys(name for row in rows for name in row if name not in COMPARISON_FIELDS)))
     return {"rows": rows}

@@ -1143,7 +1143,7 @@ def test_compare_heads_table_gives_the_chain_the_32_node_tree_and_the_best_tree(
     row = {"variant": "v", "top1": [0.5], "top5": [0.9], "real": {"chain of 4": 1.5},
            "held_out": {"chain of 4": 2.0, "tree of 32 nodes": 3.0, "tree of 64 nodes": 3.1}}
     cells = compare_heads.render([row], ["real"]).splitlines()[2].split("|")
-    assert [c.strip() for c in cells[4:6]] == ["2.000 / 3.000 / 3.100 (tree of 64 nodes)", "1.500 / n/a / 1.500 (chain of 4)"]
+    assert [c.strip() for c in cells[5:7]] == ["2.000 / 3.000 / 3.100 (tree of 64 nodes)", "1.500 / n/a / 1.500 (chain of 4)"]
 
 
 def test_every_compare_heads_variant_is_a_valid_training_recipe():
@@ -1182,6 +1182,12 @@ def test_compare_heads_tabulates_runs_trained_elsewhere_from_their_metrics(tmp_p
     written = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
     assert written["command"].startswith("python -m pipeline.compare_heads --runs") and len(written["rows"]) == 2
     assert "collect_real" in (tmp_path / "cmp" / "comparison.md").read_text()
+    (tmp_path / "low.json").write_text(json.dumps({**metrics(0.7, 3.1), "train_args": {
+        "lr": 1e-4, "epochs": 6, "layers": 2, "init_heads": "shipped.safetensors"}}))
+    compare_heads.main(["--runs", runs[0], f"path-speech={tmp_path}/low.json", "--out", str(tmp_path / "cmp")])
+    table = [[c.strip() for c in line.split("|")[1:3]]
+             for line in (tmp_path / "cmp" / "comparison.md").read_text().splitlines()[2:]]
+    assert table == [["path-speech", "lr 0.0005"], ["path-speech", "lr 0.0001, 6 epochs, 2 layers, from given heads"]]
     with pytest.raises(SystemExit, match="VARIANT=METRICS_JSON"):
         compare_heads.main(["--runs", f"unknown={tmp_path}/x.json"])
     with pytest.raises(SystemExit, match="--base and --data are required"):
@@ -1198,3 +1204,20 @@ def test_replay_difference_counts_each_recordings_tokens_and_rounds(shards):
     replay = tokens_per_round(model.make_drafter(tree, "cpu"), tree, data.recordings(range(len(data.ids))))
     assert counts.shape == (2, 48) and (counts[0].sum(), counts[1].sum()) == (replay["tokens"], replay["rounds"])
     assert counts[0].sum() == int((data.lengths - 1).sum()) and (counts[1] <= counts[0]).all()
+
+
+def test_replay_difference_tables_put_data_down_and_heads_across_for_each_first_heads():
+    from pipeline.replay_difference import difference_tables
+
+    def row(first, second, data, value):
+        return {"first": first, "second": second, "data": data, "clips": 20, "tokens_per_pass_first": 3.0,
+                "tokens_per_pass_second": value, "difference_percent": 100 * (value / 3.0 - 1),
+                "interval_percent": [-1.0, 2.0]}
+    text = difference_tables([row("A", "B", "en", 3.03), row("A", "C", "en", 2.7), row("A", "B", "de", 2.1),
+                              row("T", "U", "en", 3.3)])
+    first, second = text.split("\n\n")
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in first.splitlines()]
+    assert cells[0] == ["data", "clips", "`A`", "`B`", "`C`"]
+    assert cells[2] == ["en", "20", "3.00", "3.03 (+1.0 % [-1.0, +2.0])", "2.70 (-10.0 % [-1.0, +2.0])"]
+    assert cells[3] == ["de", "20", "3.00", "2.10 (-30.0 % [-1.0, +2.0])", ""]
+    assert "`T`" in second and "`U`" in second and "3.30 (+10.0 %" in second and text.endswith("\n")
