@@ -235,6 +235,9 @@ def render_model_card(config, rows: list[dict] | None = None, plot: str | None =
     plot_md = f"![Speed-up by device]({plot})" if plot else ""
     source = ("Each row's command is in its artifact's `results.json`; `docs/RESULTS.md` holds every run."
               if rows else "No benchmark rows are recorded yet.")
+    if untrained and rows:
+        source += (" The rows are each base's own heads; the others in `heads/` (timestamps, more languages, vLLM) "
+                   "have theirs in their cards.")
     citations = [CITATIONS["medusa"]] + ([CITATIONS["path"]] if cfg.get("head_kind") == "path" else [])
     citations += [CITATIONS["whisper"]] if family == "whisper" or untrained else []
     citations += [CITATIONS["meralion2"]] if family == "meralion2" else []

@@ -64,10 +64,14 @@ def result_row(path) -> dict:
 
 
 def shipped_rows() -> list[dict]:
-    """What the root card shows: of every shipped artifact's batch-1 rows (``heads/*/results.json``), the newest on
-    a CPU and on a GPU in each dtype (each artifact's own card keeps all of them)."""
+    """What the root card shows: of each base's own heads (``heads/<base>``, not the other folders such as
+    ``heads/whisper-base-timestamps``), the newest batch-1 row on a CPU and on a GPU in each dtype (each artifact's
+    own card keeps all of its rows)."""
     newest = {}
     for folder in sorted((ROOT / "heads").iterdir()):
+        base = json.loads((folder / "config.json").read_text(encoding="utf-8"))["base_model_name_or_path"]
+        if Path(base).name != folder.name:
+            continue
         for r in read_rows(folder):
             key = (folder.name, r["device"], r["dtype"])
             if (r.get("batch") or 1) == 1 and (key not in newest or r["date"] >= newest[key]["date"]):

@@ -340,23 +340,29 @@ def test_converted_folder_is_cached_and_reloads():
 # ----------------------------------------------------------------------------- the committed real heads
 
 
-@pytest.mark.parametrize("hub_id", [
-    "openai/whisper-tiny.en",
-    pytest.param("openai/whisper-base", marks=pytest.mark.skipif(
-        os.environ.get("MEDUSA_ASR_TEST_BASE") != "1", reason="base only with MEDUSA_ASR_TEST_BASE=1")),
+BASE_ONLY = pytest.mark.skipif(os.environ.get("MEDUSA_ASR_TEST_BASE") != "1",
+                               reason="base only with MEDUSA_ASR_TEST_BASE=1")
+
+
+@pytest.mark.parametrize("hub_id, heads, timestamps", [
+    ("openai/whisper-tiny.en", "whisper-tiny.en", False),
+    pytest.param("openai/whisper-base", "whisper-base", False, marks=BASE_ONLY),
+    pytest.param("openai/whisper-base", "whisper-base-timestamps", True, marks=BASE_ONLY),
 ])
-def test_committed_heads_load_through_automodel_and_are_lossless(hub_id, flite_speech):
-    """heads/<model> + the real converted base, loaded the way users load it: the transcript of
-    real-model speech decoding equals the base's own greedy output, and drafts get accepted."""
+def test_committed_heads_load_through_automodel_and_are_lossless(hub_id, heads, timestamps, flite_speech):
+    """heads/<folder> + the real converted base, loaded the way users load it: the transcript of
+    real-model speech decoding (also timestamped, for heads that draft timestamps) equals the base's own greedy
+    output, and drafts get accepted."""
     base, _ = _converted(hub_id)
-    folder = Path(__file__).resolve().parents[1] / "heads" / hub_id.split("/")[-1]
+    folder = Path(__file__).resolve().parents[1] / "heads" / heads
     model = transformers.AutoModel.from_pretrained(str(folder), trust_remote_code=True,
                                                    base_model_name_or_path=str(base))
     assert type(model).__name__ == "MedusaForASR" and model.config.base_model_name_or_path == str(base)
     inputs = model.prepare_audio_inputs(flite_speech)
-    expected = model.generate(**inputs, max_new_tokens=64, use_medusa=False)
-    for draft in ("chain", "tree"):
-        got, stats = model.generate(**inputs, max_new_tokens=64, draft=draft, return_stats=True)
-        assert torch.equal(got, expected), draft
-        assert stats["accepted_tokens"] > 0, f"{draft}: trained heads never accepted on real-model speech"
+    for options in [{}] + ([{"return_timestamps": True}] if timestamps else []):
+        expected = model.generate(**inputs, max_new_tokens=64, use_medusa=False, **options)
+        for draft in ("chain", "tree"):
+            got, stats = model.generate(**inputs, max_new_tokens=64, draft=draft, return_stats=True, **options)
+            assert torch.equal(got, expected), (draft, options)
+            assert stats["accepted_tokens"] > 0, f"{draft}: trained heads never accepted on real-model speech"
     assert all(text.strip() for text in model.decode_text(expected, inputs))

@@ -217,17 +217,20 @@ def long_form(runs: list[dict]) -> str:
     ours against the base (× and whether the ids are equal), our tokens per round."""
     body = []
     for run in runs:
-        recording = recording_kind(run)
         for condition, rows in run["conditions"].items():
             ours, base, peer = rows["ours"], rows["base"], rows.get("faster-whisper", {})
             seconds = " / ".join(number_cell(r.get("seconds")) for r in (ours, base, peer))
-            equal = "same ids" if ours.get("ids_equal_base") else "other ids"
+            equal = "" if _all_equal_ids(runs) else (", same ids" if ours.get("ids_equal_base") else ", other ids")
             body.append([run["model"].rsplit("/", 1)[-1].removeprefix("whisper-"),
-                         f"{recording}, {run['seconds_of_audio']:.0f} s, {condition}", seconds,
-                         f"{_ratio(base['seconds'] / ours['seconds'])}, {equal}",
+                         f"{run['seconds_of_audio']:.0f} s, {condition}", seconds,
+                         f"{_ratio(base['seconds'] / ours['seconds'])}{equal}",
                          number_cell(ours.get("mean_accepted_per_round"))])
     return markdown_table(["model", "recording", "seconds: ours / `generate` / faster-whisper", "× `generate`",
                            "tokens per round"], body)
+
+
+def _all_equal_ids(runs: list[dict]) -> bool:
+    return all(rows["ours"].get("ids_equal_base") for run in runs for rows in run["conditions"].values())
 
 
 def _sentence(text: str) -> str:
@@ -313,8 +316,10 @@ def render() -> str:
              BENCHMARKS / "cpu_peers/summary.json"}
     heads = _load("heads_comparison/summary.json") if (BENCHMARKS / "heads_comparison/summary.json").is_file() else None
     if heads:
-        heads["rows"] = latest_rows(heads["rows"])
-        sections.append("## Heads by language\n\n`benchmarks/heads_comparison/summary.json`: "
+        # the shipped heads; the experiments' rows stay in the summary (and each heads card compares them)
+        heads["rows"] = [r for r in latest_rows(heads["rows"]) if heads_folder(r).startswith("heads/")]
+        sections.append("## Heads by language\n\n`benchmarks/heads_comparison/summary.json` (the shipped heads; "
+                        "experiments there and in `docs/DEVELOPING.md`): "
                         "English on 28 real recordings, other languages on espeak-ng speech; drafts "
                         + ", ".join(sorted({r["draft"] for r in heads["rows"]}))
                         + "; cells: tokens per verify pass (× own greedy), exact 100 % unless noted; "
@@ -326,16 +331,21 @@ def render() -> str:
             sections[-1] += ("\n\nOn the GPU (bfloat16, CUDA graphs, one timed repeat; " + ", ".join(gpus)
                              + "):\n\n" + heads_by_language(heads["rows"], "gpu"))
         shown |= {BENCHMARKS / "heads_comparison/summary.json"} | {ROOT / r["results"] for r in heads["rows"]}
-    paths = sorted((BENCHMARKS / "segments").glob("*/results.json"))
-    segments = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
+    # real speech only: the flite-voice recordings stay listed under the other result files
+    runs = {path: json.loads(path.read_text(encoding="utf-8"))
+            for path in sorted((BENCHMARKS / "segments").glob("*/results.json"))}
+    paths = [path for path, run in runs.items() if recording_kind(run) == "recorded clips joined"]
+    segments = [runs[path] for path in paths]
     if segments:
         settings = ", ".join(sorted({f"{run['device']}, {run['dtype']}, {run['threads']} threads, medians of "
                                      f"{run['repeats']}" for run in segments}))
         sections.append("## Long recordings, timestamped\n\n`benchmarks/segments/` (`tools.compare_segments`; "
-                        f"{settings}): Whisper's long-form "
+                        f"{settings}): the real recordings joined with pauses; Whisper's long-form "
                         "`generate`; faster-whisper float32, beam 1; our draft: "
                         + ", ".join(sorted({rows["ours"].get("draft", "?") for run in segments
-                                            for rows in run["conditions"].values()})) + ".\n\n" + long_form(segments)
+                                            for rows in run["conditions"].values()}))
+                        + (". Every row's ids equal the base's." if _all_equal_ids(segments) else ".")
+                        + "\n\n" + long_form(segments)
                         + "\n\n" + _commands(run["command"] for run in segments))
         shown |= set(paths)
     for relative, title in (("gpu/summary.json", "MERaLiON-2 shapes on an H200"),

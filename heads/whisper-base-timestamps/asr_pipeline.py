@@ -1,0 +1,1 @@
+../../asr_pipeline.py

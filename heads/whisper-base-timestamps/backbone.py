@@ -1,0 +1,1 @@
+../../backbone.py

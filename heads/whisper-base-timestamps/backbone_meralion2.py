@@ -1,0 +1,1 @@
+../../backbone_meralion2.py

@@ -1,0 +1,1 @@
+../../backbone_whisper.py

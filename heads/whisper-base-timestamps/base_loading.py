@@ -1,0 +1,1 @@
+../../base_loading.py

@@ -1,0 +1,1 @@
+../../configuration_medusa.py

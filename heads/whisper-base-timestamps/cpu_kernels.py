@@ -1,0 +1,1 @@
+../../cpu_kernels.py

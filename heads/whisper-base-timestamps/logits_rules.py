@@ -1,0 +1,1 @@
+../../logits_rules.py

@@ -1,0 +1,1 @@
+../../modeling_medusa.py

@@ -1,0 +1,1 @@
+../../speech_io.py
