@@ -335,12 +335,11 @@ def _downmix(block: np.ndarray, channel: int | None) -> np.ndarray:
 def _channel_to_keep(path: Path, reader: _Reader, note) -> int | None:
     """None (the channels' mean), or where the channels cancel in it (``CANCELLING_MIX``) the loudest channel; a
     first pass over the file, which also refuses unusable samples before any is kept."""
-    channels = reader.info.channels
-    gram = np.zeros((channels, channels))  # the channels' products summed: energies on the diagonal, the mix's in all
+    energy, mixed = np.zeros(reader.info.channels), 0.0  # each channel's energy, and the channels' sum's
     for block in reader.blocks():
         _checked_peak(path, block)
-        gram += block.T @ block
-    energy, mixed = np.diagonal(gram), float(np.sum(gram))
+        energy += np.square(block, dtype=np.float64).sum(axis=0)
+        mixed += float(np.square(block.sum(axis=1, dtype=np.float64)).sum())
     total = float(np.sum(energy))
     if total == 0.0 or mixed >= CANCELLING_MIX * total:
         return None
