@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from pipeline.acceptance import tokens_per_round
-from pipeline.train import Collected
+from pipeline.train import collected_recordings
 from tools import cli_args
 from tools.files import command_line, write_atomic
 from tools.markdown import markdown_table
@@ -30,11 +30,9 @@ from tools.markdown import markdown_table
 
 def replayed_counts(model, draft: str, folder: str) -> np.ndarray:
     """[2, clips]: each recording's emitted tokens and rounds with the heads' ``draft``."""
-    memory = model.backbone.speech_memory_of if model.config.speech_attention else None
-    data = Collected([folder], with_speech=memory is not None)
     tree = model.draft_policy.resolve(draft)
     with torch.no_grad():
-        replay = tokens_per_round(model.make_drafter(tree, "cpu"), tree, data.recordings(range(len(data.ids)), memory))
+        replay = tokens_per_round(model.make_drafter(tree, "cpu"), tree, collected_recordings(model, folder))
     return np.array([replay["tokens_per_recording"], replay["rounds_per_recording"]], dtype=float)
 
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import sys
 from pathlib import Path
 
 import torch
 
 from pipeline.acceptance import _ReplayState, tokens_per_round
-from pipeline.train import Collected, timestamp_ids
+from pipeline.train import collected_recordings, timestamp_ids
+from tools.files import command_line, write_json_atomic
 
 ROUND_ENDS = ("text", "closing timestamp", "opening timestamp", "end after a closing timestamp")
 
@@ -99,12 +99,10 @@ def main(argv=None) -> dict:
     eos = set(eos if isinstance(eos, list) else [eos])
     tree = model.draft_policy.resolve(args.draft)
     drafter = model.make_drafter(tree, "cpu")
-    memory = model.backbone.speech_memory_of if model.config.speech_attention else None
-    result = {"command": "python -m pipeline.timestamp_rounds " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "heads": args.heads, "draft": args.draft, "data": {}}
+    result = {"command": command_line("pipeline.timestamp_rounds", argv), "heads": args.heads, "draft": args.draft,
+              "data": {}}
     for folder in args.data:
-        data = Collected([folder], with_speech=memory is not None)
-        recordings = data.recordings(range(len(data.ids)), memory)
+        recordings = collected_recordings(model, folder)
         row = replay_round_ends(drafter, tree, recordings, int(timestamps[0]), eos)
         row["closing_values_known"] = closing_values_known(drafter, recordings, model.base.proj_out.weight,
                                                            int(timestamps[0]))
@@ -112,7 +110,7 @@ def main(argv=None) -> dict:
         print(f"[timestamp_rounds] {folder}: {json.dumps(row)}")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "timestamp_rounds.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_json_atomic(Path(args.out) / "timestamp_rounds.json", result)
     return result
 
 

@@ -125,6 +125,14 @@ class Collected:
         return out
 
 
+def collected_recordings(model, folder: str) -> list:
+    """Every recording of a ``pipeline.collect`` folder, with the speech memory where ``model``'s heads attend to
+    the speech (for replaying exported heads: ``pipeline.replay_difference``, ``pipeline.timestamp_rounds``)."""
+    memory = model.backbone.speech_memory_of if model.config.speech_attention else None
+    data = Collected([folder], with_speech=memory is not None)
+    return data.recordings(range(len(data.ids)), memory)
+
+
 def split_utterances(ids: list[str], lengths, val_fraction: float, seed: int, min_tokens: int):
     """Deterministic split by utterance: order by sha1(seed:id), the first fraction is validation.
 

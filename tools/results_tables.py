@@ -215,12 +215,12 @@ def _language_table(rows: list[dict], device: str, shipped: str) -> str:
 def long_form(runs: list[dict]) -> str:
     """A row per recording and condition: seconds for ours, the base's long-form ``generate`` and faster-whisper,
     ours against the base (× and whether the ids are equal), our tokens per round."""
-    body = []
+    body, all_equal = [], _all_equal_ids(runs)
     for run in runs:
         for condition, rows in run["conditions"].items():
             ours, base, peer = rows["ours"], rows["base"], rows.get("faster-whisper", {})
             seconds = " / ".join(number_cell(r.get("seconds")) for r in (ours, base, peer))
-            equal = "" if _all_equal_ids(runs) else (", same ids" if ours.get("ids_equal_base") else ", other ids")
+            equal = "" if all_equal else (", same ids" if ours.get("ids_equal_base") else ", other ids")
             body.append([run["model"].rsplit("/", 1)[-1].removeprefix("whisper-"),
                          f"{run['seconds_of_audio']:.0f} s, {condition}", seconds,
                          f"{_ratio(base['seconds'] / ours['seconds'])}{equal}",
